@@ -1,0 +1,79 @@
+//! Names shared by every hpp component. They are wire contracts with existing KubeVirt
+//! installations: changing one breaks an in-place upgrade.
+
+/// API group of the `HostPathProvisioner` custom resource.
+pub const GROUP: &str = "hostpathprovisioner.kubevirt.io";
+/// Kind of the custom resource.
+pub const KIND: &str = "HostPathProvisioner";
+/// Plural resource name of the custom resource.
+pub const PLURAL: &str = "hostpathprovisioners";
+/// Name of the CustomResourceDefinition object.
+pub const CRD_NAME: &str = "hostpathprovisioners.hostpathprovisioner.kubevirt.io";
+
+/// CSI driver name registered with the kubelet and used as the StorageClass provisioner.
+pub const DRIVER_NAME: &str = "kubevirt.io.hostpath-provisioner";
+/// Provisioner name of the non-CSI (legacy) provisioner.
+pub const LEGACY_PROVISIONER_NAME: &str = "kubevirt.io/hostpath-provisioner";
+/// Topology segment key published by `NodeGetInfo` and honoured by `CreateVolume`.
+pub const TOPOLOGY_KEY: &str = "topology.hostpath.csi/node";
+
+/// StorageClass / VolumeSnapshotClass parameter that selects the storage pool.
+pub const PARAM_STORAGE_POOL: &str = "storagePool";
+/// Parameter the operator sets on the RWX overlay StorageClass; the driver ignores it.
+pub const PARAM_OVERLAY_CSI: &str = "overlayCSI";
+/// Pool used when a request names no pool (the `pathConfig` pool of a legacy CR).
+pub const DEFAULT_POOL_NAME: &str = "legacy";
+
+/// Snapshot provider that clones files copy-on-write where the filesystem supports it.
+pub const SNAPSHOT_PROVIDER_REFLINK: &str = "reflink";
+/// Every snapshot provider hpp implements.
+pub const KNOWN_SNAPSHOT_PROVIDERS: &[&str] = &[SNAPSHOT_PROVIDER_REFLINK];
+
+/// Feature gate that deploys the csi-snapshotter sidecar and its RBAC.
+pub const FEATURE_GATE_SNAPSHOTTING: &str = "Snapshotting";
+/// Every feature gate hpp understands.
+pub const KNOWN_FEATURE_GATES: &[&str] = &[FEATURE_GATE_SNAPSHOTTING];
+
+/// PVC annotation of the legacy provisioner: provision only on this node.
+pub const ANNOTATION_PROVISION_ON_NODE: &str = "kubevirt.io/provisionOnNode";
+/// PVC annotation set by the scheduler for WaitForFirstConsumer claims.
+pub const ANNOTATION_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+/// PV annotation recording which provisioner instance created the volume.
+pub const ANNOTATION_PROVISIONER_IDENTITY: &str = "hostPathProvisionerIdentity";
+/// PV annotation written by external provisioners.
+pub const ANNOTATION_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
+/// PVC annotation naming the provisioner that should handle the claim (GA key).
+pub const ANNOTATION_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+/// PVC annotation naming the provisioner that should handle the claim (beta key).
+pub const ANNOTATION_BETA_STORAGE_PROVISIONER: &str = "volume.beta.kubernetes.io/storage-provisioner";
+
+/// Finalizer the operator keeps on the CR until every owned object is cleaned up.
+pub const FINALIZER: &str = "finalizer.delete.hostpath-provisioner";
+
+/// Label every owned object carries; the value is [`LABEL_APP_VALUE`].
+pub const LABEL_APP: &str = "k8s-app";
+/// Value of [`LABEL_APP`].
+pub const LABEL_APP_VALUE: &str = "hostpath-provisioner";
+/// Standard managed-by label.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Value of [`LABEL_MANAGED_BY`] on objects the operator owns.
+pub const LABEL_MANAGED_BY_VALUE: &str = "hostpath-provisioner-operator";
+/// Standard component label.
+pub const LABEL_COMPONENT: &str = "app.kubernetes.io/component";
+/// Value of [`LABEL_COMPONENT`].
+pub const LABEL_COMPONENT_VALUE: &str = "storage";
+/// Standard part-of label (copied from `INSTALLER_PART_OF_LABEL` when set).
+pub const LABEL_PART_OF: &str = "app.kubernetes.io/part-of";
+/// Standard version label (copied from `INSTALLER_VERSION_LABEL` when set).
+pub const LABEL_VERSION: &str = "app.kubernetes.io/version";
+/// Label selecting the pods Prometheus scrapes.
+pub const LABEL_PROMETHEUS: &str = "prometheus.hostpathprovisioner.kubevirt.io";
+/// Label on pvcTemplate pool PVCs and mounter Deployments: `<pool>-hpp`.
+pub const LABEL_STORAGE_POOL: &str = "kubevirt.io.hostpath-provisioner/storagePool";
+/// Selector label of a pool's mounter Deployments: `<pool>-hpp`.
+pub const LABEL_HPP_POOL: &str = "hpp-pool";
+
+/// Annotation on a CR that lets the webhook allow deleting it while hpp PVs still exist.
+pub const ANNOTATION_FORCE_DELETE: &str = "hostpathprovisioner.kubevirt.io/force-delete";
+/// Annotation that carries the v1beta1 fields v1alpha1 cannot express, so conversion is lossless.
+pub const ANNOTATION_CONVERSION_DATA: &str = "hostpathprovisioner.kubevirt.io/v1beta1-data";

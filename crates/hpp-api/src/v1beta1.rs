@@ -1,0 +1,192 @@
+//! `hostpathprovisioner.kubevirt.io/v1beta1`: the storage version, field-for-field wire compatible
+//! with the KubeVirt operator's CRD so existing objects deserialize unchanged.
+
+use std::collections::BTreeMap;
+
+use garde::Validate;
+use k8s_openapi::api::core::v1::{Affinity, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, Toleration};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::validation::rules;
+
+/// Desired state of the hostpath provisioner. Exactly one of `pathConfig` or `storagePools` is set.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema, Validate)]
+#[kube(
+    group = "hostpathprovisioner.kubevirt.io",
+    version = "v1beta1",
+    kind = "HostPathProvisioner",
+    plural = "hostpathprovisioners",
+    singular = "hostpathprovisioner",
+    shortname = "hpp",
+    derive = "PartialEq",
+    status = "HostPathProvisionerStatus",
+    printcolumn = r#"{"name":"Available","type":"string","jsonPath":".status.conditions[?(@.type==\"Available\")].status"}"#,
+    printcolumn = r#"{"name":"Progressing","type":"string","jsonPath":".status.conditions[?(@.type==\"Progressing\")].status"}"#,
+    printcolumn = r#"{"name":"Degraded","type":"string","jsonPath":".status.conditions[?(@.type==\"Degraded\")].status"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct HostPathProvisionerSpec {
+    /// Pull policy copied to every container the operator deploys: Always, IfNotPresent or Never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[garde(custom(rules::image_pull_policy))]
+    pub image_pull_policy: Option<String>,
+    /// Deprecated single-directory configuration: runs the legacy provisioner beside the CSI driver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[garde(dive)]
+    pub path_config: Option<PathConfig>,
+    /// Storage pools served by the CSI driver, selected by the StorageClass `storagePool` parameter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    #[garde(dive)]
+    pub storage_pools: Option<Vec<StoragePool>>,
+    /// Where the provisioner DaemonSets run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[garde(skip)]
+    pub workload: Option<NodePlacement>,
+    /// Optional features: `Snapshotting` deploys the csi-snapshotter sidecar.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    #[garde(skip)]
+    pub feature_gates: Option<Vec<String>>,
+}
+
+/// Legacy single-directory configuration.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema, Validate)]
+#[serde(rename_all = "camelCase")]
+pub struct PathConfig {
+    /// Absolute host directory volumes are created in.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[garde(custom(rules::host_path))]
+    pub path: String,
+    /// Name volume directories `<pvc name>-<pv name>` instead of `<pv name>` (legacy provisioner).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[garde(skip)]
+    pub use_naming_prefix: Option<bool>,
+}
+
+/// One storage pool: a host directory, optionally backed by a PVC per node.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema, Validate)]
+#[serde(rename_all = "camelCase")]
+pub struct StoragePool {
+    /// Pool name, referenced by the StorageClass `storagePool` parameter.
+    #[garde(length(min = 1, max = 50), custom(rules::pool_name))]
+    pub name: String,
+    /// Absolute host directory of the pool.
+    #[garde(length(min = 1, max = 255), custom(rules::host_path))]
+    pub path: String,
+    /// When set, a PVC from this template is mounted at `<path>/csi` on each node (one shared PVC
+    /// for ReadWriteMany templates).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[garde(skip)]
+    pub pvc_template: Option<PersistentVolumeClaimSpec>,
+    /// Snapshot implementation for volumes of this pool: `reflink`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[garde(custom(rules::snapshot_provider))]
+    pub snapshot_provider: Option<String>,
+    /// StorageClass created for a ReadWriteMany pvcTemplate pool (default `hpp-overlay`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[garde(custom(rules::overlay_class_name))]
+    pub overlay_class_name: Option<String>,
+}
+
+impl StoragePool {
+    /// Whether the pool is backed by one ReadWriteMany PVC shared by every node.
+    pub fn is_shared(&self) -> bool {
+        self.pvc_template
+            .as_ref()
+            .and_then(|t| t.access_modes.as_ref())
+            .is_some_and(|modes| modes.iter().any(|m| m == "ReadWriteMany"))
+    }
+}
+
+/// Scheduling constraints for the provisioner DaemonSets.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePlacement {
+    /// Node labels a node must carry to run the provisioner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Taints the provisioner pods tolerate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+    /// Affinity rules for the provisioner pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+}
+
+/// Observed state of the hostpath provisioner.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostPathProvisionerStatus {
+    /// Available, Progressing and Degraded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Version the deployment last completed for; empty while deploying.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_version: Option<String>,
+    /// Version of the running operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_version: Option<String>,
+    /// Version being deployed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_version: Option<String>,
+    /// One entry per storage pool, sorted by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub storage_pool_statuses: Vec<StoragePoolStatus>,
+}
+
+/// A status condition in the openshift custom-resource-status shape the KubeVirt operator uses.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// Available, Progressing or Degraded.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// True, False or Unknown.
+    pub status: String,
+    /// CamelCase reason for the last transition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Human-readable detail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Last time the condition was evaluated (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat_time: Option<String>,
+    /// Last time the status changed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+}
+
+/// Readiness of one storage pool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StoragePoolStatus {
+    /// Pool name (`legacy` for a `pathConfig` CR).
+    pub name: String,
+    /// Preparing, Mounting or Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Mounter Deployments that are ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_ready: Option<i32>,
+    /// Mounter Deployments wanted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_ready: Option<i32>,
+    /// Status of each pool PVC.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claim_statuses: Vec<ClaimStatus>,
+}
+
+/// Status of one pool PVC.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimStatus {
+    /// PVC name.
+    pub name: String,
+    /// The PVC's status as the API server reports it.
+    pub status: PersistentVolumeClaimStatus,
+}

@@ -1,0 +1,105 @@
+//! v1alpha1 ⇄ v1beta1 conversion loses nothing in either direction.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
+use std::collections::BTreeMap;
+
+use hpp_api::conversion::{API_VERSION_V1ALPHA1, API_VERSION_V1BETA1, convert_json, to_v1alpha1, to_v1beta1};
+use hpp_api::{v1alpha1, v1beta1};
+use serde_json::json;
+
+fn beta(value: serde_json::Value) -> v1beta1::HostPathProvisioner {
+    serde_json::from_value(value).unwrap()
+}
+
+fn alpha(value: serde_json::Value) -> v1alpha1::HostPathProvisioner {
+    serde_json::from_value(value).unwrap()
+}
+
+#[test]
+fn beta_with_pools_round_trips_through_alpha() {
+    let original = beta(json!({
+        "apiVersion": API_VERSION_V1BETA1, "kind": "HostPathProvisioner",
+        "metadata": {"name": "hpp", "annotations": {"keep": "me"}},
+        "spec": {
+            "imagePullPolicy": "Always",
+            "featureGates": ["Snapshotting"],
+            "storagePools": [{"name": "local", "path": "/var/hpvolumes", "snapshotProvider": "reflink",
+                "pvcTemplate": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}],
+            "workload": {"nodeSelector": {"kubernetes.io/os": "linux"}}
+        },
+        "status": {
+            "conditions": [{"type": "Available", "status": "True", "reason": "Complete"}],
+            "observedVersion": "v1", "storagePoolStatuses": [{"name": "local", "phase": "Ready"}]
+        }
+    }));
+    let down = to_v1alpha1(&original).unwrap();
+    assert_eq!(down.spec.path_config.path, "");
+    assert_eq!(down.metadata.annotations.as_ref().unwrap()["keep"], "me");
+    let up = to_v1beta1(&down).unwrap();
+    assert_eq!(up, original);
+}
+
+#[test]
+fn beta_legacy_round_trips_through_alpha_without_annotations() {
+    let original = beta(json!({
+        "apiVersion": API_VERSION_V1BETA1, "kind": "HostPathProvisioner",
+        "metadata": {"name": "hpp"},
+        "spec": {"pathConfig": {"path": "/var/hpvolumes", "useNamingPrefix": true}}
+    }));
+    let down = to_v1alpha1(&original).unwrap();
+    assert_eq!(down.spec.path_config.use_naming_prefix.as_deref(), Some("true"));
+    // Nothing was lost, so nothing is stashed.
+    assert_eq!(down.metadata.annotations, None);
+    assert_eq!(to_v1beta1(&down).unwrap(), original);
+}
+
+#[test]
+fn alpha_round_trips_through_beta_including_odd_strings() {
+    for prefix in [None, Some("true"), Some("false"), Some("TRUE"), Some("yes"), Some("")] {
+        let mut spec = json!({"pathConfig": {"path": "/var/hpvolumes"}, "imagePullPolicy": "IfNotPresent"});
+        if let Some(p) = prefix {
+            spec["pathConfig"]["useNamingPrefix"] = json!(p);
+        }
+        let original = alpha(json!({
+            "apiVersion": API_VERSION_V1ALPHA1, "kind": "HostPathProvisioner",
+            "metadata": {"name": "hpp", "annotations": {"a": "b"}},
+            "spec": spec,
+            "status": {"conditions": [{"type": "Degraded", "status": "False"}], "targetVersion": "v2"}
+        }));
+        let up = to_v1beta1(&original).unwrap();
+        let expected = prefix.map(|p| p.eq_ignore_ascii_case("true"));
+        assert_eq!(
+            up.spec.path_config.as_ref().unwrap().use_naming_prefix,
+            expected,
+            "{prefix:?}"
+        );
+        assert_eq!(to_v1alpha1(&up).unwrap(), original, "{prefix:?}");
+    }
+}
+
+#[test]
+fn json_conversion_sets_api_version_and_is_identity_for_same_version() {
+    let obj = json!({
+        "apiVersion": API_VERSION_V1ALPHA1, "kind": "HostPathProvisioner",
+        "metadata": {"name": "hpp"}, "spec": {"pathConfig": {"path": "/p", "useNamingPrefix": "true"}}
+    });
+    let up = convert_json(obj.clone(), API_VERSION_V1BETA1).unwrap();
+    assert_eq!(up["apiVersion"], API_VERSION_V1BETA1);
+    assert_eq!(up["spec"]["pathConfig"]["useNamingPrefix"], json!(true));
+    let down = convert_json(up, API_VERSION_V1ALPHA1).unwrap();
+    assert_eq!(down, obj);
+    assert_eq!(convert_json(obj.clone(), API_VERSION_V1ALPHA1).unwrap(), obj);
+    assert!(convert_json(obj, "hostpathprovisioner.kubevirt.io/v2").is_err());
+}
+
+#[test]
+fn corrupt_conversion_annotation_is_an_error_not_a_panic() {
+    let mut annotations = BTreeMap::new();
+    annotations.insert(
+        hpp_api::constants::ANNOTATION_CONVERSION_DATA.to_string(),
+        "{not json".to_string(),
+    );
+    let mut obj = alpha(json!({"metadata": {"name": "x"}, "spec": {"pathConfig": {"path": "/p"}}}));
+    obj.metadata.annotations = Some(annotations);
+    assert!(to_v1beta1(&obj).is_err());
+}

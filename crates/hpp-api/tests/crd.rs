@@ -1,0 +1,69 @@
+//! The CRD committed in `deploy/` is the one the types generate.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
+use std::path::PathBuf;
+
+use hpp_api::crd::{CRD_FILE, crd, crd_yaml};
+
+const BLESS: &str = "HPP_BLESS=1 cargo test -p hpp-api --test crd";
+
+#[test]
+fn deploy_crd_is_up_to_date() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(CRD_FILE);
+    let generated = crd_yaml().unwrap();
+    if std::env::var_os("HPP_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{} cannot be read ({e}); regenerate it with: {BLESS}", path.display()));
+    let committed: serde_json::Value = serde_saphyr::from_str(&committed).unwrap();
+    let generated: serde_json::Value = serde_saphyr::from_str(&generated).unwrap();
+    assert!(
+        committed == generated,
+        "{CRD_FILE} is out of date; regenerate it with: {BLESS}"
+    );
+}
+
+#[test]
+fn crd_shape() {
+    let crd = serde_json::to_value(crd().unwrap()).unwrap();
+    let spec = &crd["spec"];
+    assert_eq!(
+        crd["metadata"]["name"],
+        "hostpathprovisioners.hostpathprovisioner.kubevirt.io"
+    );
+    assert_eq!(spec["scope"], "Cluster");
+    assert_eq!(spec["names"]["shortNames"][0], "hpp");
+    let versions = spec["versions"].as_array().unwrap();
+    let by_name = |n: &str| versions.iter().find(|v| v["name"] == n).unwrap().clone();
+    let (alpha, beta) = (by_name("v1alpha1"), by_name("v1beta1"));
+    assert_eq!(
+        (alpha["served"].clone(), alpha["storage"].clone()),
+        (true.into(), false.into())
+    );
+    assert_eq!(
+        (beta["served"].clone(), beta["storage"].clone()),
+        (true.into(), true.into())
+    );
+    assert!(beta["subresources"]["status"].is_object());
+    let columns: Vec<_> = beta["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].clone())
+        .collect();
+    assert_eq!(columns, ["Available", "Progressing", "Degraded", "Age"]);
+    // garde bounds land in the schema.
+    let pool = &beta["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["storagePools"]["items"];
+    assert_eq!(pool["properties"]["name"]["maxLength"], 50);
+    assert_eq!(pool["properties"]["path"]["maxLength"], 255);
+    // v1alpha1 requires pathConfig.
+    let alpha_spec = &alpha["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert!(
+        alpha_spec["required"]
+            .as_array()
+            .unwrap()
+            .contains(&"pathConfig".into())
+    );
+}

@@ -1,0 +1,245 @@
+//! Each validation rule, accepted and rejected, with the exact JSON field path.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
+use hpp_api::v1beta1::{HostPathProvisionerSpec, PathConfig, StoragePool};
+use hpp_api::validation::{ValidateCreate, ValidateUpdate, ValidationErrors};
+
+fn pool(name: &str, path: &str) -> StoragePool {
+    StoragePool {
+        name: name.into(),
+        path: path.into(),
+        ..Default::default()
+    }
+}
+
+fn pools(list: &[(&str, &str)]) -> HostPathProvisionerSpec {
+    HostPathProvisionerSpec {
+        storage_pools: Some(list.iter().map(|(n, p)| pool(n, p)).collect()),
+        ..Default::default()
+    }
+}
+
+fn legacy(path: &str) -> HostPathProvisionerSpec {
+    HostPathProvisionerSpec {
+        path_config: Some(PathConfig {
+            path: path.into(),
+            use_naming_prefix: None,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Asserts that validation fails with exactly one error, at `path`, whose message contains `needle`.
+fn rejected(result: Result<(), ValidationErrors>, path: &str, needle: &str) {
+    let errors = result.expect_err("expected a validation error");
+    assert_eq!(errors.errors().len(), 1, "expected one error, got: {errors}");
+    let e = &errors.errors()[0];
+    assert_eq!(e.path, path, "wrong path in: {errors}");
+    assert!(e.message.contains(needle), "message {:?} lacks {needle:?}", e.message);
+}
+
+#[test]
+fn valid_pools_and_legacy_are_accepted() {
+    pools(&[("local", "/var/hpvolumes"), ("fast", "/mnt/fast")])
+        .validate_create()
+        .unwrap();
+    legacy("/var/hpvolumes").validate_create().unwrap();
+}
+
+#[test]
+fn exactly_one_of_path_config_and_storage_pools() {
+    let mut both = pools(&[("local", "/var/hpvolumes")]);
+    both.path_config = Some(PathConfig {
+        path: "/var/other".into(),
+        use_naming_prefix: None,
+    });
+    rejected(both.validate_create(), "spec.storagePools", "pathConfig");
+    rejected(
+        HostPathProvisionerSpec::default().validate_create(),
+        "spec",
+        "must be set",
+    );
+    // An empty pool list counts as unset, as in KubeVirt.
+    rejected(pools(&[]).validate_create(), "spec", "must be set");
+}
+
+#[test]
+fn path_config_path_must_be_set_and_absolute() {
+    rejected(legacy("").validate_create(), "spec.pathConfig.path", "must be set");
+    rejected(
+        legacy("var/hpvolumes").validate_create(),
+        "spec.pathConfig.path",
+        "absolute",
+    );
+}
+
+#[test]
+fn pool_name_length_and_shape() {
+    rejected(
+        pools(&[("", "/a")]).validate_create(),
+        "spec.storagePools[0].name",
+        "length",
+    );
+    let long = "a".repeat(51);
+    rejected(
+        pools(&[(&long, "/a")]).validate_create(),
+        "spec.storagePools[0].name",
+        "length",
+    );
+    pools(&[(&"a".repeat(50), "/a")]).validate_create().unwrap();
+    rejected(
+        pools(&[("ok", "/a"), ("Bad_Name", "/b")]).validate_create(),
+        "spec.storagePools[1].name",
+        "lower case",
+    );
+}
+
+#[test]
+fn pool_path_length_and_shape() {
+    rejected(
+        pools(&[("a", "")]).validate_create(),
+        "spec.storagePools[0].path",
+        "length",
+    );
+    let long = format!("/{}", "p".repeat(255));
+    rejected(
+        pools(&[("a", &long)]).validate_create(),
+        "spec.storagePools[0].path",
+        "length",
+    );
+    pools(&[("a", &format!("/{}", "p".repeat(254)))])
+        .validate_create()
+        .unwrap();
+    for (bad, needle) in [
+        ("relative/path", "absolute"),
+        ("/", "root"),
+        ("/var/hpvolumes/", "end with"),
+        ("/var//hpvolumes", "duplicate"),
+        ("/var/../etc", "'..'"),
+        ("/var/./hp", "'.'"),
+    ] {
+        rejected(
+            pools(&[("ok", "/ok"), ("a", bad)]).validate_create(),
+            "spec.storagePools[1].path",
+            needle,
+        );
+    }
+}
+
+#[test]
+fn pool_names_and_paths_are_unique() {
+    rejected(
+        pools(&[("a", "/x"), ("b", "/y"), ("a", "/z")]).validate_create(),
+        "spec.storagePools[2].name",
+        "spec.storagePools[0].name",
+    );
+    rejected(
+        pools(&[("a", "/x"), ("b", "/x")]).validate_create(),
+        "spec.storagePools[1].path",
+        "spec.storagePools[0].path",
+    );
+}
+
+#[test]
+fn pool_paths_do_not_nest() {
+    rejected(
+        pools(&[("outer", "/data"), ("inner", "/data/fast")]).validate_create(),
+        "spec.storagePools[1].path",
+        "nested",
+    );
+    // Order does not matter, and a shared prefix that is not a directory boundary is fine.
+    rejected(
+        pools(&[("inner", "/data/fast"), ("outer", "/data")]).validate_create(),
+        "spec.storagePools[0].path",
+        "nested",
+    );
+    pools(&[("a", "/data"), ("b", "/data2")]).validate_create().unwrap();
+}
+
+#[test]
+fn snapshot_provider_must_be_known() {
+    let mut spec = pools(&[("a", "/x")]);
+    spec.storage_pools.as_mut().unwrap()[0].snapshot_provider = Some("reflink".into());
+    spec.validate_create().unwrap();
+    spec.storage_pools.as_mut().unwrap()[0].snapshot_provider = Some("zfs".into());
+    rejected(
+        spec.validate_create(),
+        "spec.storagePools[0].snapshotProvider",
+        "reflink",
+    );
+}
+
+#[test]
+fn feature_gates_must_be_known() {
+    let mut spec = pools(&[("a", "/x")]);
+    spec.feature_gates = Some(vec!["Snapshotting".into()]);
+    spec.validate_create().unwrap();
+    spec.feature_gates = Some(vec!["Snapshotting".into(), "Teleport".into()]);
+    rejected(spec.validate_create(), "spec.featureGates[1]", "Snapshotting");
+}
+
+#[test]
+fn image_pull_policy_and_overlay_class_name() {
+    let mut spec = pools(&[("a", "/x")]);
+    spec.image_pull_policy = Some("Sometimes".into());
+    rejected(spec.validate_create(), "spec.imagePullPolicy", "IfNotPresent");
+    spec.image_pull_policy = Some("Always".into());
+    spec.storage_pools.as_mut().unwrap()[0].overlay_class_name = Some("Not_A_Name".into());
+    rejected(
+        spec.validate_create(),
+        "spec.storagePools[0].overlayClassName",
+        "StorageClass",
+    );
+}
+
+#[test]
+fn every_error_is_reported_at_once() {
+    let spec = pools(&[("Bad", "rel"), ("ok", "/x"), ("ok", "/x")]);
+    let errors = spec.validate_create().unwrap_err();
+    for path in [
+        "spec.storagePools[0].name",
+        "spec.storagePools[0].path",
+        "spec.storagePools[2].name",
+        "spec.storagePools[2].path",
+    ] {
+        assert!(errors.has_path(path), "{path} missing from {errors}");
+    }
+}
+
+#[test]
+fn pool_path_cannot_change_while_pool_exists() {
+    let old = pools(&[("a", "/x"), ("b", "/y")]);
+    rejected(
+        pools(&[("a", "/x"), ("b", "/z")]).validate_update(&old),
+        "spec.storagePools[1].path",
+        "cannot change",
+    );
+    // Adding, removing and reordering pools is fine; so is reusing a removed pool's path.
+    pools(&[("b", "/y"), ("c", "/x")]).validate_update(&old).unwrap();
+    pools(&[("b", "/y"), ("a", "/x"), ("d", "/w")])
+        .validate_update(&old)
+        .unwrap();
+}
+
+#[test]
+fn path_config_path_cannot_change() {
+    rejected(
+        legacy("/b").validate_update(&legacy("/a")),
+        "spec.pathConfig.path",
+        "cannot change",
+    );
+    // Moving from pathConfig to storage pools is allowed.
+    pools(&[("a", "/b")]).validate_update(&legacy("/a")).unwrap();
+}
+
+#[test]
+fn update_tolerates_problems_the_old_object_already_had() {
+    // A CR an older release accepted (relative path) can still be edited, e.g. to add a gate.
+    let old = legacy("relative");
+    let mut new = legacy("relative");
+    new.feature_gates = Some(vec!["Snapshotting".into()]);
+    new.validate_update(&old).unwrap();
+    // New problems are still caught.
+    new.feature_gates = Some(vec!["Bogus".into()]);
+    rejected(new.validate_update(&old), "spec.featureGates[0]", "unknown");
+}

@@ -1,0 +1,5 @@
+//! The `hpp-provisioner` executable.
+
+fn main() {
+    println!("hpp-provisioner: not built yet");
+}

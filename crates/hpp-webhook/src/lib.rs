@@ -1,0 +1,1 @@
+//! The validating and conversion admission webhook for `HostPathProvisioner`, served over rustls.

@@ -1,0 +1,1 @@
+//! Runnable embedding examples for the hpp crates; see the files in this directory.
