@@ -1,2 +1,5 @@
 //! Shared start-up code for the hpp executables (`hpp-operator`, `hpp-csi-driver`,
-//! `hpp-provisioner`): logging, telemetry and signal handling.
+//! `hpp-provisioner`): logging, telemetry, the metrics/health server and signal handling.
+
+pub mod admin;
+pub mod telemetry;
