@@ -1,0 +1,356 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    HostPathVolumeSource, PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, PersistentVolumeSpec,
+    PersistentVolumeStatus, VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+
+use super::*;
+use crate::config::ReclaimOverride;
+
+fn cfg(mode: Mode) -> ProvisionerConfig {
+    let dir = match mode {
+        Mode::Shared => None,
+        _ => Some(PathBuf::from("/var/hpvolumes")),
+    };
+    ProvisionerConfig::new(mode, Some("node-a".into()), dir)
+}
+
+fn class(name: &str, provisioner: &str, wffc: bool, params: &[(&str, &str)]) -> StorageClass {
+    StorageClass {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        provisioner: provisioner.into(),
+        volume_binding_mode: Some(if wffc { "WaitForFirstConsumer" } else { "Immediate" }.into()),
+        reclaim_policy: Some("Delete".into()),
+        parameters: (!params.is_empty())
+            .then(|| params.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()),
+        ..Default::default()
+    }
+}
+
+fn claim(annotations: &[(&str, &str)]) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("data".into()),
+            namespace: Some("ns".into()),
+            uid: Some("u-1".into()),
+            annotations: Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            storage_class_name: Some("sc".into()),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".to_owned(), Quantity("1Gi".into()))])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: Some(PersistentVolumeClaimStatus {
+            phase: Some("Pending".into()),
+            ..Default::default()
+        }),
+    }
+}
+
+fn plan_of(d: ClaimDecision) -> ProvisionPlan {
+    match d {
+        ClaimDecision::Provision(p) => *p,
+        other => panic!("expected Provision, got {other:?}"),
+    }
+}
+
+fn refusal_of(d: ClaimDecision) -> RefusalReason {
+    match d {
+        ClaimDecision::Refuse(r) => r.reason,
+        other => panic!("expected Refuse, got {other:?}"),
+    }
+}
+
+const KV: &str = hpp_api::constants::LEGACY_PROVISIONER_NAME;
+
+#[test]
+fn kubevirt_provision_on_node_must_match() {
+    let c = cfg(Mode::Kubevirt);
+    let sc = class("sc", KV, false, &[]);
+    let mine = claim(&[(ANNOTATION_PROVISION_ON_NODE, "node-a")]);
+    let p = plan_of(decide_claim(&c, &mine, Some(&sc)));
+    assert_eq!(p.pv_name, "pvc-u-1");
+    assert_eq!(p.dir(), PathBuf::from("/var/hpvolumes/pvc-u-1"));
+    assert_eq!(p.node.as_deref(), Some("node-a"));
+    assert_eq!(p.dir_mode, 0o777);
+    let theirs = claim(&[(ANNOTATION_PROVISION_ON_NODE, "node-b")]);
+    assert_eq!(
+        decide_claim(&c, &theirs, Some(&sc)),
+        ClaimDecision::Ignore(IgnoreReason::OtherNode)
+    );
+    // Immediate claims without the annotation are never provisioned (as in KubeVirt).
+    assert_eq!(
+        decide_claim(&c, &claim(&[]), Some(&sc)),
+        ClaimDecision::Ignore(IgnoreReason::NoNodeYet)
+    );
+    // selected-node counts only for WaitForFirstConsumer classes.
+    let sel = claim(&[(ANNOTATION_SELECTED_NODE, "node-a")]);
+    assert_eq!(
+        decide_claim(&c, &sel, Some(&sc)),
+        ClaimDecision::Ignore(IgnoreReason::NoNodeYet)
+    );
+}
+
+#[test]
+fn kubevirt_wffc_uses_selected_node_and_naming_prefix() {
+    let mut c = cfg(Mode::Kubevirt);
+    c.use_naming_prefix = true;
+    let sc = class("sc", KV, true, &[]);
+    let p = plan_of(decide_claim(
+        &c,
+        &claim(&[(ANNOTATION_SELECTED_NODE, "node-a")]),
+        Some(&sc),
+    ));
+    assert_eq!(p.rel_dir, PathBuf::from("data-pvc-u-1"));
+    let other = claim(&[(ANNOTATION_SELECTED_NODE, "node-b")]);
+    assert_eq!(
+        decide_claim(&c, &other, Some(&sc)),
+        ClaimDecision::Ignore(IgnoreReason::OtherNode)
+    );
+    assert_eq!(
+        decide_claim(&c, &claim(&[]), Some(&sc)),
+        ClaimDecision::Ignore(IgnoreReason::NoNodeYet)
+    );
+}
+
+#[test]
+fn other_provisioners_and_bound_claims_are_ignored() {
+    let c = cfg(Mode::SingleNode);
+    let sc = class("sc", "someone/else", false, &[]);
+    assert_eq!(
+        decide_claim(&c, &claim(&[]), Some(&sc)),
+        ClaimDecision::Ignore(IgnoreReason::OtherProvisioner)
+    );
+    assert_eq!(
+        decide_claim(&c, &claim(&[]), None),
+        ClaimDecision::Ignore(IgnoreReason::OtherProvisioner)
+    );
+    let sc = class("sc", "hostpath", false, &[]);
+    let addressed = claim(&[(ANNOTATION_STORAGE_PROVISIONER, "someone/else")]);
+    assert_eq!(
+        decide_claim(&c, &addressed, Some(&sc)),
+        ClaimDecision::Ignore(IgnoreReason::OtherProvisioner)
+    );
+    let mut bound = claim(&[]);
+    bound.spec.as_mut().unwrap().volume_name = Some("pv".into());
+    assert_eq!(
+        decide_claim(&c, &bound, Some(&sc)),
+        ClaimDecision::Ignore(IgnoreReason::NotPending)
+    );
+}
+
+#[test]
+fn single_node_names_and_reclaim() {
+    let mut c = cfg(Mode::SingleNode);
+    let sc = class("sc", "hostpath", false, &[]);
+    let p = plan_of(decide_claim(&c, &claim(&[]), Some(&sc)));
+    assert_eq!(p.rel_dir, PathBuf::from("ns-data-pvc-u-1"));
+    assert_eq!(p.reclaim_policy, "Delete");
+    assert_eq!(p.dir_mode, 0o770);
+    c.reclaim_override = Some(ReclaimOverride::Retain);
+    assert_eq!(
+        plan_of(decide_claim(&c, &claim(&[]), Some(&sc))).reclaim_policy,
+        "Retain"
+    );
+    let other = claim(&[(ANNOTATION_SELECTED_NODE, "node-b")]);
+    assert_eq!(
+        decide_claim(&c, &other, Some(&sc)),
+        ClaimDecision::Ignore(IgnoreReason::OtherNode)
+    );
+}
+
+#[test]
+fn shared_mode_takes_pv_dir_and_allows_rwx() {
+    let c = cfg(Mode::Shared);
+    let sc = class(
+        "sc",
+        "torchbox.com/hostpath",
+        false,
+        &[("pvDir", "/mnt/ceph/k8s"), ("dirMode", "0750")],
+    );
+    let mut rwx = claim(&[]);
+    rwx.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteMany".into()]);
+    let p = plan_of(decide_claim(&c, &rwx, Some(&sc)));
+    assert_eq!(p.dir(), PathBuf::from("/mnt/ceph/k8s/pvc-u-1"));
+    assert_eq!(p.node, None);
+    assert_eq!(p.dir_mode, 0o750);
+    assert_eq!(p.access_modes, vec!["ReadWriteMany"]);
+    let no_dir = class("sc", "torchbox.com/hostpath", false, &[]);
+    assert_eq!(
+        refusal_of(decide_claim(&c, &claim(&[]), Some(&no_dir))),
+        RefusalReason::NoBaseDir
+    );
+}
+
+#[test]
+fn refusals() {
+    let c = cfg(Mode::SingleNode);
+    let sc = class("sc", "hostpath", false, &[]);
+    let mut block = claim(&[]);
+    block.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+    assert_eq!(
+        refusal_of(decide_claim(&c, &block, Some(&sc))),
+        RefusalReason::BlockMode
+    );
+    let mut rwx = claim(&[]);
+    rwx.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteMany".into()]);
+    assert_eq!(refusal_of(decide_claim(&c, &rwx, Some(&sc))), RefusalReason::AccessMode);
+    let mut sel = claim(&[]);
+    sel.spec.as_mut().unwrap().selector = Some(LabelSelector::default());
+    assert_eq!(refusal_of(decide_claim(&c, &sel, Some(&sc))), RefusalReason::Selector);
+    let mut nosize = claim(&[]);
+    nosize.spec.as_mut().unwrap().resources = None;
+    assert_eq!(
+        refusal_of(decide_claim(&c, &nosize, Some(&sc))),
+        RefusalReason::BadRequest
+    );
+    let typo = class("sc", "hostpath", false, &[("pvdir", "/x")]);
+    assert_eq!(
+        refusal_of(decide_claim(&c, &claim(&[]), Some(&typo))),
+        RefusalReason::BadParameters
+    );
+    let evil = class("sc", "hostpath", false, &[("pathTemplate", "../{pv}")]);
+    assert_eq!(
+        refusal_of(decide_claim(&c, &claim(&[]), Some(&evil))),
+        RefusalReason::BadTemplate
+    );
+    let nopv = class("sc", "hostpath", false, &[("pathTemplate", "{claim}")]);
+    assert_eq!(
+        refusal_of(decide_claim(&c, &claim(&[]), Some(&nopv))),
+        RefusalReason::BadTemplate
+    );
+}
+
+#[test]
+fn capacity() {
+    assert!(check_capacity(10, 10).is_ok());
+    assert_eq!(check_capacity(11, 10).unwrap_err().reason, RefusalReason::TooLarge);
+}
+
+fn pv(phase: &str, policy: &str, ann: &[(&str, &str)], path: &str) -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some("pvc-u-1".into()),
+            annotations: Some(ann.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            persistent_volume_reclaim_policy: Some(policy.into()),
+            host_path: Some(HostPathVolumeSource {
+                path: path.into(),
+                type_: None,
+            }),
+            ..Default::default()
+        }),
+        status: Some(PersistentVolumeStatus {
+            phase: Some(phase.into()),
+            ..Default::default()
+        }),
+    }
+}
+
+#[test]
+fn kubevirt_volume_deletion_rules() {
+    let c = cfg(Mode::Kubevirt);
+    let ok = [
+        (ANNOTATION_PROVISIONED_BY, KV),
+        (ANNOTATION_PROVISIONER_IDENTITY, KV),
+        (ANNOTATION_PROVISION_ON_NODE, "node-a"),
+    ];
+    let d = decide_volume(&c, &pv("Released", "Delete", &ok, "/var/hpvolumes/pvc-u-1"), None);
+    assert_eq!(
+        d,
+        VolumeDecision::Delete {
+            dir: "/var/hpvolumes/pvc-u-1".into(),
+            base_dir: "/var/hpvolumes".into(),
+            archive: false
+        }
+    );
+    assert!(matches!(
+        decide_volume(&c, &pv("Bound", "Delete", &ok, "/var/hpvolumes/x"), None),
+        VolumeDecision::Ignore(_)
+    ));
+    assert!(matches!(
+        decide_volume(&c, &pv("Released", "Retain", &ok, "/var/hpvolumes/x"), None),
+        VolumeDecision::Ignore(_)
+    ));
+    let other_node = [ok[0], ok[1], (ANNOTATION_PROVISION_ON_NODE, "node-b")];
+    assert!(matches!(
+        decide_volume(&c, &pv("Released", "Delete", &other_node, "/var/hpvolumes/x"), None),
+        VolumeDecision::Ignore(_)
+    ));
+    let no_identity = [ok[0], ok[2]];
+    assert!(matches!(
+        decide_volume(&c, &pv("Released", "Delete", &no_identity, "/var/hpvolumes/x"), None),
+        VolumeDecision::Refuse(_)
+    ));
+    for outside in ["/etc", "/var/hpvolumes", "/var/hpvolumes/../etc", "/var/hpvolumesX/a"] {
+        assert!(
+            matches!(
+                decide_volume(&c, &pv("Released", "Delete", &ok, outside), None),
+                VolumeDecision::Refuse(_)
+            ),
+            "{outside}"
+        );
+    }
+    let foreign = [(ANNOTATION_PROVISIONED_BY, "x"), ok[1], ok[2]];
+    assert!(matches!(
+        decide_volume(&c, &pv("Released", "Delete", &foreign, "/var/hpvolumes/x"), None),
+        VolumeDecision::Ignore(_)
+    ));
+}
+
+#[test]
+fn shared_volume_base_dir_from_annotation_or_class() {
+    let c = cfg(Mode::Shared);
+    let name = "torchbox.com/hostpath";
+    let base = [
+        (ANNOTATION_PROVISIONED_BY, name),
+        (ANNOTATION_PROVISIONER_IDENTITY, name),
+    ];
+    let old = pv("Released", "Delete", &base, "/mnt/ceph/pvc-u-1");
+    assert!(matches!(decide_volume(&c, &old, None), VolumeDecision::Refuse(_)));
+    let params = ClassParams {
+        pv_dir: Some("/mnt/ceph".into()),
+        ..Default::default()
+    };
+    assert!(matches!(
+        decide_volume(&c, &old, Some(&params)),
+        VolumeDecision::Delete { .. }
+    ));
+    let new = [
+        base[0],
+        base[1],
+        (ANNOTATION_BASE_DIR, "/mnt/ceph"),
+        (ANNOTATION_ARCHIVE_ON_DELETE, "true"),
+    ];
+    assert!(matches!(
+        decide_volume(&c, &pv("Released", "Delete", &new, "/mnt/ceph/pvc-u-1"), None),
+        VolumeDecision::Delete { archive: true, .. }
+    ));
+}
+
+#[test]
+fn strictly_inside() {
+    assert!(is_strictly_inside(Path::new("/a/b/c"), Path::new("/a/b")));
+    assert!(!is_strictly_inside(Path::new("/a/b"), Path::new("/a/b")));
+    assert!(!is_strictly_inside(Path::new("/a/b/../c"), Path::new("/a/b")));
+    assert!(!is_strictly_inside(Path::new("/a/bc"), Path::new("/a/b")));
+    assert!(!is_strictly_inside(Path::new("a/b/c"), Path::new("a/b")));
+}

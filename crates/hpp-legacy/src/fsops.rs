@@ -1,0 +1,284 @@
+//! Volume directories on disk: created and removed through directory file descriptors with
+//! `O_NOFOLLOW`, so a symlink planted inside the base directory can never redirect a mkdir,
+//! chmod or recursive delete elsewhere, and deletion stops at mount points.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, StatxFlags};
+use rustix::io::Errno;
+
+use crate::config::ARCHIVE_PREFIX;
+use crate::selinux::Labeler;
+use crate::{Error, Result};
+
+/// Deepest directory tree a delete walks before giving up (bounds file descriptors in use).
+pub const MAX_DELETE_DEPTH: usize = 128;
+/// Mode of intermediate directories created by templates with `/`.
+const INTERMEDIATE_MODE: u32 = 0o755;
+
+/// Ownership and permissions of a new volume directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirSpec {
+    /// Permission bits, applied with `fchmod` (so the umask does not matter).
+    pub mode: u32,
+    /// Owner, if set.
+    pub uid: Option<u32>,
+    /// Group, if set.
+    pub gid: Option<u32>,
+}
+
+/// What creating a directory did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Created {
+    /// False when it already existed (a retry after a failed PV create).
+    pub newly_created: bool,
+    /// SELinux context set, if the host enforces SELinux.
+    pub selinux_context: Option<String>,
+}
+
+/// What deleting a directory did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Removed {
+    /// Removed with its content.
+    Deleted,
+    /// Renamed to this name in the same parent.
+    Archived(String),
+    /// Was not there (already cleaned up).
+    Missing,
+}
+
+fn dir_flags() -> OFlags {
+    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
+}
+
+fn normal_components(rel: &Path) -> Result<Vec<&std::ffi::OsStr>> {
+    let mut out = Vec::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            _ => {
+                return Err(Error::UnsafeDelete {
+                    path: rel.to_path_buf(),
+                    reason: "path has a component that is not a plain name".into(),
+                });
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::UnsafeDelete {
+            path: rel.to_path_buf(),
+            reason: "empty relative path".into(),
+        });
+    }
+    Ok(out)
+}
+
+fn open_base(base: &Path) -> Result<OwnedFd> {
+    rustix::fs::open(
+        base,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::fs("open base directory", base, e))
+}
+
+fn open_child(parent: impl AsFd, name: &std::ffi::OsStr, full: &Path) -> Result<OwnedFd> {
+    rustix::fs::openat(parent, name, dir_flags(), Mode::empty()).map_err(|e| match e {
+        Errno::LOOP | Errno::NOTDIR => Error::UnsafeDelete {
+            path: full.to_path_buf(),
+            reason: "is a symlink or not a directory".into(),
+        },
+        e => Error::fs("open", full, e),
+    })
+}
+
+/// Total size in bytes of the filesystem holding `dir`.
+pub fn filesystem_size(dir: &Path) -> Result<u64> {
+    let st = rustix::fs::statvfs(dir).map_err(|e| Error::fs("statvfs", dir, e))?;
+    Ok(st.f_blocks.saturating_mul(st.f_frsize))
+}
+
+/// Creates `base/rel` (parents as needed, never through symlinks), then sets mode, owner and
+/// SELinux label. `base` must exist: it is never created here.
+pub fn create_volume_dir(base: &Path, rel: &Path, spec: DirSpec, labeler: &Labeler) -> Result<Created> {
+    let parts = normal_components(rel)?;
+    let mut parent = open_base(base)?;
+    let mut path = base.to_path_buf();
+    let (leaf, dirs) = parts.split_last().ok_or_else(|| Error::Config("empty path".into()))?;
+    for name in dirs {
+        path.push(name);
+        match rustix::fs::mkdirat(&parent, *name, Mode::from_raw_mode(INTERMEDIATE_MODE)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(Error::fs("mkdir", &path, e)),
+        }
+        parent = open_child(&parent, name, &path)?;
+    }
+    path.push(leaf);
+    let newly_created = match rustix::fs::mkdirat(&parent, *leaf, Mode::from_raw_mode(0o700)) {
+        Ok(()) => true,
+        Err(Errno::EXIST) => false,
+        Err(e) => return Err(Error::fs("mkdir", &path, e)),
+    };
+    let dir = open_child(&parent, leaf, &path)?;
+    if spec.uid.is_some() || spec.gid.is_some() {
+        rustix::fs::fchown(
+            &dir,
+            spec.uid.map(rustix::fs::Uid::from_raw),
+            spec.gid.map(rustix::fs::Gid::from_raw),
+        )
+        .map_err(|e| Error::fs("chown", &path, e))?;
+    }
+    rustix::fs::fchmod(&dir, Mode::from_raw_mode(spec.mode)).map_err(|e| Error::fs("chmod", &path, e))?;
+    let selinux_context = labeler.label(&parent, &dir, &path)?;
+    Ok(Created {
+        newly_created,
+        selinux_context,
+    })
+}
+
+/// Removes `base/rel` if it is an empty directory (undo of a create whose PV failed).
+pub fn remove_if_empty(base: &Path, rel: &Path) -> Result<()> {
+    let (parent, leaf, path) = open_parent(base, rel)?;
+    match rustix::fs::unlinkat(&parent, leaf, AtFlags::REMOVEDIR) {
+        Ok(()) | Err(Errno::NOENT) | Err(Errno::NOTEMPTY) | Err(Errno::EXIST) => Ok(()),
+        Err(e) => Err(Error::fs("rmdir", path, e)),
+    }
+}
+
+fn open_parent<'a>(base: &Path, rel: &'a Path) -> Result<(OwnedFd, &'a std::ffi::OsStr, PathBuf)> {
+    let parts = normal_components(rel)?;
+    let mut parent = open_base(base)?;
+    let mut path = base.to_path_buf();
+    let (leaf, dirs) = parts.split_last().ok_or_else(|| Error::Config("empty path".into()))?;
+    for name in dirs {
+        path.push(name);
+        parent = open_child(&parent, name, &path)?;
+    }
+    path.push(leaf);
+    Ok((parent, leaf, path))
+}
+
+/// Identity of the mount an open file lives on (mount id where the kernel has it, else device).
+fn mount_key(fd: impl AsFd, path: &Path) -> Result<(u64, u32, u32)> {
+    let st = rustix::fs::statx(
+        fd,
+        "",
+        AtFlags::EMPTY_PATH,
+        StatxFlags::BASIC_STATS | StatxFlags::MNT_ID,
+    )
+    .map_err(|e| Error::fs("statx", path, e))?;
+    let mnt = if st.stx_mask & StatxFlags::MNT_ID.bits() != 0 {
+        st.stx_mnt_id
+    } else {
+        0
+    };
+    Ok((mnt, st.stx_dev_major, st.stx_dev_minor))
+}
+
+/// Removes (or archives) the volume directory `dir`, which must be strictly inside `base`.
+/// Never follows symlinks (they are unlinked as links) and refuses to cross into another mount.
+pub fn remove_volume_dir(base: &Path, dir: &Path, archive: bool) -> Result<Removed> {
+    let rel = dir.strip_prefix(base).map_err(|_| Error::UnsafeDelete {
+        path: dir.to_path_buf(),
+        reason: format!("not inside {}", base.display()),
+    })?;
+    let (parent, leaf, path) = match open_parent(base, rel) {
+        Ok(v) => v,
+        Err(Error::Fs { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => return Ok(Removed::Missing),
+        Err(e) => return Err(e),
+    };
+    let st = match rustix::fs::statat(&parent, leaf, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => return Ok(Removed::Missing),
+        Err(e) => return Err(Error::fs("stat", &path, e)),
+    };
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        return Err(Error::UnsafeDelete {
+            path,
+            reason: "is not a directory (symlink?)".into(),
+        });
+    }
+    if archive {
+        return archive_dir(&parent, leaf, &path);
+    }
+    let top = open_child(&parent, leaf, &path)?;
+    let parent_mount = mount_key(&parent, &path)?;
+    if mount_key(&top, &path)? != parent_mount {
+        return Err(Error::UnsafeDelete {
+            path,
+            reason: "is a mount point".into(),
+        });
+    }
+    remove_tree(&top, &path, parent_mount, 0)?;
+    rustix::fs::unlinkat(&parent, leaf, AtFlags::REMOVEDIR).map_err(|e| Error::fs("rmdir", &path, e))?;
+    Ok(Removed::Deleted)
+}
+
+fn archive_dir(parent: &OwnedFd, leaf: &std::ffi::OsStr, path: &Path) -> Result<Removed> {
+    let base_name = format!("{ARCHIVE_PREFIX}{}", leaf.to_string_lossy());
+    for n in 0..1000u32 {
+        let name = if n == 0 {
+            base_name.clone()
+        } else {
+            format!("{base_name}-{n}")
+        };
+        match rustix::fs::statat(parent, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(_) => continue,
+            Err(Errno::NOENT) => {}
+            Err(e) => return Err(Error::fs("stat", path.with_file_name(&name), e)),
+        }
+        rustix::fs::renameat(parent, leaf, parent, name.as_str()).map_err(|e| Error::fs("rename", path, e))?;
+        return Ok(Removed::Archived(name));
+    }
+    Err(Error::UnsafeDelete {
+        path: path.to_path_buf(),
+        reason: "too many archived copies".into(),
+    })
+}
+
+fn remove_tree(dir: &OwnedFd, path: &Path, mount: (u64, u32, u32), depth: usize) -> Result<()> {
+    if depth >= MAX_DELETE_DEPTH {
+        return Err(Error::UnsafeDelete {
+            path: path.to_path_buf(),
+            reason: "directory tree too deep".into(),
+        });
+    }
+    // Collect names first: unlinking while iterating a directory stream is unspecified.
+    let mut names = Vec::new();
+    for entry in rustix::fs::Dir::read_from(dir).map_err(|e| Error::fs("readdir", path, e))? {
+        let entry = entry.map_err(|e| Error::fs("readdir", path, e))?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(entry.file_name().to_owned());
+        }
+    }
+    for name in names {
+        let child = path.join(name.to_string_lossy().as_ref());
+        let st = match rustix::fs::statat(dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(Errno::NOENT) => continue,
+            Err(e) => return Err(Error::fs("stat", &child, e)),
+        };
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            let sub = rustix::fs::openat(dir, name.as_c_str(), dir_flags(), Mode::empty())
+                .map_err(|e| Error::fs("open", &child, e))?;
+            if mount_key(&sub, &child)? != mount {
+                return Err(Error::UnsafeDelete {
+                    path: child,
+                    reason: "a mount point inside the volume".into(),
+                });
+            }
+            remove_tree(&sub, &child, mount, depth + 1)?;
+            rustix::fs::unlinkat(dir, name.as_c_str(), AtFlags::REMOVEDIR)
+                .map_err(|e| Error::fs("rmdir", &child, e))?;
+        } else {
+            rustix::fs::unlinkat(dir, name.as_c_str(), AtFlags::empty()).map_err(|e| Error::fs("unlink", &child, e))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "fsops_tests.rs"]
+mod tests;
