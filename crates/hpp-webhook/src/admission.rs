@@ -1,0 +1,323 @@
+//! The validating webhook: AdmissionReview `admission.k8s.io/v1` or `v1beta1` in, the same
+//! version out.
+//!
+//! - CREATE: `hpp-api` create rules, then a second HostPathProvisioner is refused.
+//! - UPDATE: `hpp-api` update rules (old and new; problems the old object already had are
+//!   tolerated and returned as warnings).
+//! - DELETE: refused while PersistentVolumes provisioned by hpp exist, unless the CR carries
+//!   [`ANNOTATION_FORCE_DELETE`]`: "true"`, because deleting the CR removes the CSI driver those
+//!   volumes need.
+//!
+//! Denials carry the JSON field paths in the message and in `status.details.causes`. Cluster
+//! lookups that fail deny the request (fail closed). Without a cluster the singleton and volume
+//! checks are off.
+
+use hpp_api::HostPathProvisioner;
+use hpp_api::constants::{ANNOTATION_FORCE_DELETE, GROUP, KIND};
+use hpp_api::conversion::{API_VERSION_V1BETA1, convert_json};
+use hpp_api::validation::{ValidateCreate, ValidateUpdate, ValidationErrors};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::response::{StatusCause, StatusDetails};
+use kube::core::{DynamicObject, Status};
+use serde_json::Value;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::cluster::ClusterState;
+use crate::reply::Reply;
+
+/// AdmissionReview versions served.
+pub const ADMISSION_VERSIONS: &[&str] = &["admission.k8s.io/v1", "admission.k8s.io/v1beta1"];
+
+/// The outcome of one admission request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// Admit, with warnings shown to the client.
+    Allow(Vec<String>),
+    /// Refuse with this status (message, reason, code, causes).
+    Deny(Box<Status>),
+}
+
+/// Answers one webhook call. Never panics: input that is not an AdmissionReview gets a 400
+/// `Status`; a review whose request cannot be read gets a denial naming the problem.
+pub async fn review(body: &[u8], cluster: Option<&dyn ClusterState>) -> Reply {
+    let value: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return Reply::bad_request(format!("request body is not JSON: {e}")),
+    };
+    let api_version = value.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+    let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default();
+    if kind != "AdmissionReview" || !ADMISSION_VERSIONS.contains(&api_version) {
+        return Reply::bad_request(format!(
+            "expected an AdmissionReview of apiVersion {}, got kind {kind:?} apiVersion {api_version:?}",
+            ADMISSION_VERSIONS.join(" or ")
+        ));
+    }
+    let Some(uid) = value
+        .pointer("/request/uid")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    else {
+        return Reply::bad_request("AdmissionReview has no request.uid");
+    };
+    let (api_version, kind) = (api_version.to_string(), kind.to_string());
+    let request: AdmissionRequest<DynamicObject> = match serde_json::from_value::<AdmissionReview<DynamicObject>>(value)
+        .map_err(|e| e.to_string())
+        .and_then(|r| {
+            r.try_into()
+                .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| e.to_string())
+        }) {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(%uid, error = %e, "malformed AdmissionReview");
+            let mut response = AdmissionResponse::invalid(format!("malformed AdmissionReview request: {e}"));
+            response.uid = uid;
+            response.types.api_version = api_version;
+            response.types.kind = kind;
+            response.result.code = 400;
+            response.result.reason = "BadRequest".into();
+            return Reply::ok(to_json(response));
+        }
+    };
+    let span = info_span!(
+        "admission",
+        uid = %request.uid,
+        operation = ?request.operation,
+        name = %request.name,
+        version = %request.types.api_version,
+    );
+    async move {
+        let verdict = decide(&request, cluster).await;
+        let response = AdmissionResponse::from(&request);
+        let response = match verdict {
+            Verdict::Allow(warnings) => {
+                info!(allowed = true, "admission");
+                let mut r = response;
+                if !warnings.is_empty() {
+                    r.warnings = Some(warnings);
+                }
+                r
+            }
+            Verdict::Deny(status) => {
+                info!(allowed = false, reason = %status.reason, message = %status.message, "admission");
+                let mut r = response.deny(&status.message);
+                r.result = *status;
+                r
+            }
+        };
+        Reply::ok(to_json(response))
+    }
+    .instrument(span)
+    .await
+}
+
+fn to_json(response: AdmissionResponse) -> Value {
+    serde_json::to_value(response.into_review()).unwrap_or(Value::Null)
+}
+
+/// The admission decision for a parsed request.
+pub async fn decide(req: &AdmissionRequest<DynamicObject>, cluster: Option<&dyn ClusterState>) -> Verdict {
+    if req.kind.group != GROUP || req.kind.kind != KIND {
+        warn!(kind = ?req.kind, "request for a kind this webhook does not validate; allowing");
+        return Verdict::Allow(Vec::new());
+    }
+    if req.sub_resource.as_deref().is_some_and(|s| !s.is_empty()) {
+        // Status writes by the operator; the spec is unchanged.
+        return Verdict::Allow(Vec::new());
+    }
+    match req.operation {
+        Operation::Create => admit_create(req, cluster).await,
+        Operation::Update => admit_update(req),
+        Operation::Delete => admit_delete(req, cluster).await,
+        Operation::Connect => Verdict::Allow(Vec::new()),
+    }
+}
+
+/// A HostPathProvisioner from the request, converted to v1beta1 if it came as v1alpha1.
+fn decode(
+    req: &AdmissionRequest<DynamicObject>,
+    obj: Option<&DynamicObject>,
+    field: &str,
+) -> Result<HostPathProvisioner, Box<Status>> {
+    let Some(obj) = obj else {
+        return Err(bad_request(format!("AdmissionReview request.{field} is missing")));
+    };
+    let mut value = serde_json::to_value(obj).map_err(|e| bad_request(format!("request.{field}: {e}")))?;
+    if value.get("apiVersion").is_none()
+        && let Some(map) = value.as_object_mut()
+    {
+        map.insert(
+            "apiVersion".into(),
+            format!("{}/{}", req.kind.group, req.kind.version).into(),
+        );
+        map.insert("kind".into(), KIND.into());
+    }
+    let value = convert_json(value, API_VERSION_V1BETA1).map_err(|e| bad_request(format!("request.{field}: {e}")))?;
+    serde_json::from_value(value)
+        .map_err(|e| bad_request(format!("request.{field} is not a valid HostPathProvisioner: {e}")))
+}
+
+fn bad_request(message: String) -> Box<Status> {
+    Status::failure(&message, "BadRequest").with_code(400).boxed()
+}
+
+fn display_name(req: &AdmissionRequest<DynamicObject>, obj: Option<&HostPathProvisioner>) -> String {
+    let name = obj
+        .and_then(|o| o.metadata.name.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| req.name.clone());
+    format!("{KIND}.{GROUP} {name:?}")
+}
+
+fn details(name: &str, causes: Vec<StatusCause>) -> StatusDetails {
+    StatusDetails {
+        name: name.to_string(),
+        group: GROUP.to_string(),
+        kind: KIND.to_string(),
+        uid: String::new(),
+        causes,
+        retry_after_seconds: 0,
+    }
+}
+
+/// 422 Invalid with one cause per field, like the API server's own validation errors.
+fn invalid(req: &AdmissionRequest<DynamicObject>, obj: &HostPathProvisioner, errors: &ValidationErrors) -> Box<Status> {
+    let causes = errors
+        .errors()
+        .iter()
+        .map(|e| StatusCause {
+            reason: "FieldValueInvalid".into(),
+            message: e.message.clone(),
+            field: e.path.clone(),
+        })
+        .collect();
+    let message = format!("{} is invalid: {errors}", display_name(req, Some(obj)));
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    Status::failure(&message, "Invalid")
+        .with_code(422)
+        .with_details(details(&name, causes))
+        .boxed()
+}
+
+fn forbidden(name: &str, message: String, field: Option<&str>) -> Box<Status> {
+    let causes = field
+        .map(|f| {
+            vec![StatusCause {
+                reason: "FieldValueForbidden".into(),
+                message: message.clone(),
+                field: f.to_string(),
+            }]
+        })
+        .unwrap_or_default();
+    Status::failure(&message, "Forbidden")
+        .with_code(403)
+        .with_details(details(name, causes))
+        .boxed()
+}
+
+fn lookup_failed(what: &str, error: impl std::fmt::Display) -> Box<Status> {
+    Status::failure(
+        &format!("cannot check {what}: {error}; retry the request"),
+        "InternalError",
+    )
+    .with_code(500)
+    .boxed()
+}
+
+async fn admit_create(req: &AdmissionRequest<DynamicObject>, cluster: Option<&dyn ClusterState>) -> Verdict {
+    let obj = match decode(req, req.object.as_ref(), "object") {
+        Ok(o) => o,
+        Err(s) => return Verdict::Deny(s),
+    };
+    if let Err(errors) = obj.validate_create() {
+        return Verdict::Deny(invalid(req, &obj, &errors));
+    }
+    let Some(cluster) = cluster else {
+        return Verdict::Allow(Vec::new());
+    };
+    let name = obj.metadata.name.clone().unwrap_or_else(|| req.name.clone());
+    match cluster.hostpath_provisioners().await {
+        Err(e) => Verdict::Deny(lookup_failed("for an existing HostPathProvisioner", e)),
+        Ok(existing) => {
+            let others: Vec<String> = existing.into_iter().filter(|n| *n != name).collect();
+            match others.first() {
+                None => Verdict::Allow(Vec::new()),
+                Some(first) => Verdict::Deny(forbidden(
+                    &name,
+                    format!(
+                        "only one HostPathProvisioner is allowed per cluster and {first:?} already exists; change it instead (kubectl edit hostpathprovisioner {first})"
+                    ),
+                    None,
+                )),
+            }
+        }
+    }
+}
+
+fn admit_update(req: &AdmissionRequest<DynamicObject>) -> Verdict {
+    let new = match decode(req, req.object.as_ref(), "object") {
+        Ok(o) => o,
+        Err(s) => return Verdict::Deny(s),
+    };
+    let old = match decode(req, req.old_object.as_ref(), "oldObject") {
+        Ok(o) => o,
+        Err(s) => return Verdict::Deny(s),
+    };
+    if let Err(errors) = new.validate_update(&old) {
+        return Verdict::Deny(invalid(req, &new, &errors));
+    }
+    // Problems the stored object already had are tolerated; say so instead of staying silent.
+    let warnings = new
+        .validate_create()
+        .err()
+        .map(|e| {
+            e.errors()
+                .iter()
+                .map(|f| format!("{f} (tolerated because the stored object already has it)"))
+                .collect()
+        })
+        .unwrap_or_default();
+    Verdict::Allow(warnings)
+}
+
+fn force_delete(obj: Option<&DynamicObject>) -> bool {
+    obj.and_then(|o| o.metadata.annotations.as_ref())
+        .and_then(|a| a.get(ANNOTATION_FORCE_DELETE))
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+async fn admit_delete(req: &AdmissionRequest<DynamicObject>, cluster: Option<&dyn ClusterState>) -> Verdict {
+    let Some(cluster) = cluster else {
+        return Verdict::Allow(Vec::new());
+    };
+    let forced = force_delete(req.old_object.as_ref());
+    let count = match cluster.hpp_volume_count().await {
+        Ok(n) => n,
+        Err(e) if forced => {
+            return Verdict::Allow(vec![format!(
+                "{ANNOTATION_FORCE_DELETE} is set; the PersistentVolume check was skipped ({e})"
+            )]);
+        }
+        Err(e) => return Verdict::Deny(lookup_failed("for PersistentVolumes provisioned by hpp", e)),
+    };
+    if count == 0 {
+        return Verdict::Allow(Vec::new());
+    }
+    let volumes = if count == 1 {
+        "1 PersistentVolume provisioned by hpp still exists".to_string()
+    } else {
+        format!("{count} PersistentVolumes provisioned by hpp still exist")
+    };
+    if forced {
+        return Verdict::Allow(vec![format!(
+            "{volumes}; deleting anyway because {ANNOTATION_FORCE_DELETE} is \"true\": those volumes cannot be mounted or deleted until hpp is installed again"
+        )]);
+    }
+    let name = &req.name;
+    Verdict::Deny(forbidden(
+        name,
+        format!(
+            "{KIND} {name:?} cannot be deleted: {volumes}, and deleting it removes the CSI driver they need to be mounted and cleaned up. Delete those volumes first, or force it with: kubectl annotate hostpathprovisioner {name} {ANNOTATION_FORCE_DELETE}=true"
+        ),
+        Some(&format!("metadata.annotations[{ANNOTATION_FORCE_DELETE}]")),
+    ))
+}
