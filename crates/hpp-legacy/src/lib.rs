@@ -6,11 +6,14 @@
 //! [`template`], [`pv`], [`mount_guard`]); I/O lives in [`fsops`] and [`provisioner`].
 
 pub mod config;
+pub mod controller;
 pub mod decision;
 mod error;
 pub mod fsops;
+pub mod metrics;
 pub mod mount_guard;
 pub mod params;
+pub mod provisioner;
 pub mod pv;
 pub mod quantity;
 pub mod selinux;

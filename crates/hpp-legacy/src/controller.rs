@@ -1,0 +1,195 @@
+//! Watch loops: one controller for claims, one for volumes, optionally only while holding a
+//! Lease (shared mode: exactly one active instance).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube_lease_manager::LeaseManagerBuilder;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::decision::{IgnoreReason, RefusalReason};
+use crate::provisioner::{ClaimOutcome, Provisioner, VolumeOutcome};
+use crate::{Error, Result};
+
+/// Retry delay after an API or filesystem error.
+pub const ERROR_REQUEUE: Duration = Duration::from_secs(15);
+/// Re-check delay for refusals that can heal by themselves (mount back, space freed).
+pub const TRANSIENT_REFUSAL_REQUEUE: Duration = Duration::from_secs(60);
+/// Re-check delay for refusals that need the user to change something.
+pub const PERMANENT_REFUSAL_REQUEUE: Duration = Duration::from_secs(600);
+
+/// How a claim outcome maps to the next look at it.
+pub fn claim_action(outcome: &ClaimOutcome) -> Action {
+    match outcome {
+        ClaimOutcome::Refused(RefusalReason::MountGuard | RefusalReason::NodeUnknown | RefusalReason::NoBaseDir) => {
+            Action::requeue(TRANSIENT_REFUSAL_REQUEUE)
+        }
+        ClaimOutcome::Refused(_) => Action::requeue(PERMANENT_REFUSAL_REQUEUE),
+        // The class may appear later; claims are re-listed on every watch restart anyway.
+        ClaimOutcome::Ignored(IgnoreReason::OtherProvisioner) => Action::requeue(PERMANENT_REFUSAL_REQUEUE),
+        _ => Action::await_change(),
+    }
+}
+
+/// How a volume outcome maps to the next look at it.
+pub fn volume_action(outcome: &VolumeOutcome) -> Action {
+    match outcome {
+        VolumeOutcome::Refused(_) => Action::requeue(TRANSIENT_REFUSAL_REQUEUE),
+        _ => Action::await_change(),
+    }
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    // An error means the sender is gone, which also means stop.
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Runs both controllers until `stop` turns true.
+pub async fn run_controllers(prov: Arc<Provisioner>, stop: watch::Receiver<bool>) {
+    let client = prov.client().clone();
+    let claims = Controller::new(
+        Api::<PersistentVolumeClaim>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(stopped(stop.clone()))
+    .run(
+        |claim: Arc<PersistentVolumeClaim>, prov: Arc<Provisioner>| async move {
+            prov.reconcile_claim(&claim).await.map(|o| claim_action(&o))
+        },
+        |_claim, err: &Error, _prov| {
+            warn!(error = %err, "claim reconcile failed");
+            Action::requeue(ERROR_REQUEUE)
+        },
+        prov.clone(),
+    )
+    .for_each(|_| futures::future::ready(()));
+    let volumes = Controller::new(Api::<PersistentVolume>::all(client), watcher::Config::default())
+        .graceful_shutdown_on(stopped(stop))
+        .run(
+            |pv: Arc<PersistentVolume>, prov: Arc<Provisioner>| async move {
+                prov.reconcile_volume(&pv).await.map(|o| volume_action(&o))
+            },
+            |_pv, err: &Error, _prov| {
+                warn!(error = %err, "volume reconcile failed");
+                Action::requeue(ERROR_REQUEUE)
+            },
+            prov,
+        )
+        .for_each(|_| futures::future::ready(()));
+    tokio::join!(claims, volumes);
+}
+
+/// Runs the controllers until `shutdown` resolves (node-local modes: every instance active).
+pub async fn run(prov: Arc<Provisioner>, shutdown: impl Future<Output = ()> + Send + 'static) {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = tx.send(true);
+    });
+    run_controllers(prov, rx).await;
+}
+
+/// Where the leader Lease lives and who we are.
+#[derive(Clone, Debug)]
+pub struct LeaseSettings {
+    /// Lease name; every instance of one provisioner must use the same.
+    pub name: String,
+    /// Namespace of the Lease.
+    pub namespace: String,
+    /// This instance's identity (pod name, or host name out of cluster).
+    pub identity: String,
+    /// Seconds a holder keeps the lease without renewing.
+    pub duration_seconds: u64,
+    /// Seconds before expiry the holder renews.
+    pub grace_seconds: u64,
+}
+
+async fn wait_leader(rx: &mut watch::Receiver<bool>, want: bool) -> bool {
+    rx.wait_for(|l| *l == want).await.is_ok()
+}
+
+/// Runs the controllers only while this instance holds the Lease (shared mode).
+pub async fn run_with_leader_election(
+    prov: Arc<Provisioner>,
+    lease: LeaseSettings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let manager = LeaseManagerBuilder::new(prov.client().clone(), &lease.name)
+        .with_namespace(&lease.namespace)
+        .with_identity(&lease.identity)
+        .with_duration(lease.duration_seconds)
+        .with_grace(lease.grace_seconds)
+        .build()
+        .await?;
+    let (mut leader, task) = manager.watch().await;
+    let mut lease_lost = false;
+    loop {
+        tokio::select! {
+            ok = wait_leader(&mut leader, true) => if !ok { lease_lost = true; break },
+            () = stopped(stop_rx.clone()) => break,
+        }
+        info!(identity = %lease.identity, lease = %lease.name, "became leader; provisioning");
+        let (lead_tx, lead_rx) = watch::channel(false);
+        let running = tokio::spawn(run_controllers(prov.clone(), lead_rx));
+        let stop_now = tokio::select! {
+            ok = wait_leader(&mut leader, false) => { warn!("lost the lease; stopping"); lease_lost = !ok; false }
+            () = stopped(stop_rx.clone()) => true,
+        };
+        let _ = lead_tx.send(true);
+        let _ = running.await;
+        if stop_now || lease_lost {
+            break;
+        }
+    }
+    drop(leader);
+    match task.await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(e.into()),
+        Err(e) => warn!(error = %e, "lease task failed"),
+    }
+    if lease_lost && !*stop_rx.borrow() {
+        return Err(Error::Config("the lease manager stopped unexpectedly".into()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions() {
+        assert_eq!(
+            claim_action(&ClaimOutcome::Refused(RefusalReason::MountGuard)),
+            Action::requeue(TRANSIENT_REFUSAL_REQUEUE)
+        );
+        assert_eq!(
+            claim_action(&ClaimOutcome::Refused(RefusalReason::BlockMode)),
+            Action::requeue(PERMANENT_REFUSAL_REQUEUE)
+        );
+        assert_eq!(
+            claim_action(&ClaimOutcome::Provisioned("pv".into())),
+            Action::await_change()
+        );
+        assert_eq!(
+            claim_action(&ClaimOutcome::Ignored(IgnoreReason::OtherNode)),
+            Action::await_change()
+        );
+        assert_eq!(
+            volume_action(&VolumeOutcome::Refused("x".into())),
+            Action::requeue(TRANSIENT_REFUSAL_REQUEUE)
+        );
+        assert_eq!(volume_action(&VolumeOutcome::Ignored("x")), Action::await_change());
+    }
+}

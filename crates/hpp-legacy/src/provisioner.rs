@@ -1,0 +1,416 @@
+//! The I/O half: reads the objects a decision needs, acts on the filesystem and the API, and
+//! reports every refusal as an Event on the claim (or the PV).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::config::{Mode, ProvisionerConfig};
+use crate::decision::{
+    self, ClaimDecision, IgnoreReason, ProvisionPlan, Refusal, RefusalReason, VolumeDecision, check_capacity,
+};
+use crate::fsops::{self, DirSpec, Removed};
+use crate::metrics::{DeleteLabels, ErrorLabels, Metrics, ModeLabels, OperationLabels, ReasonLabels};
+use crate::mount_guard::{self, GuardSpec, MOUNTINFO_PATH};
+use crate::params::ClassParams;
+use crate::pv::{HOSTNAME_LABEL, build_pv};
+use crate::selinux::Labeler;
+use crate::{Error, Result};
+
+/// Legacy beta annotation naming the claim's class (still honoured by the PV controller).
+const ANNOTATION_BETA_STORAGE_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
+
+/// What happened to a claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// Not this instance's business.
+    Ignored(IgnoreReason),
+    /// Refused; an Event says why.
+    Refused(RefusalReason),
+    /// A PV was created.
+    Provisioned(String),
+    /// The PV already existed (an earlier attempt, or another instance won the race).
+    AlreadyExists(String),
+}
+
+/// What happened to a PV.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VolumeOutcome {
+    /// Nothing to do.
+    Ignored(&'static str),
+    /// The directory was handled and the PV deleted.
+    Deleted(Removed),
+    /// Left alone; an Event on the PV says why.
+    Refused(String),
+}
+
+/// One provisioner instance: configuration plus the handles its I/O needs.
+pub struct Provisioner {
+    client: Client,
+    cfg: ProvisionerConfig,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    labeler: Labeler,
+    mountinfo: PathBuf,
+}
+
+impl std::fmt::Debug for Provisioner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Provisioner")
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::fs("blocking task", "", std::io::Error::other(e.to_string())))
+}
+
+fn is_status(err: &kube::Error, code: u16) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == code)
+}
+
+impl Provisioner {
+    /// Builds an instance; `instance` names it in Events (pod name or node name).
+    pub fn new(client: Client, cfg: ProvisionerConfig, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
+        let reporter = Reporter {
+            controller: "hpp-provisioner".into(),
+            instance,
+        };
+        Provisioner {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            cfg,
+            metrics,
+            labeler: Labeler::default(),
+            mountinfo: PathBuf::from(MOUNTINFO_PATH),
+        }
+    }
+
+    /// Uses another SELinux enforce flag file (tests).
+    pub fn with_labeler(mut self, labeler: Labeler) -> Self {
+        self.labeler = labeler;
+        self
+    }
+
+    /// Reads mounts from another file (tests).
+    pub fn with_mountinfo(mut self, path: impl Into<PathBuf>) -> Self {
+        self.mountinfo = path.into();
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ProvisionerConfig {
+        &self.cfg
+    }
+
+    /// The Kubernetes client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    async fn storage_class(&self, name: Option<&str>) -> Result<Option<StorageClass>> {
+        let Some(name) = name.filter(|n| !n.is_empty()) else {
+            return Ok(None);
+        };
+        Ok(Api::<StorageClass>::all(self.client.clone()).get_opt(name).await?)
+    }
+
+    async fn event(
+        &self,
+        warning: bool,
+        reason: &str,
+        note: String,
+        action: &str,
+        reference: k8s_openapi::api::core::v1::ObjectReference,
+    ) {
+        let ev = Event {
+            type_: if warning { EventType::Warning } else { EventType::Normal },
+            reason: reason.to_owned(),
+            note: Some(note.chars().take(1000).collect()),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            warn!(error = %e, reason, "cannot publish event");
+        }
+    }
+
+    /// Handles one claim: decides, and provisions or refuses.
+    pub async fn reconcile_claim(&self, claim: &PersistentVolumeClaim) -> Result<ClaimOutcome> {
+        let span = info_span!(
+            "reconcile_claim",
+            namespace = claim.metadata.namespace.as_deref().unwrap_or(""),
+            claim = claim.metadata.name.as_deref().unwrap_or(""),
+            mode = self.cfg.mode.as_str()
+        );
+        let start = Instant::now();
+        let result = self.reconcile_claim_inner(claim).instrument(span).await;
+        match &result {
+            Ok(ClaimOutcome::Provisioned(_)) => {
+                self.metrics
+                    .duration_seconds
+                    .get_or_create(&OperationLabels { operation: "provision" })
+                    .observe(start.elapsed().as_secs_f64());
+            }
+            Err(e) => {
+                self.metrics
+                    .errors
+                    .get_or_create(&ErrorLabels {
+                        operation: "provision",
+                        category: e.category(),
+                    })
+                    .inc();
+            }
+            Ok(_) => {}
+        }
+        result
+    }
+
+    async fn reconcile_claim_inner(&self, claim: &PersistentVolumeClaim) -> Result<ClaimOutcome> {
+        let class_name = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.clone())
+            .or_else(|| {
+                claim
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ANNOTATION_BETA_STORAGE_CLASS).cloned())
+            });
+        let class = self.storage_class(class_name.as_deref()).await?;
+        let plan = match decision::decide_claim(&self.cfg, claim, class.as_ref()) {
+            ClaimDecision::Ignore(reason) => {
+                debug!(?reason, "ignoring claim");
+                return Ok(ClaimOutcome::Ignored(reason));
+            }
+            ClaimDecision::Refuse(refusal) => return Ok(self.refuse(claim, refusal).await),
+            ClaimDecision::Provision(plan) => *plan,
+        };
+        let pvs = Api::<PersistentVolume>::all(self.client.clone());
+        if pvs.get_opt(&plan.pv_name).await?.is_some() {
+            return Ok(ClaimOutcome::AlreadyExists(plan.pv_name));
+        }
+        if let Err(refusal) = self.check_filesystem(&plan).await? {
+            return Ok(self.refuse(claim, refusal).await);
+        }
+        let hostname = match &plan.node {
+            Some(node) => match self.hostname_of(node).await? {
+                Ok(h) => Some(h),
+                Err(refusal) => return Ok(self.refuse(claim, refusal).await),
+            },
+            None => None,
+        };
+        let (base, rel) = (plan.base_dir.clone(), plan.rel_dir.clone());
+        let spec = DirSpec {
+            mode: plan.dir_mode,
+            uid: plan.uid,
+            gid: plan.gid,
+        };
+        let labeler = self.labeler.clone();
+        let created = blocking(move || fsops::create_volume_dir(&base, &rel, spec, &labeler)).await??;
+        let pv = build_pv(&self.cfg, &plan, claim, hostname.as_deref());
+        match pvs.create(&PostParams::default(), &pv).await {
+            Ok(_) => {}
+            Err(e) if is_status(&e, 409) => {
+                info!(pv = %plan.pv_name, "PV created concurrently by another instance");
+                return Ok(ClaimOutcome::AlreadyExists(plan.pv_name));
+            }
+            Err(e) => {
+                if created.newly_created {
+                    let (base, rel) = (plan.base_dir.clone(), plan.rel_dir.clone());
+                    if let Err(undo) = blocking(move || fsops::remove_if_empty(&base, &rel)).await? {
+                        warn!(error = %undo, "cannot undo directory creation");
+                    }
+                }
+                return Err(e.into());
+            }
+        }
+        info!(pv = %plan.pv_name, dir = %plan.dir().display(), selinux = ?created.selinux_context, "provisioned");
+        self.metrics
+            .provisioned
+            .get_or_create(&ModeLabels {
+                mode: self.cfg.mode.as_str(),
+            })
+            .inc();
+        self.event(
+            false,
+            "ProvisioningSucceeded",
+            format!("provisioned volume {} at {}", plan.pv_name, plan.dir().display()),
+            "Provision",
+            claim.object_ref(&()),
+        )
+        .await;
+        Ok(ClaimOutcome::Provisioned(plan.pv_name))
+    }
+
+    async fn refuse(&self, claim: &PersistentVolumeClaim, refusal: Refusal) -> ClaimOutcome {
+        warn!(reason = refusal.reason.as_str(), message = %refusal.message, "refusing claim");
+        self.metrics
+            .refused
+            .get_or_create(&ReasonLabels {
+                reason: refusal.reason.as_str(),
+            })
+            .inc();
+        self.event(
+            true,
+            refusal.reason.as_str(),
+            format!("{}: {}", self.cfg.provisioner_name, refusal.message),
+            "Provision",
+            claim.object_ref(&()),
+        )
+        .await;
+        ClaimOutcome::Refused(refusal.reason)
+    }
+
+    /// Mount guard and size check; the outer error is an I/O failure, the inner a refusal.
+    async fn check_filesystem(&self, plan: &ProvisionPlan) -> Result<Result<(), Refusal>> {
+        let guard = GuardSpec::from_params(&plan.params, self.cfg.mode == Mode::Shared);
+        let base = plan.base_dir.clone();
+        let mountinfo = self.mountinfo.clone();
+        let request = plan.request_bytes;
+        blocking(move || {
+            if let Err(r) = mount_guard::check_live(&guard, &base, &mountinfo) {
+                return Ok(Err(r));
+            }
+            if !base.is_dir() {
+                return Ok(Err(Refusal::new(
+                    RefusalReason::NoBaseDir,
+                    format!("base directory {} does not exist", base.display()),
+                )));
+            }
+            let total = fsops::filesystem_size(&base)?;
+            Ok(check_capacity(request, total))
+        })
+        .await?
+    }
+
+    async fn hostname_of(&self, node: &str) -> Result<Result<String, Refusal>> {
+        let found = Api::<Node>::all(self.client.clone()).get_opt(node).await?;
+        let Some(found) = found else {
+            return Ok(Err(Refusal::new(
+                RefusalReason::NodeUnknown,
+                format!("node {node} not found"),
+            )));
+        };
+        Ok(found
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(HOSTNAME_LABEL))
+            .cloned()
+            .ok_or_else(|| {
+                Refusal::new(
+                    RefusalReason::NodeUnknown,
+                    format!("node {node} has no {HOSTNAME_LABEL} label"),
+                )
+            }))
+    }
+
+    /// Handles one PV: on a released volume this instance owns, removes or archives the
+    /// directory, then deletes the PV.
+    pub async fn reconcile_volume(&self, pv: &PersistentVolume) -> Result<VolumeOutcome> {
+        let span = info_span!(
+            "reconcile_volume",
+            pv = pv.metadata.name.as_deref().unwrap_or(""),
+            mode = self.cfg.mode.as_str()
+        );
+        let start = Instant::now();
+        let result = self.reconcile_volume_inner(pv).instrument(span).await;
+        match &result {
+            Ok(VolumeOutcome::Deleted(_)) => {
+                self.metrics
+                    .duration_seconds
+                    .get_or_create(&OperationLabels { operation: "delete" })
+                    .observe(start.elapsed().as_secs_f64());
+            }
+            Err(e) => {
+                self.metrics
+                    .errors
+                    .get_or_create(&ErrorLabels {
+                        operation: "delete",
+                        category: e.category(),
+                    })
+                    .inc();
+            }
+            Ok(_) => {}
+        }
+        result
+    }
+
+    async fn reconcile_volume_inner(&self, pv: &PersistentVolume) -> Result<VolumeOutcome> {
+        // Cheap filter first: most PVs in a cluster are not ours and must cost no API call.
+        let quick = decision::decide_volume(&self.cfg, pv, None);
+        if let VolumeDecision::Ignore(why) = quick {
+            return Ok(VolumeOutcome::Ignored(why));
+        }
+        let class_params = if self.cfg.mode == Mode::Shared {
+            let name = pv.spec.as_ref().and_then(|s| s.storage_class_name.clone());
+            self.storage_class(name.as_deref())
+                .await?
+                .and_then(|c| ClassParams::parse(c.parameters.as_ref()).ok())
+        } else {
+            None
+        };
+        let (dir, base, archive) = match decision::decide_volume(&self.cfg, pv, class_params.as_ref()) {
+            VolumeDecision::Ignore(why) => return Ok(VolumeOutcome::Ignored(why)),
+            VolumeDecision::Refuse(why) => return Ok(self.refuse_delete(pv, why).await),
+            VolumeDecision::Delete { dir, base_dir, archive } => (dir, base_dir, archive),
+        };
+        if self.cfg.mode == Mode::Shared {
+            // A vanished mount would make the directory look already gone.
+            let guard = GuardSpec::from_params(&class_params.unwrap_or_default(), true);
+            let (b, m) = (base.clone(), self.mountinfo.clone());
+            if let Err(r) = blocking(move || mount_guard::check_live(&guard, &b, &m)).await? {
+                return Ok(self.refuse_delete(pv, r.message).await);
+            }
+        }
+        let removed = match blocking(move || fsops::remove_volume_dir(&base, &dir, archive)).await? {
+            Ok(r) => r,
+            Err(e @ Error::UnsafeDelete { .. }) => return Ok(self.refuse_delete(pv, e.to_string()).await),
+            Err(e) => return Err(e),
+        };
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        let params = DeleteParams {
+            preconditions: pv.metadata.uid.clone().map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match Api::<PersistentVolume>::all(self.client.clone())
+            .delete(&name, &params)
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if is_status(&e, 404) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let action = match &removed {
+            Removed::Deleted => "deleted",
+            Removed::Archived(_) => "archived",
+            Removed::Missing => "missing",
+        };
+        info!(pv = %name, action, "released volume cleaned up");
+        self.metrics.deleted.get_or_create(&DeleteLabels { action }).inc();
+        Ok(VolumeOutcome::Deleted(removed))
+    }
+
+    async fn refuse_delete(&self, pv: &PersistentVolume, why: String) -> VolumeOutcome {
+        warn!(reason = %why, "not deleting released volume");
+        self.metrics.delete_refused.inc();
+        self.event(true, "VolumeDeletionRefused", why.clone(), "Delete", pv.object_ref(&()))
+            .await;
+        VolumeOutcome::Refused(why)
+    }
+}
