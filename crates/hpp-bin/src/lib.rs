@@ -2,4 +2,5 @@
 //! `hpp-provisioner`): logging, telemetry, the metrics/health server and signal handling.
 
 pub mod admin;
+pub mod provisioner;
 pub mod telemetry;

@@ -1,5 +1,10 @@
-//! The `hpp-provisioner` executable.
+//! The `hpp-provisioner` executable: the non-CSI hostPath provisioner (KubeVirt legacy,
+//! single-node and shared-filesystem modes).
 
-fn main() {
-    println!("hpp-provisioner: not built yet");
+use clap::Parser;
+use hpp_bin::provisioner::{Args, main_with};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    main_with(Args::parse()).await
 }
