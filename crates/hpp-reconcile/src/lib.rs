@@ -5,3 +5,27 @@
 //! them inside the `finalizer.delete.hostpath-provisioner` finalizer, sweeps labelled leftovers and
 //! derives the `HostPathProvisioner` status conditions. Embedders add, remove or replace
 //! sub-reconcilers to build their own distribution.
+
+pub mod apply;
+pub mod config;
+pub mod controller;
+pub mod error;
+pub mod facts;
+pub mod gather;
+pub mod metrics;
+pub mod names;
+pub mod object;
+pub mod operator;
+pub mod pipeline;
+pub mod reconcilers;
+pub mod render;
+pub mod status;
+pub mod subreconciler;
+
+pub use apply::Applier;
+pub use config::OperatorConfig;
+pub use error::{Error, Result};
+pub use facts::ClusterFacts;
+pub use object::{ApplyStrategy, DesiredObject, Kind};
+pub use pipeline::Pipeline;
+pub use subreconciler::{Readiness, SubReconciler};

@@ -1,0 +1,135 @@
+//! The only place owned objects are written: server-side apply with a per-sub-reconciler field
+//! manager, skipped when the live object already matches, plus create-only and delete helpers.
+
+use kube::Client;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use tracing::{debug, info};
+
+use crate::error::{Error, Result};
+use crate::object::{ApplyStrategy, DesiredObject, Kind, ObjectKey, key_of, live_matches};
+
+/// Writes desired objects to the cluster. Cheap to clone.
+#[derive(Clone)]
+pub struct Applier {
+    client: Client,
+}
+
+impl Applier {
+    /// An applier over this client.
+    pub fn new(client: Client) -> Self {
+        Applier { client }
+    }
+
+    /// The client, for sub-reconcilers that need extra reads.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// A dynamic API handle for a kind, namespaced when the kind is.
+    pub fn api(&self, kind: &Kind, namespace: Option<&str>) -> Api<DynamicObject> {
+        let ar = kind.api_resource();
+        match (kind.namespaced, namespace) {
+            (true, Some(ns)) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            _ => Api::all_with(self.client.clone(), &ar),
+        }
+    }
+
+    /// Makes one object match its desired form; returns the live object afterwards.
+    /// Issues no write when nothing the operator owns differs.
+    pub async fn apply(&self, field_manager: &str, desired: &DesiredObject) -> Result<DynamicObject> {
+        let key = desired.key();
+        let api = self.api(&desired.kind, key.namespace.as_deref());
+        let live = api
+            .get_opt(&key.name)
+            .await
+            .map_err(|e| Error::kube("get", key.to_string(), e))?;
+        let stamped = desired.stamped()?;
+        match (desired.strategy, live) {
+            (ApplyStrategy::CreateOnly, Some(live)) => Ok(live),
+            (ApplyStrategy::CreateOnly, None) => {
+                let obj: DynamicObject = serde_json::from_value(stamped).map_err(|source| Error::Serialize {
+                    what: key.to_string(),
+                    source,
+                })?;
+                let pp = PostParams {
+                    field_manager: Some(field_manager.to_owned()),
+                    ..Default::default()
+                };
+                info!(object = %key, "creating");
+                match api.create(&pp, &obj).await {
+                    Ok(created) => Ok(created),
+                    Err(kube::Error::Api(s)) if s.code == 409 => api
+                        .get(&key.name)
+                        .await
+                        .map_err(|e| Error::kube("get", key.to_string(), e)),
+                    Err(e) => Err(Error::kube("create", key.to_string(), e)),
+                }
+            }
+            (ApplyStrategy::ServerSideApply, Some(live)) if live_matches(&stamped, &live) => {
+                debug!(object = %key, "up to date");
+                Ok(live)
+            }
+            (ApplyStrategy::ServerSideApply, live) => {
+                info!(object = %key, adopt = live.is_some(), "applying");
+                let pp = PatchParams::apply(field_manager).force();
+                api.patch(&key.name, &pp, &Patch::Apply(&stamped))
+                    .await
+                    .map_err(|e| Error::kube("apply", key.to_string(), e))
+            }
+        }
+    }
+
+    /// Applies objects in order, stopping at the first failure.
+    pub async fn apply_all(&self, field_manager: &str, desired: &[DesiredObject]) -> Result<Vec<DynamicObject>> {
+        let mut live = Vec::with_capacity(desired.len());
+        for d in desired {
+            live.push(self.apply(field_manager, d).await?);
+        }
+        Ok(live)
+    }
+
+    /// Deletes an object (background propagation); an already missing object is success.
+    /// Returns whether a delete request was sent for an existing object.
+    pub async fn delete(&self, kind: &Kind, namespace: Option<&str>, name: &str) -> Result<bool> {
+        let api = self.api(kind, namespace);
+        let what = || format!("{}/{} {name}", kind.group, kind.kind);
+        match api.delete(name, &DeleteParams::background()).await {
+            Ok(_) => {
+                info!(object = %what(), "deleted");
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => Err(Error::kube("delete", what(), e)),
+        }
+    }
+
+    /// Deletes every desired object that exists, in reverse order.
+    pub async fn delete_all(&self, desired: &[DesiredObject]) -> Result<()> {
+        for d in desired.iter().rev() {
+            let key = d.key();
+            self.delete(&d.kind, key.namespace.as_deref(), &key.name).await?;
+        }
+        Ok(())
+    }
+
+    /// Every object of a kind carrying the managed-by label, in `namespace` for namespaced kinds.
+    pub async fn list_managed(&self, kind: &Kind, namespace: &str) -> Result<Vec<(ObjectKey, DynamicObject)>> {
+        let api = self.api(kind, Some(namespace));
+        let lp = ListParams::default().labels(&crate::names::managed_selector());
+        let list = api
+            .list(&lp)
+            .await
+            .map_err(|e| Error::kube("list", format!("{}/{}", kind.group, kind.plural), e))?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|o| o.metadata.deletion_timestamp.is_none())
+            .map(|o| (key_of(kind, &o), o))
+            .collect())
+    }
+}
+
+/// Whether a live object is already being deleted.
+pub fn is_deleting(obj: &DynamicObject) -> bool {
+    obj.metadata.deletion_timestamp.is_some()
+}

@@ -1,0 +1,125 @@
+//! The one error type of the operator library, with a bounded category for metric labels and
+//! Event reasons (never the free-form message, which would explode label cardinality).
+
+use kube::runtime::finalizer;
+
+/// Everything a reconcile can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A call to the Kubernetes API failed.
+    #[error("{action} {what}: {source}")]
+    Kube {
+        /// What we were doing (`apply`, `get`, `delete`, ...).
+        action: &'static str,
+        /// Kind/name of the object.
+        what: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// An object could not be converted to or from JSON.
+    #[error("serialize {what}: {source}")]
+    Serialize {
+        /// Kind/name of the object.
+        what: String,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The CR asks for something the operator cannot build.
+    #[error("invalid HostPathProvisioner: {0}")]
+    InvalidSpec(String),
+    /// The running operator is older than the version that last completed a deployment.
+    #[error("operator downgraded from {from} to {to}, will not reconcile")]
+    Downgrade {
+        /// Version recorded in `status.observedVersion`.
+        from: String,
+        /// Version of this operator.
+        to: String,
+    },
+    /// Deletion is waiting for cleanup Jobs or mounter Deployments to finish.
+    #[error("cleanup in progress: {0}")]
+    CleanupPending(String),
+    /// The finalizer helper failed (boxed to break the type cycle).
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<finalizer::Error<Error>>),
+}
+
+/// Short alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// A bounded, stable label: safe as a Prometheus label value and as an Event reason suffix.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Kube { source, .. } => match source {
+                kube::Error::Api(status) if status.code == 409 => "conflict",
+                kube::Error::Api(status) if status.code == 403 => "forbidden",
+                kube::Error::Api(status) if status.code == 404 => "not_found",
+                kube::Error::Api(status) if status.code == 422 || status.code == 400 => "invalid",
+                kube::Error::Api(status) if status.code >= 500 => "api_unavailable",
+                kube::Error::Api(_) => "api",
+                kube::Error::HyperError(_) | kube::Error::Service(_) => "api_unavailable",
+                _ => "client",
+            },
+            Error::Serialize { .. } => "serialize",
+            Error::InvalidSpec(_) => "invalid_spec",
+            Error::Downgrade { .. } => "downgrade",
+            Error::CleanupPending(_) => "cleanup_pending",
+            Error::Finalizer(inner) => match inner.as_ref() {
+                finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.category(),
+                _ => "finalizer",
+            },
+        }
+    }
+
+    /// Builds a [`Error::Kube`] from a client error.
+    pub fn kube(action: &'static str, what: impl Into<String>, source: kube::Error) -> Self {
+        Error::Kube {
+            action,
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// Whether retrying soon is the right response (cleanup waiting, transient API trouble).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self.category(),
+            "cleanup_pending" | "api_unavailable" | "conflict" | "client"
+        )
+    }
+}
+
+impl From<finalizer::Error<Error>> for Error {
+    fn from(e: finalizer::Error<Error>) -> Self {
+        Error::Finalizer(Box::new(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> Error {
+        let status = kube::core::Status::failure("boom", "Reason").with_code(code);
+        Error::kube("get", "x", kube::Error::Api(Box::new(status)))
+    }
+
+    #[test]
+    fn categories_are_bounded_and_stable() {
+        assert_eq!(api_error(409).category(), "conflict");
+        assert_eq!(api_error(503).category(), "api_unavailable");
+        assert_eq!(api_error(403).category(), "forbidden");
+        assert_eq!(Error::InvalidSpec("x".into()).category(), "invalid_spec");
+        let down = Error::Downgrade {
+            from: "2".into(),
+            to: "1".into(),
+        };
+        assert_eq!(down.category(), "downgrade");
+        assert_eq!(down.to_string(), "operator downgraded from 2 to 1, will not reconcile");
+        let wrapped: Error = finalizer::Error::CleanupFailed(Error::CleanupPending("jobs".into())).into();
+        assert_eq!(wrapped.category(), "cleanup_pending");
+        assert!(wrapped.is_transient());
+    }
+}

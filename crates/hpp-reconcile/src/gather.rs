@@ -1,0 +1,134 @@
+//! Reads the cluster facts a pass needs (discovery, nodes, existing pool objects). Reads only.
+
+use hpp_api::HostPathProvisioner;
+use hpp_api::constants as c;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::facts::{ClaimFact, CleanupJobFact, ClusterFacts, MounterFact, NodeFact};
+use crate::reconcilers::common::pinned_node;
+use crate::reconcilers::pool_objects::mount_path_arg;
+
+/// Whether the API server serves `kind` in `group` (any version).
+pub async fn has_api(client: &Client, group: &str, plural: &str) -> Result<bool> {
+    match kube::discovery::group(client, group).await {
+        Ok(g) => Ok(g.recommended_resources().iter().any(|(ar, _)| ar.plural == plural)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(kube::Error::Discovery(_)) => Ok(false),
+        Err(e) => Err(Error::kube("discover", group, e)),
+    }
+}
+
+fn pod_spec<T: serde::Serialize>(obj: &T) -> Value {
+    serde_json::to_value(obj)
+        .ok()
+        .and_then(|v| v.pointer("/spec/template/spec").cloned())
+        .unwrap_or(Value::Null)
+}
+
+/// Reads every fact for a pass in `namespace`.
+pub async fn gather(client: &Client, namespace: &str) -> Result<ClusterFacts> {
+    let list = |what: &'static str| move |e| Error::kube("list", what, e);
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(list("nodes"))?;
+    let nodes = nodes
+        .items
+        .into_iter()
+        .map(|n| NodeFact {
+            name: n.name_any(),
+            labels: n.labels().clone(),
+            taints: n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default(),
+            ready: n
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+        })
+        .collect();
+    let by_label = ListParams::default().labels(c::LABEL_HPP_POOL);
+    let mounters = Api::<Deployment>::namespaced(client.clone(), namespace)
+        .list(&by_label)
+        .await
+        .map_err(list("deployments"))?
+        .items
+        .into_iter()
+        .filter_map(|d| {
+            let spec = pod_spec(&d);
+            Some(MounterFact {
+                name: d.name_any(),
+                pool_label: d.labels().get(c::LABEL_HPP_POOL)?.clone(),
+                node: pinned_node(&spec)?,
+                mount_path: mount_path_arg(&spec).unwrap_or_default(),
+            })
+        })
+        .collect();
+    let managed = ListParams::default().labels(&crate::names::managed_selector());
+    let cleanup_jobs = Api::<Job>::namespaced(client.clone(), namespace)
+        .list(&managed)
+        .await
+        .map_err(list("jobs"))?
+        .items
+        .into_iter()
+        .filter_map(|j| {
+            let spec = pod_spec(&j);
+            let unmount = spec.to_string().contains("--unmount");
+            unmount.then_some(())?;
+            Some(CleanupJobFact {
+                name: j.name_any(),
+                node: pinned_node(&spec)?,
+                pool_label: j.labels().get(c::LABEL_STORAGE_POOL).cloned().unwrap_or_default(),
+                mount_path: mount_path_arg(&spec).unwrap_or_default(),
+                succeeded: j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0,
+            })
+        })
+        .collect();
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(c::LABEL_STORAGE_POOL))
+        .await
+        .map_err(list("persistentvolumeclaims"))?
+        .items
+        .into_iter()
+        .filter_map(|p| {
+            Some(ClaimFact {
+                name: p.name_any(),
+                pool_label: p.labels().get(c::LABEL_STORAGE_POOL)?.clone(),
+            })
+        })
+        .collect();
+    Ok(ClusterFacts {
+        has_scc: has_api(client, "security.openshift.io", "securitycontextconstraints").await?,
+        has_prometheus: has_api(client, "monitoring.coreos.com", "prometheusrules").await?
+            && has_api(client, "monitoring.coreos.com", "servicemonitors").await?,
+        nodes,
+        mounters,
+        cleanup_jobs,
+        claims,
+        other_provisioners: Vec::new(),
+    })
+}
+
+/// Every HostPathProvisioner, oldest first (then by name): the first one is served.
+pub async fn provisioners(client: &Client) -> Result<Vec<HostPathProvisioner>> {
+    let mut all = Api::<HostPathProvisioner>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| Error::kube("list", "hostpathprovisioners", e))?
+        .items;
+    sort_provisioners(&mut all);
+    Ok(all)
+}
+
+/// Orders CRs oldest first, then by name, skipping none.
+pub fn sort_provisioners(all: &mut [HostPathProvisioner]) {
+    all.sort_by(|a, b| {
+        let ts = |h: &HostPathProvisioner| h.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        ts(a).cmp(&ts(b)).then_with(|| a.name_any().cmp(&b.name_any()))
+    });
+}

@@ -1,0 +1,96 @@
+//! Operator metrics: `kubevirt_hpp_cr_ready` (KubeVirt's name, kept for its alert) plus
+//! reconcile counts, durations and errors by bounded category.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Label set `{result="ok|error"}` or `{category="..."}`.
+pub type Labels = Vec<(&'static str, &'static str)>;
+
+/// Handles to every operator metric.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    /// 1 when the CR is Available, 0 when neither Available nor Progressing, -1 before the first pass.
+    pub cr_ready: Gauge,
+    /// Reconcile passes by result.
+    pub reconciles: Family<Labels, Counter>,
+    /// Failed passes by error category.
+    pub errors: Family<Labels, Counter>,
+    /// Pass duration in seconds.
+    pub duration: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let cr_ready = Gauge::default();
+        cr_ready.set(-1);
+        Metrics {
+            cr_ready,
+            reconciles: Family::default(),
+            errors: Family::default(),
+            duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+        }
+    }
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them (without a prefix, so the KubeVirt name stays).
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Metrics::default();
+        registry.register(
+            "kubevirt_hpp_cr_ready",
+            "HPP CR ready (1), not ready (0), unknown (-1)",
+            m.cr_ready.clone(),
+        );
+        registry.register(
+            "hpp_operator_reconcile",
+            "Reconcile passes by result",
+            m.reconciles.clone(),
+        );
+        registry.register(
+            "hpp_operator_reconcile_errors",
+            "Failed reconcile passes by error category",
+            m.errors.clone(),
+        );
+        registry.register(
+            "hpp_operator_reconcile_duration_seconds",
+            "Reconcile pass duration",
+            m.duration.clone(),
+        );
+        m
+    }
+
+    /// Records one pass.
+    pub fn observe(&self, seconds: f64, error_category: Option<&'static str>) {
+        self.duration.observe(seconds);
+        let result = if error_category.is_some() { "error" } else { "ok" };
+        self.reconciles.get_or_create(&vec![("result", result)]).inc();
+        if let Some(category) = error_category {
+            self.errors.get_or_create(&vec![("category", category)]).inc();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_kubevirt_gauge_and_categories() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        m.observe(0.01, None);
+        m.observe(0.02, Some("conflict"));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        assert!(out.contains("kubevirt_hpp_cr_ready -1"), "{out}");
+        assert!(
+            out.contains("hpp_operator_reconcile_errors_total{category=\"conflict\"} 1"),
+            "{out}"
+        );
+        assert!(out.contains("hpp_operator_reconcile_total{result=\"ok\"} 1"), "{out}");
+    }
+}

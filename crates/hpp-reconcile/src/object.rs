@@ -1,0 +1,297 @@
+//! Type-erased desired objects: every sub-reconciler returns a list of these, so the pipeline can
+//! apply, compare, sweep and render any kind (including discovered ones such as SCCs) uniformly.
+
+use std::collections::BTreeSet;
+
+use kube::api::{ApiResource, DynamicObject};
+use kube::core::GroupVersionKind;
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::names::ANNOTATION_DESIRED_HASH;
+
+/// How an object is kept in line with its desired form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApplyStrategy {
+    /// Server-side apply (force) whenever the live object differs from the desired one.
+    ServerSideApply,
+    /// Created when missing, never changed afterwards (pool PVCs, cleanup Jobs, overlay StorageClass).
+    CreateOnly,
+}
+
+/// A kind the operator manages: its API resource and whether it is namespaced.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Kind {
+    /// API group (empty for core).
+    pub group: String,
+    /// API version.
+    pub version: String,
+    /// Kind name.
+    pub kind: String,
+    /// Plural resource name.
+    pub plural: String,
+    /// Whether objects live in a namespace.
+    pub namespaced: bool,
+}
+
+impl Kind {
+    /// The kind of a typed k8s-openapi resource.
+    pub fn of<K: Resource<DynamicType = ()>>(namespaced: bool) -> Self {
+        Kind {
+            group: K::group(&()).into_owned(),
+            version: K::version(&()).into_owned(),
+            kind: K::kind(&()).into_owned(),
+            plural: K::plural(&()).into_owned(),
+            namespaced,
+        }
+    }
+
+    /// A kind known only by name (CRD-backed APIs such as SCCs and Prometheus objects).
+    pub fn dynamic(group: &str, version: &str, kind: &str, plural: &str, namespaced: bool) -> Self {
+        Kind {
+            group: group.into(),
+            version: version.into(),
+            kind: kind.into(),
+            plural: plural.into(),
+            namespaced,
+        }
+    }
+
+    /// The kube `ApiResource` for dynamic API calls.
+    pub fn api_resource(&self) -> ApiResource {
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(&self.group, &self.version, &self.kind),
+            &self.plural,
+        )
+    }
+
+    /// `apiVersion` string.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+}
+
+/// Identity of an object: kind, namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    /// `group/Kind`.
+    pub kind: String,
+    /// Namespace, `None` for cluster-scoped objects.
+    pub namespace: Option<String>,
+    /// Object name.
+    pub name: String,
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
+/// One object a sub-reconciler wants to exist.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DesiredObject {
+    /// Its kind.
+    pub kind: Kind,
+    /// The full object (apiVersion, kind, metadata, and the rest).
+    pub object: DynamicObject,
+    /// How it is kept in line.
+    pub strategy: ApplyStrategy,
+}
+
+impl DesiredObject {
+    /// Wraps a typed object, filling in `apiVersion`/`kind`.
+    pub fn typed<K>(obj: &K, strategy: ApplyStrategy) -> Result<Self>
+    where
+        K: Resource<DynamicType = ()> + Serialize,
+    {
+        let namespaced = obj.meta().namespace.is_some();
+        let kind = Kind::of::<K>(namespaced);
+        let mut value = serde_json::to_value(obj).map_err(|source| Error::Serialize {
+            what: kind.kind.clone(),
+            source,
+        })?;
+        if let Value::Object(map) = &mut value {
+            map.insert("apiVersion".into(), Value::String(kind.api_version()));
+            map.insert("kind".into(), Value::String(kind.kind.clone()));
+        }
+        Self::from_value(kind, value, strategy)
+    }
+
+    /// Wraps a JSON object of a kind known only at runtime.
+    pub fn from_value(kind: Kind, mut value: Value, strategy: ApplyStrategy) -> Result<Self> {
+        if let Value::Object(map) = &mut value {
+            map.insert("apiVersion".into(), Value::String(kind.api_version()));
+            map.insert("kind".into(), Value::String(kind.kind.clone()));
+        }
+        let object: DynamicObject = serde_json::from_value(value).map_err(|source| Error::Serialize {
+            what: kind.kind.clone(),
+            source,
+        })?;
+        Ok(DesiredObject { kind, object, strategy })
+    }
+
+    /// Kind, namespace and name.
+    pub fn key(&self) -> ObjectKey {
+        key_of(&self.kind, &self.object)
+    }
+
+    /// The object as JSON without the hash annotation (what the hash is computed over).
+    pub fn to_value(&self) -> Result<Value> {
+        serde_json::to_value(&self.object).map_err(|source| Error::Serialize {
+            what: self.key().to_string(),
+            source,
+        })
+    }
+
+    /// The object with its desired-hash annotation set: what gets applied and compared.
+    pub fn stamped(&self) -> Result<Value> {
+        let mut value = self.to_value()?;
+        let hash = content_hash(&value);
+        if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+            let annotations = meta
+                .entry("annotations")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if let Value::Object(a) = annotations {
+                a.insert(ANNOTATION_DESIRED_HASH.into(), Value::String(hash));
+            }
+        }
+        Ok(value)
+    }
+}
+
+/// Key of a live or desired object of a given kind.
+pub fn key_of(kind: &Kind, obj: &DynamicObject) -> ObjectKey {
+    ObjectKey {
+        kind: format!("{}/{}", kind.group, kind.kind),
+        namespace: if kind.namespaced { obj.namespace() } else { None },
+        name: obj.name_any(),
+    }
+}
+
+/// Stable hash of a JSON value (object keys sorted), as 16 hex digits.
+pub fn content_hash(value: &Value) -> String {
+    let mut canonical = String::new();
+    canonicalize(value, &mut canonical);
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in canonical.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+fn canonicalize(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            out.push('{');
+            let keys: BTreeSet<&String> = map.keys().collect();
+            for k in keys {
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                if let Some(v) = map.get(k) {
+                    canonicalize(v, out);
+                }
+                out.push(',');
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for v in items {
+                canonicalize(v, out);
+                out.push(',');
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// Whether every field of `desired` is present with the same value in `live`. Server defaults
+/// and fields other managers own are ignored; lists must have the same length.
+pub fn is_subset(desired: &Value, live: &Value) -> bool {
+    match (desired, live) {
+        (Value::Null, _) => true,
+        (Value::Object(d), Value::Object(l)) => d.iter().all(|(k, dv)| match l.get(k) {
+            Some(lv) => is_subset(dv, lv),
+            None => dv.is_null() || dv.as_object().is_some_and(|o| o.is_empty()),
+        }),
+        (Value::Array(d), Value::Array(l)) => d.len() == l.len() && d.iter().zip(l).all(|(a, b)| is_subset(a, b)),
+        (Value::Number(a), Value::Number(b)) => a.as_f64() == b.as_f64(),
+        (a, b) => a == b,
+    }
+}
+
+/// Whether a live object already matches the stamped desired object, so applying it would
+/// change nothing the operator owns.
+pub fn live_matches(stamped: &Value, live: &DynamicObject) -> bool {
+    match serde_json::to_value(live) {
+        Ok(live) => is_subset(stamped, &live),
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+    use serde_json::json;
+
+    #[test]
+    fn subset_ignores_server_defaults_but_not_edits() {
+        let desired = json!({"spec": {"a": 1, "list": [{"x": "y"}]}});
+        let live = json!({"spec": {"a": 1, "b": "default", "list": [{"x": "y", "z": 0}]}, "status": {}});
+        assert!(is_subset(&desired, &live));
+        let edited = json!({"spec": {"a": 2, "list": [{"x": "y"}]}});
+        assert!(!is_subset(&desired, &edited));
+        let longer = json!({"spec": {"a": 1, "list": [{"x": "y"}, {"x": "z"}]}});
+        assert!(!is_subset(&desired, &longer), "an extra list element is drift");
+        assert!(is_subset(&json!({"emptyDir": {}}), &json!({})));
+    }
+
+    #[test]
+    fn stamped_object_carries_a_stable_hash() {
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("x".into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            data: Some([("k".to_owned(), "v".to_owned())].into()),
+            ..Default::default()
+        };
+        let d = DesiredObject::typed(&cm, ApplyStrategy::ServerSideApply).unwrap();
+        assert_eq!(d.key().to_string(), "/ConfigMap ns/x");
+        let a = d.stamped().unwrap();
+        let b = d.stamped().unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a["apiVersion"], "v1");
+        assert_eq!(a["kind"], "ConfigMap");
+        let hash = a["metadata"]["annotations"][ANNOTATION_DESIRED_HASH]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(hash.len(), 16);
+        let mut cm2 = cm.clone();
+        cm2.data = Some([("k".to_owned(), "w".to_owned())].into());
+        let d2 = DesiredObject::typed(&cm2, ApplyStrategy::ServerSideApply).unwrap();
+        assert_ne!(
+            d2.stamped().unwrap()["metadata"]["annotations"][ANNOTATION_DESIRED_HASH],
+            hash.as_str()
+        );
+        let live: DynamicObject = serde_json::from_value(a.clone()).unwrap();
+        assert!(live_matches(&a, &live));
+        assert!(!live_matches(&d2.stamped().unwrap(), &live));
+    }
+}

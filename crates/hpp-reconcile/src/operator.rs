@@ -1,0 +1,298 @@
+//! One reconcile of a HostPathProvisioner: singleton check, finalizer, downgrade refusal, the
+//! pipeline pass (or cleanup), then status and Events. No controller wiring here (see
+//! `controller`), so tests can call `reconcile` directly and count requests.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hpp_api::HostPathProvisioner;
+use hpp_api::constants::FINALIZER;
+use hpp_api::v1beta1::HostPathProvisionerStatus;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::{Value, json};
+use tracing::{info, instrument, warn};
+
+use crate::apply::Applier;
+use crate::config::OperatorConfig;
+use crate::error::{Error, Result};
+use crate::gather;
+use crate::metrics::Metrics;
+use crate::pipeline::Pipeline;
+use crate::status::{self, Derived, Outcome};
+
+/// Field manager of status writes.
+pub const STATUS_MANAGER: &str = "hpp-operator/status";
+
+/// Shared state of the controller.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Operator configuration.
+    pub config: OperatorConfig,
+    /// The sub-reconcilers.
+    pub pipeline: Pipeline,
+    /// Metric handles.
+    pub metrics: Metrics,
+    /// Event recorder (None disables Events).
+    pub recorder: Option<Recorder>,
+    /// First retry delay after an error; doubles per consecutive failure up to `max_backoff`.
+    pub base_backoff: Duration,
+    /// Longest retry delay.
+    pub max_backoff: Duration,
+    failures: Mutex<HashMap<String, u32>>,
+    now: fn() -> String,
+}
+
+fn rfc3339_now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+impl Context {
+    /// A context with Events from `hpp-operator` and KubeVirt-like backoff (1 s .. 5 min).
+    pub fn new(client: Client, config: OperatorConfig, pipeline: Pipeline, metrics: Metrics) -> Self {
+        let reporter = Reporter {
+            controller: "hpp-operator".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Context {
+            recorder: Some(Recorder::new(client.clone(), reporter)),
+            client,
+            config,
+            pipeline,
+            metrics,
+            base_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(300),
+            failures: Mutex::new(HashMap::new()),
+            now: rfc3339_now,
+        }
+    }
+
+    /// Replaces the retry delays (tests use milliseconds).
+    pub fn with_backoff(mut self, base: Duration, max: Duration) -> Self {
+        self.base_backoff = base;
+        self.max_backoff = max;
+        self
+    }
+
+    /// Turns Events off.
+    pub fn without_events(mut self) -> Self {
+        self.recorder = None;
+        self
+    }
+
+    fn applier(&self) -> Applier {
+        Applier::new(self.client.clone())
+    }
+
+    fn record_result(&self, name: &str, failed: bool) -> u32 {
+        let Ok(mut map) = self.failures.lock() else { return 0 };
+        if failed {
+            let n = map.entry(name.to_owned()).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        } else {
+            map.remove(name);
+            0
+        }
+    }
+}
+
+/// Reconciles one CR; the entry point handed to the controller.
+#[instrument(skip_all, fields(hpp = %hpp.name_any()))]
+pub async fn reconcile(hpp: Arc<HostPathProvisioner>, ctx: Arc<Context>) -> Result<Action> {
+    let started = Instant::now();
+    let result = reconcile_inner(hpp.clone(), &ctx).await;
+    let category = result.as_ref().err().map(Error::category);
+    ctx.metrics.observe(started.elapsed().as_secs_f64(), category);
+    ctx.record_result(&hpp.name_any(), result.is_err());
+    result
+}
+
+/// Retry policy: exponential backoff per CR; deletion waits poll quickly; a downgrade waits for a change.
+pub fn error_policy(hpp: Arc<HostPathProvisioner>, err: &Error, ctx: Arc<Context>) -> Action {
+    warn!(hpp = %hpp.name_any(), category = err.category(), error = %err, "reconcile failed");
+    match err.category() {
+        "downgrade" => Action::await_change(),
+        "cleanup_pending" => Action::requeue(ctx.base_backoff.max(Duration::from_millis(10))),
+        _ => {
+            let attempts = ctx
+                .failures
+                .lock()
+                .map(|m| m.get(&hpp.name_any()).copied().unwrap_or(1))
+                .unwrap_or(1);
+            let factor = 2u32.saturating_pow(attempts.saturating_sub(1).min(16));
+            Action::requeue(ctx.base_backoff.saturating_mul(factor).min(ctx.max_backoff))
+        }
+    }
+}
+
+async fn reconcile_inner(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
+    let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
+    let all = gather::provisioners(&ctx.client).await?;
+    let active = all
+        .iter()
+        .find(|h| h.metadata.deletion_timestamp.is_none())
+        .or(all.first());
+    if let Some(active) = active.filter(|a| a.name_any() != hpp.name_any()) {
+        return refuse_second(&api, &hpp, active, all.len(), ctx).await;
+    }
+    finalizer(&api, FINALIZER, hpp, |event| async move {
+        match event {
+            FinalizerEvent::Apply(h) => apply(h, ctx).await,
+            FinalizerEvent::Cleanup(h) => cleanup(h, ctx).await,
+        }
+    })
+    .await
+    .map_err(Error::from)
+}
+
+/// A second CR is reported in its own status and otherwise left alone.
+async fn refuse_second(
+    api: &Api<HostPathProvisioner>,
+    hpp: &HostPathProvisioner,
+    active: &HostPathProvisioner,
+    count: usize,
+    ctx: &Context,
+) -> Result<Action> {
+    if hpp.metadata.deletion_timestamp.is_some() {
+        if hpp.finalizers().iter().any(|f| f == FINALIZER) {
+            // Merge patch guarded by resourceVersion: never drops someone else's finalizer.
+            let keep: Vec<&String> = hpp.finalizers().iter().filter(|f| *f != FINALIZER).collect();
+            let patch = json!({ "metadata": { "finalizers": keep, "resourceVersion": hpp.resource_version() } });
+            api.patch(&hpp.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| Error::kube("remove finalizer", hpp.name_any(), e))?;
+        }
+        return Ok(Action::await_change());
+    }
+    let msg = format!(
+        "there should be a single hostpath provisioner, {count} items found; {} is the one in use",
+        active.name_any()
+    );
+    write_status(api, hpp, &Outcome::Refused(msg), ctx).await?;
+    Ok(Action::requeue(Duration::from_secs(60)))
+}
+
+async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
+    let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
+    let cfg = &ctx.config;
+    let prev = hpp.status.clone().unwrap_or_default();
+    if let Some(observed) = prev
+        .observed_version
+        .as_deref()
+        .filter(|o| status::version_newer(o, &cfg.version))
+    {
+        let err = Error::Downgrade {
+            from: observed.to_owned(),
+            to: cfg.version.clone(),
+        };
+        write_status(&api, &hpp, &Outcome::Refused(err.to_string()), ctx).await?;
+        return Err(err);
+    }
+    let pass = async {
+        let facts = gather::gather(&ctx.client, &cfg.namespace).await?;
+        ctx.pipeline.apply(&ctx.applier(), &hpp, cfg, &facts).await
+    };
+    match pass.await {
+        Ok(report) => {
+            write_status(&api, &hpp, &Outcome::Applied(&report.readiness), ctx).await?;
+            Ok(Action::await_change())
+        }
+        Err(e) => {
+            if let Err(status_err) = write_status(&api, &hpp, &Outcome::Failed(e.to_string()), ctx).await {
+                warn!(error = %status_err, "could not record the failure in status");
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn cleanup(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
+    info!(hpp = %hpp.name_any(), "cleaning up");
+    let cfg = &ctx.config;
+    let facts = gather::gather(&ctx.client, &cfg.namespace).await?;
+    ctx.pipeline.cleanup(&ctx.applier(), &hpp, cfg, &facts).await?;
+    Ok(Action::await_change())
+}
+
+/// Full status as a merge patch body: absent fields become null so they are cleared.
+fn status_patch(status: &HostPathProvisionerStatus) -> Result<Value> {
+    let mut v = serde_json::to_value(status).map_err(|source| Error::Serialize {
+        what: "status".into(),
+        source,
+    })?;
+    if let Value::Object(map) = &mut v {
+        for key in [
+            "conditions",
+            "observedVersion",
+            "operatorVersion",
+            "targetVersion",
+            "storagePoolStatuses",
+        ] {
+            map.entry(key).or_insert(Value::Null);
+        }
+    }
+    Ok(json!({ "status": v }))
+}
+
+/// Derives and writes the status (only when something besides heartbeats changed) and
+/// publishes an Event on a condition transition.
+async fn write_status(
+    api: &Api<HostPathProvisioner>,
+    hpp: &HostPathProvisioner,
+    outcome: &Outcome<'_>,
+    ctx: &Context,
+) -> Result<Derived> {
+    let prev = hpp.status.clone().unwrap_or_default();
+    let derived = status::derive(&prev, &ctx.config.version, outcome, &(ctx.now)());
+    if derived.changed {
+        let body = status_patch(&derived.status)?;
+        api.patch_status(
+            &hpp.name_any(),
+            &PatchParams::default().with_field_manager(STATUS_MANAGER),
+            &Patch::Merge(&body),
+        )
+        .await
+        .map_err(|e| Error::kube("patch status", hpp.name_any(), e))?;
+    }
+    if let Some(v) = status::cr_ready_value(&derived.status) {
+        ctx.metrics.cr_ready.set(v);
+    }
+    if derived.transition
+        && let Some(recorder) = &ctx.recorder
+    {
+        let event = Event {
+            type_: if derived.state.is_warning() {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: derived.reason.clone(),
+            note: Some(derived.message.clone()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &hpp.object_ref(&())).await {
+            warn!(error = %e, "could not publish event");
+        }
+    }
+    Ok(derived)
+}
+
+trait PatchParamsExt {
+    fn with_field_manager(self, manager: &str) -> Self;
+}
+
+impl PatchParamsExt for PatchParams {
+    fn with_field_manager(mut self, manager: &str) -> Self {
+        self.field_manager = Some(manager.to_owned());
+        self
+    }
+}

@@ -1,0 +1,164 @@
+//! An ordered list of sub-reconcilers run as one pass: apply each in order, sweep labelled
+//! leftovers nobody claimed, and fold their readiness. Embedders edit the list in a few lines.
+
+use std::collections::BTreeSet;
+
+use hpp_api::HostPathProvisioner;
+use tracing::{info, instrument};
+
+use crate::apply::Applier;
+use crate::config::OperatorConfig;
+use crate::error::Result;
+use crate::facts::ClusterFacts;
+use crate::object::{DesiredObject, Kind, ObjectKey};
+use crate::reconcilers;
+use crate::subreconciler::{Readiness, SubReconciler};
+
+/// The sub-reconcilers of a distribution, in apply order (cleanup runs in reverse).
+#[derive(Default)]
+pub struct Pipeline {
+    steps: Vec<Box<dyn SubReconciler>>,
+}
+
+/// Result of one applied pass.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PassReport {
+    /// Folded readiness of every step.
+    pub readiness: Readiness,
+    /// Objects the sweep deleted.
+    pub swept: Vec<ObjectKey>,
+}
+
+impl Pipeline {
+    /// An empty pipeline.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The KubeVirt-compatible set, in KubeVirt's order.
+    pub fn standard() -> Self {
+        Self::new()
+            .with(reconcilers::ServiceAccounts)
+            .with(reconcilers::Rbac)
+            .with(reconcilers::CsiDriver)
+            .with(reconcilers::Scc)
+            .with(reconcilers::CsiDaemonSet)
+            .with(reconcilers::LegacyDaemonSet)
+            .with(reconcilers::StoragePools)
+            .with(reconcilers::Prometheus)
+    }
+
+    /// Appends a step.
+    pub fn with(mut self, step: impl SubReconciler + 'static) -> Self {
+        self.steps.push(Box::new(step));
+        self
+    }
+
+    /// Appends a step.
+    pub fn push(&mut self, step: Box<dyn SubReconciler>) {
+        self.steps.push(step);
+    }
+
+    /// Inserts a step before the named one (appends if there is none by that name).
+    pub fn insert_before(&mut self, name: &str, step: Box<dyn SubReconciler>) {
+        let at = self.position(name).unwrap_or(self.steps.len());
+        self.steps.insert(at, step);
+    }
+
+    /// Replaces the named step, keeping its position; returns whether it existed.
+    pub fn replace(&mut self, name: &str, step: Box<dyn SubReconciler>) -> bool {
+        match self.position(name) {
+            Some(i) => {
+                self.steps[i] = step;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes the named step; returns whether it existed.
+    pub fn remove(&mut self, name: &str) -> bool {
+        let before = self.steps.len();
+        self.steps.retain(|s| s.name() != name);
+        self.steps.len() != before
+    }
+
+    /// Step names in order.
+    pub fn names(&self) -> Vec<&str> {
+        self.steps.iter().map(|s| s.name()).collect()
+    }
+
+    fn position(&self, name: &str) -> Option<usize> {
+        self.steps.iter().position(|s| s.name() == name)
+    }
+
+    /// Every kind any step manages (what the sweep lists and the controller watches).
+    pub fn kinds(&self, facts: &ClusterFacts) -> Vec<Kind> {
+        let set: BTreeSet<Kind> = self.steps.iter().flat_map(|s| s.kinds(facts)).collect();
+        set.into_iter().collect()
+    }
+
+    /// Every desired object, grouped by step: pure, used by `render` and tests.
+    pub fn desired(
+        &self,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &ClusterFacts,
+    ) -> Result<Vec<(String, Vec<DesiredObject>)>> {
+        self.steps
+            .iter()
+            .map(|s| Ok((s.name().to_owned(), s.desired(hpp, cfg, facts)?)))
+            .collect()
+    }
+
+    /// One pass: apply every step in order, then delete labelled objects nobody claimed.
+    #[instrument(skip_all, fields(hpp = %hpp.metadata.name.as_deref().unwrap_or_default()))]
+    pub async fn apply(
+        &self,
+        applier: &Applier,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &ClusterFacts,
+    ) -> Result<PassReport> {
+        let mut report = PassReport::default();
+        let mut claimed = BTreeSet::new();
+        for step in &self.steps {
+            let desired = step.desired(hpp, cfg, facts)?;
+            claimed.extend(desired.iter().map(DesiredObject::key));
+            let live = step.apply(applier, &desired).await?;
+            report.readiness.merge(step.readiness(hpp, &live));
+        }
+        for kind in self.kinds(facts) {
+            for (key, _) in applier.list_managed(&kind, &cfg.namespace).await? {
+                if !claimed.contains(&key) {
+                    info!(object = %key, "sweeping leftover");
+                    applier.delete(&kind, key.namespace.as_deref(), &key.name).await?;
+                    report.swept.push(key);
+                }
+            }
+        }
+        report.readiness.pool_statuses.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(report)
+    }
+
+    /// Deletion: every step's cleanup in reverse order. Stops at the first step still pending.
+    #[instrument(skip_all)]
+    pub async fn cleanup(
+        &self,
+        applier: &Applier,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &ClusterFacts,
+    ) -> Result<()> {
+        for step in self.steps.iter().rev() {
+            step.cleanup(applier, hpp, cfg, facts).await?;
+        }
+        // Anything labelled that an earlier version or a removed step left behind.
+        for kind in self.kinds(facts) {
+            for (key, _) in applier.list_managed(&kind, &cfg.namespace).await? {
+                applier.delete(&kind, key.namespace.as_deref(), &key.name).await?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,205 @@
+//! Helpers shared by the builders: kinds, metadata, owner references and placement.
+
+use std::collections::BTreeMap;
+
+use hpp_api::HostPathProvisioner;
+use hpp_api::constants as c;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use kube::Resource;
+use serde_json::{Value, json};
+
+use crate::config::OperatorConfig;
+use crate::error::Result;
+use crate::names;
+use crate::object::{ApplyStrategy, DesiredObject, Kind};
+
+/// Namespaced DaemonSets.
+pub fn daemonset_kind() -> Kind {
+    Kind::of::<DaemonSet>(true)
+}
+/// Namespaced Deployments.
+pub fn deployment_kind() -> Kind {
+    Kind::of::<Deployment>(true)
+}
+/// Namespaced Jobs.
+pub fn job_kind() -> Kind {
+    Kind::of::<Job>(true)
+}
+/// Namespaced PVCs.
+pub fn pvc_kind() -> Kind {
+    Kind::of::<PersistentVolumeClaim>(true)
+}
+/// Namespaced ServiceAccounts.
+pub fn service_account_kind() -> Kind {
+    Kind::of::<ServiceAccount>(true)
+}
+/// Namespaced Services.
+pub fn service_kind() -> Kind {
+    Kind::of::<Service>(true)
+}
+/// ClusterRoles.
+pub fn cluster_role_kind() -> Kind {
+    Kind::of::<ClusterRole>(false)
+}
+/// ClusterRoleBindings.
+pub fn cluster_role_binding_kind() -> Kind {
+    Kind::of::<ClusterRoleBinding>(false)
+}
+/// Namespaced Roles.
+pub fn role_kind() -> Kind {
+    Kind::of::<Role>(true)
+}
+/// Namespaced RoleBindings.
+pub fn role_binding_kind() -> Kind {
+    Kind::of::<RoleBinding>(true)
+}
+/// CSIDrivers.
+pub fn csi_driver_kind() -> Kind {
+    Kind::of::<CSIDriver>(false)
+}
+/// StorageClasses.
+pub fn storage_class_kind() -> Kind {
+    Kind::of::<StorageClass>(false)
+}
+/// OpenShift SecurityContextConstraints (found by discovery).
+pub fn scc_kind() -> Kind {
+    Kind::dynamic(
+        "security.openshift.io",
+        "v1",
+        "SecurityContextConstraints",
+        "securitycontextconstraints",
+        false,
+    )
+}
+/// prometheus-operator PrometheusRule (found by discovery).
+pub fn prometheus_rule_kind() -> Kind {
+    Kind::dynamic("monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules", true)
+}
+/// prometheus-operator ServiceMonitor (found by discovery).
+pub fn service_monitor_kind() -> Kind {
+    Kind::dynamic("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors", true)
+}
+
+/// Controller owner reference to the CR, when it has a UID (absent when rendering offline).
+pub fn owner_refs(hpp: &HostPathProvisioner) -> Value {
+    match hpp.controller_owner_ref(&()) {
+        Some(r) => json!([r]),
+        None => Value::Null,
+    }
+}
+
+/// Object metadata with the common labels plus `extra`.
+pub fn meta(
+    name: &str,
+    namespace: Option<&str>,
+    cfg: &OperatorConfig,
+    extra: &[(&str, &str)],
+    owner: Option<&HostPathProvisioner>,
+) -> Value {
+    let mut labels = names::common_labels(cfg);
+    for (k, v) in extra {
+        labels.insert((*k).to_owned(), (*v).to_owned());
+    }
+    let mut m = json!({ "name": name, "labels": labels });
+    if let Some(ns) = namespace {
+        m["namespace"] = json!(ns);
+    }
+    if let Some(hpp) = owner {
+        let refs = owner_refs(hpp);
+        if !refs.is_null() {
+            m["ownerReferences"] = refs;
+        }
+    }
+    m
+}
+
+/// Common labels as a JSON map (for pod templates).
+pub fn labels_value(cfg: &OperatorConfig, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let mut labels = names::common_labels(cfg);
+    for (k, v) in extra {
+        labels.insert((*k).to_owned(), (*v).to_owned());
+    }
+    labels
+}
+
+/// Builds a server-side-applied object.
+pub fn ssa(kind: Kind, value: Value) -> Result<DesiredObject> {
+    DesiredObject::from_value(kind, value, ApplyStrategy::ServerSideApply)
+}
+
+/// Builds a create-only object.
+pub fn create_only(kind: Kind, value: Value) -> Result<DesiredObject> {
+    DesiredObject::from_value(kind, value, ApplyStrategy::CreateOnly)
+}
+
+/// The CR's image pull policy, or IfNotPresent.
+pub fn pull_policy(hpp: &HostPathProvisioner) -> String {
+    hpp.spec
+        .image_pull_policy
+        .clone()
+        .unwrap_or_else(|| "IfNotPresent".into())
+}
+
+/// Whether the CR runs the legacy provisioner (`pathConfig` set).
+pub fn is_legacy(hpp: &HostPathProvisioner) -> bool {
+    hpp.spec.path_config.is_some()
+}
+
+/// Whether a feature gate is on.
+pub fn gate(hpp: &HostPathProvisioner, name: &str) -> bool {
+    hpp.spec
+        .feature_gates
+        .as_ref()
+        .is_some_and(|g| g.iter().any(|x| x == name))
+}
+
+/// Whether the `Snapshotting` gate is on.
+pub fn snapshotting(hpp: &HostPathProvisioner) -> bool {
+    gate(hpp, c::FEATURE_GATE_SNAPSHOTTING)
+}
+
+/// Pod placement fields from `spec.workload`, to merge into a pod spec.
+pub fn placement(hpp: &HostPathProvisioner) -> serde_json::Map<String, Value> {
+    let mut out = serde_json::Map::new();
+    if let Some(w) = &hpp.spec.workload {
+        if let Some(ns) = &w.node_selector {
+            out.insert("nodeSelector".into(), json!(ns));
+        }
+        if let Some(t) = &w.tolerations {
+            out.insert("tolerations".into(), json!(t));
+        }
+        if let Some(a) = &w.affinity {
+            out.insert("affinity".into(), json!(a));
+        }
+    }
+    out
+}
+
+/// A required node affinity pinning a pod to one node by hostname.
+pub fn pin_to_node(node: &str) -> Value {
+    json!({
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{
+                    "matchExpressions": [{
+                        "key": "kubernetes.io/hostname",
+                        "operator": "In",
+                        "values": [node]
+                    }]
+                }]
+            }
+        }
+    })
+}
+
+/// The node a pod template is pinned to by [`pin_to_node`] (also reads KubeVirt-created objects).
+pub fn pinned_node(pod_spec: &Value) -> Option<String> {
+    pod_spec
+        .pointer("/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/0/matchExpressions/0/values/0")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}

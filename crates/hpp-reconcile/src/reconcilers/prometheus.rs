@@ -1,0 +1,158 @@
+//! Monitoring objects (PrometheusRule with KubeVirt's alerts, metrics Service, ServiceMonitor and
+//! the monitoring Role/Binding), only when discovery finds the prometheus-operator API.
+
+use async_trait::async_trait;
+use hpp_api::HostPathProvisioner;
+use hpp_api::constants as c;
+use serde_json::{Value, json};
+
+use super::common::{self, prometheus_rule_kind, role_binding_kind, role_kind, service_kind, service_monitor_kind};
+use crate::config::OperatorConfig;
+use crate::error::Result;
+use crate::facts::ClusterFacts;
+use crate::names;
+use crate::object::{DesiredObject, Kind};
+use crate::subreconciler::SubReconciler;
+
+/// Service account Prometheus scrapes with.
+pub const PROMETHEUS_SERVICE_ACCOUNT: &str = "prometheus-k8s";
+
+fn alert(
+    cfg: &OperatorConfig,
+    name: &str,
+    expr: &str,
+    for_: &str,
+    summary: &str,
+    severity: &str,
+    impact: &str,
+) -> Value {
+    json!({
+        "alert": name,
+        "expr": expr,
+        "for": for_,
+        "annotations": { "summary": summary, "runbook_url": cfg.runbook_url(name) },
+        "labels": {
+            "severity": severity,
+            "operator_health_impact": impact,
+            "kubernetes_operator_part_of": "kubevirt",
+            "kubernetes_operator_component": "hostpath-provisioner-operator",
+        },
+    })
+}
+
+/// The rule groups of `prometheus-hpp-rules`.
+pub fn rule_groups(cfg: &OperatorConfig) -> Value {
+    let up = format!(
+        "sum(up{{namespace='{}', pod=~'hostpath-provisioner-operator-.*'}} or vector(0))",
+        cfg.namespace
+    );
+    json!([
+        {
+            "name": "recordingRules.rules",
+            "rules": [
+                { "record": "kubevirt_hpp_operator_up", "expr": up },
+                { "record": "cluster:kubevirt_hpp_operator_up:sum", "expr": up },
+            ],
+        },
+        {
+            "name": "alerts.rules",
+            "rules": [
+                alert(cfg, "HPPOperatorDown", "cluster:kubevirt_hpp_operator_up:sum == 0", "5m",
+                    "Hostpath Provisioner operator is down", "warning", "critical"),
+                alert(cfg, "HPPNotReady", "kubevirt_hpp_cr_ready == 0", "5m",
+                    "Hostpath Provisioner is not available to use", "warning", "critical"),
+                alert(cfg, "HPPSharingPoolPathWithOS", "kubevirt_hpp_pool_path_shared_with_os == 1", "1m",
+                    "HPP pool path sharing a filesystem with OS, fix to prevent HPP PVs from causing disk pressure and affecting node operation",
+                    "warning", "warning"),
+            ],
+        },
+    ])
+}
+
+/// The desired monitoring objects, or none without the prometheus-operator API.
+pub fn desired_monitoring(
+    hpp: &HostPathProvisioner,
+    cfg: &OperatorConfig,
+    facts: &ClusterFacts,
+) -> Result<Vec<DesiredObject>> {
+    if !facts.has_prometheus {
+        return Ok(vec![]);
+    }
+    let ns = cfg.namespace.as_str();
+    let prom = [(c::LABEL_PROMETHEUS, "true")];
+    Ok(vec![
+        common::ssa(
+            prometheus_rule_kind(),
+            json!({ "metadata": common::meta(names::PROMETHEUS_RULE, Some(ns), cfg, &prom, Some(hpp)), "spec": { "groups": rule_groups(cfg) } }),
+        )?,
+        common::ssa(
+            role_kind(),
+            json!({
+                "metadata": common::meta(names::MONITORING_ROLE, Some(ns), cfg, &[], Some(hpp)),
+                "rules": [{ "apiGroups": [""], "resources": ["services", "endpoints", "pods"], "verbs": ["get", "list", "watch"] }],
+            }),
+        )?,
+        common::ssa(
+            role_binding_kind(),
+            json!({
+                "metadata": common::meta(names::MONITORING_ROLE, Some(ns), cfg, &[], Some(hpp)),
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": names::MONITORING_ROLE },
+                "subjects": [{ "kind": "ServiceAccount", "name": PROMETHEUS_SERVICE_ACCOUNT, "namespace": cfg.monitoring_namespace }],
+            }),
+        )?,
+        common::ssa(
+            service_kind(),
+            json!({
+                "metadata": common::meta(names::METRICS_SERVICE, Some(ns), cfg, &prom, Some(hpp)),
+                "spec": {
+                    "type": "ClusterIP",
+                    "selector": { c::LABEL_PROMETHEUS: "true" },
+                    "ports": [{ "name": "metrics", "port": 8443, "protocol": "TCP", "targetPort": "metrics" }],
+                },
+            }),
+        )?,
+        common::ssa(
+            service_monitor_kind(),
+            json!({
+                "metadata": common::meta(names::SERVICE_MONITOR, Some(ns), cfg,
+                    &[(c::LABEL_PROMETHEUS, "true"), ("openshift.io/cluster-monitoring", "")], Some(hpp)),
+                "spec": {
+                    "namespaceSelector": { "matchNames": [ns] },
+                    "selector": { "matchLabels": { c::LABEL_PROMETHEUS: "true" } },
+                    "endpoints": [{
+                        "port": "metrics",
+                        "scheme": "https",
+                        "tlsConfig": { "insecureSkipVerify": true, "minVersion": "TLS13" },
+                    }],
+                },
+            }),
+        )?,
+    ])
+}
+
+/// Sub-reconciler for the monitoring objects.
+pub struct Prometheus;
+
+#[async_trait]
+impl SubReconciler for Prometheus {
+    fn name(&self) -> &str {
+        "prometheus"
+    }
+
+    fn kinds(&self, facts: &ClusterFacts) -> Vec<Kind> {
+        let mut kinds = vec![role_kind(), role_binding_kind(), service_kind()];
+        if facts.has_prometheus {
+            kinds.extend([prometheus_rule_kind(), service_monitor_kind()]);
+        }
+        kinds
+    }
+
+    fn desired(
+        &self,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &ClusterFacts,
+    ) -> Result<Vec<DesiredObject>> {
+        desired_monitoring(hpp, cfg, facts)
+    }
+}

@@ -1,0 +1,288 @@
+//! pvcTemplate storage pools: which PVCs, mounter Deployments, overlay StorageClasses and
+//! cleanup Jobs should exist given the nodes, and the deletion sequence that unmounts them.
+
+use std::collections::BTreeSet;
+
+use async_trait::async_trait;
+use hpp_api::HostPathProvisioner;
+use hpp_api::constants as c;
+use hpp_api::v1beta1::{ClaimStatus, StoragePoolStatus};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaimStatus, Toleration};
+use kube::ResourceExt;
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use super::common::{deployment_kind, job_kind, pvc_kind, storage_class_kind};
+use super::pool_objects as obj;
+use crate::apply::Applier;
+use crate::config::OperatorConfig;
+use crate::error::{Error, Result};
+use crate::facts::{ClusterFacts, NodeFact};
+use crate::names;
+use crate::object::{DesiredObject, Kind};
+use crate::subreconciler::{Readiness, SubReconciler};
+
+fn tolerates(tolerations: &[Toleration], taint: &k8s_openapi::api::core::v1::Taint) -> bool {
+    tolerations.iter().any(|t| {
+        let effect_ok = t.effect.as_deref().is_none_or(|e| e.is_empty() || e == taint.effect);
+        let key_ok = match t.key.as_deref() {
+            None | Some("") => t.operator.as_deref() == Some("Exists"),
+            Some(k) => k == taint.key,
+        };
+        let value_ok = t.operator.as_deref() == Some("Exists")
+            || t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("");
+        effect_ok && key_ok && value_ok
+    })
+}
+
+/// Whether the CSI DaemonSet would run on this node (nodeSelector and NoSchedule/NoExecute taints;
+/// affinity is not evaluated).
+pub fn runs_on(hpp: &HostPathProvisioner, node: &NodeFact) -> bool {
+    let w = hpp.spec.workload.as_ref();
+    let selector_ok = w
+        .and_then(|w| w.node_selector.as_ref())
+        .is_none_or(|sel| sel.iter().all(|(k, v)| node.labels.get(k) == Some(v)));
+    let tolerations = w.and_then(|w| w.tolerations.clone()).unwrap_or_default();
+    let taints_ok = node
+        .taints
+        .iter()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .all(|t| tolerates(&tolerations, t));
+    selector_ok && taints_ok
+}
+
+/// Nodes the pools are prepared on, sorted by name.
+pub fn pool_nodes<'a>(hpp: &HostPathProvisioner, facts: &'a ClusterFacts) -> Vec<&'a NodeFact> {
+    let mut nodes: Vec<&NodeFact> = facts.nodes.iter().filter(|n| runs_on(hpp, n)).collect();
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    nodes
+}
+
+/// Every pool object that should exist now.
+pub fn desired_pool_objects(
+    hpp: &HostPathProvisioner,
+    cfg: &OperatorConfig,
+    facts: &ClusterFacts,
+) -> Result<Vec<DesiredObject>> {
+    let nodes = pool_nodes(hpp, facts);
+    let mut out = Vec::new();
+    let mut wanted_mounters = BTreeSet::new();
+    for pool in hpp
+        .spec
+        .storage_pools
+        .iter()
+        .flatten()
+        .filter(|p| p.pvc_template.is_some())
+    {
+        let label = names::pool_label_value(&pool.name);
+        let mut claims = BTreeSet::new();
+        if pool.is_shared() {
+            out.push(obj::overlay_storage_class(pool, cfg)?);
+            if !nodes.is_empty() {
+                claims.insert(names::pool_shared_claim_name(&pool.name));
+            }
+        } else {
+            claims.extend(nodes.iter().map(|n| names::pool_node_name(&pool.name, &n.name)));
+            // Claims of nodes that left stay: their data is still there if the node comes back.
+            claims.extend(
+                facts
+                    .claims
+                    .iter()
+                    .filter(|cl| cl.pool_label == label)
+                    .map(|cl| cl.name.clone()),
+            );
+        }
+        for claim in &claims {
+            out.push(obj::pool_claim(pool, claim, cfg)?);
+        }
+        for node in &nodes {
+            let claim = if pool.is_shared() {
+                names::pool_shared_claim_name(&pool.name)
+            } else {
+                names::pool_node_name(&pool.name, &node.name)
+            };
+            out.push(obj::mounter_deployment(hpp, pool, &node.name, &claim, cfg)?);
+            wanted_mounters.insert((label.clone(), node.name.clone()));
+        }
+    }
+    // A mounter that is no longer wanted leaves a mount behind: unmount it with a Job, but only
+    // on a node that exists and is Ready (a Job elsewhere would never finish).
+    let node_ready = |name: &str| facts.node(name).is_some_and(|n| n.ready);
+    let mut jobs = BTreeSet::new();
+    for m in &facts.mounters {
+        if wanted_mounters.contains(&(m.pool_label.clone(), m.node.clone())) || !node_ready(&m.node) {
+            continue;
+        }
+        let pool = m.pool_label.trim_end_matches("-hpp");
+        let name = names::cleanup_job_name(pool, &m.node);
+        let done = facts.cleanup_jobs.iter().any(|j| j.name == name && j.succeeded);
+        if !done && jobs.insert(name.clone()) {
+            out.push(obj::cleanup_job(
+                hpp,
+                &name,
+                &m.pool_label,
+                &m.node,
+                &m.mount_path,
+                cfg,
+            )?);
+        }
+    }
+    for j in &facts.cleanup_jobs {
+        let pool_wanted = wanted_mounters.contains(&(j.pool_label.clone(), j.node.clone()));
+        if !j.succeeded && node_ready(&j.node) && !pool_wanted && jobs.insert(j.name.clone()) {
+            out.push(obj::cleanup_job(
+                hpp,
+                &j.name,
+                &j.pool_label,
+                &j.node,
+                &j.mount_path,
+                cfg,
+            )?);
+        }
+    }
+    Ok(out)
+}
+
+fn label_of(o: &DynamicObject, key: &str) -> Option<String> {
+    o.labels().get(key).cloned()
+}
+
+/// `storagePoolStatuses` and PVC problems from the live pool objects.
+pub fn pool_readiness(hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Readiness {
+    let mut r = Readiness::ready();
+    if hpp.spec.path_config.is_some() {
+        r.pool_statuses.push(StoragePoolStatus {
+            name: c::DEFAULT_POOL_NAME.into(),
+            phase: Some("Ready".into()),
+            ..Default::default()
+        });
+        return r;
+    }
+    for pool in hpp.spec.storage_pools.iter().flatten() {
+        let mut status = StoragePoolStatus {
+            name: pool.name.clone(),
+            phase: Some("Ready".into()),
+            ..Default::default()
+        };
+        if pool.pvc_template.is_some() {
+            let label = names::pool_label_value(&pool.name);
+            let of_pool = |o: &&DynamicObject| label_of(o, c::LABEL_STORAGE_POOL).as_deref() == Some(label.as_str());
+            let kind = |o: &DynamicObject| o.types.as_ref().map(|t| t.kind.clone()).unwrap_or_default();
+            let deployments: Vec<&DynamicObject> = live
+                .iter()
+                .filter(of_pool)
+                .filter(|o| kind(o) == "Deployment")
+                .collect();
+            status.desired_ready = Some(deployments.len() as i32);
+            status.current_ready = Some(
+                deployments
+                    .iter()
+                    .filter(|d| d.data.pointer("/status/readyReplicas").and_then(Value::as_i64) == Some(1))
+                    .count() as i32,
+            );
+            for pvc in live
+                .iter()
+                .filter(of_pool)
+                .filter(|o| kind(o) == "PersistentVolumeClaim")
+            {
+                let pvc_status: PersistentVolumeClaimStatus = pvc
+                    .data
+                    .get("status")
+                    .cloned()
+                    .and_then(|s| serde_json::from_value(s).ok())
+                    .unwrap_or_default();
+                let phase = pvc_status.phase.clone().unwrap_or_else(|| "Pending".into());
+                if phase != "Bound" {
+                    r.pools_not_ready.push(format!(
+                        "error: Pool PVC {} is {phase} instead of Bound",
+                        pvc.name_any()
+                    ));
+                }
+                status.claim_statuses.push(ClaimStatus {
+                    name: pvc.name_any(),
+                    status: pvc_status,
+                });
+            }
+        }
+        r.pool_statuses.push(status);
+    }
+    r
+}
+
+/// Sub-reconciler for pvcTemplate pools.
+pub struct StoragePools;
+
+#[async_trait]
+impl SubReconciler for StoragePools {
+    fn name(&self) -> &str {
+        "storage-pools"
+    }
+
+    fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {
+        vec![pvc_kind(), deployment_kind(), job_kind(), storage_class_kind()]
+    }
+
+    fn desired(
+        &self,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &ClusterFacts,
+    ) -> Result<Vec<DesiredObject>> {
+        desired_pool_objects(hpp, cfg, facts)
+    }
+
+    fn readiness(&self, hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Readiness {
+        pool_readiness(hpp, live)
+    }
+
+    /// Unmount on every Ready node first (Jobs), then delete Jobs, PVCs and overlay classes.
+    async fn cleanup(
+        &self,
+        applier: &Applier,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &ClusterFacts,
+    ) -> Result<()> {
+        let ns = Some(cfg.namespace.as_str());
+        let node_ready = |name: &str| facts.node(name).is_some_and(|n| n.ready);
+        let mut pending = Vec::new();
+        for m in &facts.mounters {
+            let pool = m.pool_label.trim_end_matches("-hpp");
+            let name = names::cleanup_job_name(pool, &m.node);
+            let job = facts.cleanup_jobs.iter().find(|j| j.name == name);
+            if node_ready(&m.node) && !job.is_some_and(|j| j.succeeded) {
+                let desired = obj::cleanup_job(hpp, &name, &m.pool_label, &m.node, &m.mount_path, cfg)?;
+                applier
+                    .apply(&format!("hpp-operator/{}", self.name()), &desired)
+                    .await?;
+                pending.push(name);
+            }
+            applier.delete(&deployment_kind(), ns, &m.name).await?;
+        }
+        for j in &facts.cleanup_jobs {
+            if !j.succeeded && node_ready(&j.node) && !pending.contains(&j.name) {
+                pending.push(j.name.clone());
+            }
+        }
+        if !pending.is_empty() {
+            return Err(Error::CleanupPending(format!(
+                "waiting for cleanup Jobs {}",
+                pending.join(", ")
+            )));
+        }
+        for j in &facts.cleanup_jobs {
+            applier.delete(&job_kind(), ns, &j.name).await?;
+        }
+        for cl in &facts.claims {
+            applier.delete(&pvc_kind(), ns, &cl.name).await?;
+        }
+        for pool in hpp.spec.storage_pools.iter().flatten().filter(|p| p.is_shared()) {
+            let name = pool
+                .overlay_class_name
+                .as_deref()
+                .unwrap_or(names::DEFAULT_OVERLAY_CLASS);
+            applier.delete(&storage_class_kind(), None, name).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,300 @@
+//! Pure status derivation: conditions, versions and pool statuses from the previous status and
+//! the outcome of a pass, with KubeVirt's states, reasons and messages.
+
+use hpp_api::condition as cond;
+use hpp_api::v1beta1::{Condition, HostPathProvisionerStatus};
+
+use crate::subreconciler::Readiness;
+
+/// How a pass ended, as far as the status is concerned.
+#[derive(Debug)]
+pub enum Outcome<'a> {
+    /// Every sub-reconciler applied; this is what they reported.
+    Applied(&'a Readiness),
+    /// A step failed with this message.
+    Failed(String),
+    /// The operator refused to act (downgrade, second CR); the message says why.
+    Refused(String),
+}
+
+/// The derived state, as in KubeVirt's table (Available / Progressing / Degraded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// F/T/F: first deployment under way.
+    Deploying,
+    /// T/F/F: everything ready.
+    Healthy,
+    /// T/T/T: upgrade under way.
+    UpgradeHealingDegraded,
+    /// F/F/T: deployed but not working, or refused.
+    Failed,
+    /// F/T/T: failing, still trying.
+    FailedHealing,
+}
+
+impl State {
+    fn flags(self) -> [bool; 3] {
+        match self {
+            State::Deploying => [false, true, false],
+            State::Healthy => [true, false, false],
+            State::UpgradeHealingDegraded => [true, true, true],
+            State::Failed => [false, false, true],
+            State::FailedHealing => [false, true, true],
+        }
+    }
+
+    /// The condition type that carries reason and message in this state.
+    fn carrier(self) -> &'static str {
+        match self {
+            State::Deploying => cond::PROGRESSING,
+            State::Healthy => cond::AVAILABLE,
+            _ => cond::DEGRADED,
+        }
+    }
+
+    /// Whether a transition into this state deserves a Warning event.
+    pub fn is_warning(self) -> bool {
+        matches!(
+            self,
+            State::UpgradeHealingDegraded | State::Failed | State::FailedHealing
+        )
+    }
+}
+
+/// The new status and what changed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Derived {
+    /// Status to write.
+    pub status: HostPathProvisionerStatus,
+    /// Derived state.
+    pub state: State,
+    /// Reason on the carrying condition (Event reason on a transition).
+    pub reason: String,
+    /// Message on the carrying condition.
+    pub message: String,
+    /// Whether conditions differ from the previous ones (ignoring heartbeat times): a transition.
+    pub transition: bool,
+    /// Whether anything besides heartbeat times differs: a status write is needed.
+    pub changed: bool,
+}
+
+/// Whether the version string `a` is newer than `b` (semver, leading `v` ignored; unparsable
+/// parts compare as 0).
+pub fn version_newer(a: &str, b: &str) -> bool {
+    fn parts(v: &str) -> Vec<u64> {
+        let core = v.trim_start_matches('v').split(['-', '+']).next().unwrap_or_default();
+        core.split('.').map(|p| p.parse().unwrap_or(0)).collect()
+    }
+    let (pa, pb) = (parts(a), parts(b));
+    let n = pa.len().max(pb.len());
+    let get = |p: &Vec<u64>, i: usize| p.get(i).copied().unwrap_or(0);
+    (0..n).map(|i| get(&pa, i).cmp(&get(&pb, i))).find(|o| o.is_ne()) == Some(std::cmp::Ordering::Greater)
+}
+
+fn strip_times(conditions: &[Condition]) -> Vec<Condition> {
+    conditions
+        .iter()
+        .map(|c| Condition {
+            last_heartbeat_time: None,
+            last_transition_time: None,
+            ..c.clone()
+        })
+        .collect()
+}
+
+/// Status without heartbeat/transition times, for change detection.
+pub fn comparable(status: &HostPathProvisionerStatus) -> HostPathProvisionerStatus {
+    HostPathProvisionerStatus {
+        conditions: strip_times(&status.conditions),
+        ..status.clone()
+    }
+}
+
+/// Derives the next status. `now` is an RFC 3339 timestamp (injected for deterministic tests).
+pub fn derive(prev: &HostPathProvisionerStatus, version: &str, outcome: &Outcome<'_>, now: &str) -> Derived {
+    let observed = prev.observed_version.clone().filter(|v| !v.is_empty());
+    let deploying = observed.is_none();
+    let upgrading = observed.as_deref().is_some_and(|o| o != version);
+    let mut status = HostPathProvisionerStatus {
+        operator_version: Some(version.to_owned()),
+        target_version: Some(version.to_owned()),
+        ..prev.clone()
+    };
+    let (state, reason, message) = match outcome {
+        Outcome::Applied(r) => {
+            status.storage_pool_statuses = r.pool_statuses.clone();
+            if !r.workloads_not_ready.is_empty() {
+                if deploying {
+                    (
+                        State::Deploying,
+                        cond::REASON_DEPLOY_STARTED,
+                        "Started Deployment".to_owned(),
+                    )
+                } else if upgrading {
+                    (
+                        State::UpgradeHealingDegraded,
+                        cond::REASON_UPGRADE_STARTED,
+                        format!("Started upgrade to version {version}"),
+                    )
+                } else {
+                    (
+                        State::Failed,
+                        cond::REASON_DEGRADED,
+                        "CR is deployed but DaemonSets are not ready".to_owned(),
+                    )
+                }
+            } else if let Some(first) = r.pools_not_ready.first() {
+                (State::FailedHealing, cond::REASON_STORAGE_POOL_NOT_READY, first.clone())
+            } else {
+                status.observed_version = Some(version.to_owned());
+                (
+                    State::Healthy,
+                    cond::REASON_COMPLETE,
+                    "Application Available".to_owned(),
+                )
+            }
+        }
+        Outcome::Failed(msg) => (
+            State::FailedHealing,
+            cond::REASON_RECONCILE_FAILED,
+            format!("Unable to successfully reconcile: {msg}"),
+        ),
+        Outcome::Refused(msg) => (State::Failed, cond::REASON_RECONCILE_FAILED, msg.clone()),
+    };
+    let flags = state.flags();
+    status.conditions = [cond::AVAILABLE, cond::PROGRESSING, cond::DEGRADED]
+        .iter()
+        .zip(flags)
+        .map(|(ty, on)| {
+            let value = if on { "True" } else { "False" };
+            let carries = *ty == state.carrier();
+            let old = prev.conditions.iter().find(|c| c.type_ == *ty);
+            let transition_time = match old {
+                Some(o) if o.status == value => o.last_transition_time.clone().or_else(|| Some(now.to_owned())),
+                _ => Some(now.to_owned()),
+            };
+            Condition {
+                type_: (*ty).to_owned(),
+                status: value.to_owned(),
+                reason: carries.then(|| reason.to_owned()),
+                message: carries.then(|| message.clone()),
+                last_heartbeat_time: Some(now.to_owned()),
+                last_transition_time: transition_time,
+            }
+        })
+        .collect();
+    let transition = strip_times(&status.conditions) != strip_times(&prev.conditions);
+    let changed = comparable(&status) != comparable(prev);
+    Derived {
+        status,
+        state,
+        reason: reason.to_owned(),
+        message,
+        transition,
+        changed,
+    }
+}
+
+/// Value of `kubevirt_hpp_cr_ready` for a status: 1 Available, 0 neither Available nor
+/// Progressing, `None` (leave as is) otherwise.
+pub fn cr_ready_value(status: &HostPathProvisionerStatus) -> Option<i64> {
+    let is_true = |ty: &str| status.conditions.iter().any(|c| c.type_ == ty && c.status == "True");
+    if is_true(cond::AVAILABLE) {
+        Some(1)
+    } else if !is_true(cond::PROGRESSING) {
+        Some(0)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(s: &HostPathProvisionerStatus) -> Vec<(String, String)> {
+        s.conditions
+            .iter()
+            .map(|c| (c.type_.clone(), c.status.clone()))
+            .collect()
+    }
+
+    fn not_ready() -> Readiness {
+        Readiness {
+            workloads_not_ready: vec!["ds".into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn first_pass_is_deploying_then_healthy() {
+        let r = not_ready();
+        let d = derive(&Default::default(), "v1", &Outcome::Applied(&r), "t0");
+        assert_eq!(d.state, State::Deploying);
+        assert_eq!(d.reason, "DeployStarted");
+        assert!(d.transition && d.changed);
+        assert_eq!(d.status.observed_version, None);
+        let progressing = d.status.conditions.iter().find(|c| c.type_ == "Progressing").unwrap();
+        assert_eq!(progressing.message.as_deref(), Some("Started Deployment"));
+        let ready = Readiness::ready();
+        let h = derive(&d.status, "v1", &Outcome::Applied(&ready), "t1");
+        assert_eq!(h.state, State::Healthy);
+        assert_eq!(h.status.observed_version.as_deref(), Some("v1"));
+        assert_eq!(
+            flags(&h.status),
+            [
+                ("Available".into(), "True".into()),
+                ("Progressing".into(), "False".into()),
+                ("Degraded".into(), "False".into())
+            ]
+        );
+        // Steady state: only heartbeats differ, so no write and no event.
+        let again = derive(&h.status, "v1", &Outcome::Applied(&ready), "t2");
+        assert!(!again.changed && !again.transition);
+        let available = again.status.conditions.iter().find(|c| c.type_ == "Available").unwrap();
+        assert_eq!(
+            available.last_transition_time.as_deref(),
+            Some("t1"),
+            "transition time kept while status is unchanged"
+        );
+        assert_eq!(available.last_heartbeat_time.as_deref(), Some("t2"));
+        assert_eq!(cr_ready_value(&again.status), Some(1));
+    }
+
+    #[test]
+    fn upgrade_failure_and_pool_states() {
+        let prev = HostPathProvisionerStatus {
+            observed_version: Some("v1".into()),
+            ..Default::default()
+        };
+        let up = derive(&prev, "v2", &Outcome::Applied(&not_ready()), "t");
+        assert_eq!(up.state, State::UpgradeHealingDegraded);
+        assert_eq!(up.message, "Started upgrade to version v2");
+        let failed = derive(&prev, "v1", &Outcome::Applied(&not_ready()), "t");
+        assert_eq!(failed.state, State::Failed);
+        assert_eq!(failed.reason, "Degraded");
+        assert_eq!(cr_ready_value(&failed.status), Some(0));
+        let pools = Readiness {
+            pools_not_ready: vec!["error: Pool PVC x is Pending instead of Bound".into()],
+            ..Default::default()
+        };
+        let p = derive(&prev, "v1", &Outcome::Applied(&pools), "t");
+        assert_eq!(
+            (p.state, p.reason.as_str()),
+            (State::FailedHealing, "StoragePoolNotReady")
+        );
+        let e = derive(&prev, "v1", &Outcome::Failed("boom".into()), "t");
+        assert_eq!(e.message, "Unable to successfully reconcile: boom");
+        assert_eq!(e.reason, "ReconcileFailed");
+        assert_eq!(flags(&e.status)[1].1, "True");
+    }
+
+    #[test]
+    fn versions_compare_semantically() {
+        assert!(version_newer("v0.10.0", "v0.9.9"));
+        assert!(version_newer("1.2.3", "v1.2"));
+        assert!(!version_newer("v1.2.3", "v1.2.3"));
+        assert!(!version_newer("v1.2.3-rc1", "v1.2.3"));
+        assert!(!version_newer("v0.9.0", "v0.10.0"));
+    }
+}

@@ -1,0 +1,595 @@
+//! Pure builder tests: every owned object, built from the example CRs, with no API server.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
+use std::collections::BTreeMap;
+
+use hpp_api::HostPathProvisioner;
+use hpp_reconcile::facts::{ClaimFact, CleanupJobFact, ClusterFacts, MounterFact, NodeFact};
+use hpp_reconcile::object::{ApplyStrategy, DesiredObject};
+use hpp_reconcile::reconcilers::{
+    csi_daemonset, csi_driver, legacy_daemonset, pool_objects, prometheus, rbac, scc, storage_pools,
+};
+use hpp_reconcile::{OperatorConfig, Pipeline};
+use serde_json::Value;
+
+fn example(name: &str) -> HostPathProvisioner {
+    let path = format!("{}/../../deploy/examples/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut hpp: HostPathProvisioner = serde_saphyr::from_str(&text).unwrap();
+    hpp.metadata.uid = Some("uid-1".into());
+    hpp
+}
+
+const EXAMPLES: [&str; 4] = [
+    "hostpathprovisioner_cr",
+    "hostpathprovisioner_legacy_cr",
+    "hostpathprovisioner_pvctemplate_cr",
+    "hostpathprovisioner_overlay_csi_cr",
+];
+
+fn cfg() -> OperatorConfig {
+    OperatorConfig::from_env([("OPERATOR_VERSION", "v1.0.0")])
+}
+
+fn linux_node(name: &str) -> NodeFact {
+    NodeFact {
+        labels: BTreeMap::from([("kubernetes.io/os".into(), "linux".into())]),
+        ..NodeFact::ready(name)
+    }
+}
+
+fn facts(nodes: &[&str]) -> ClusterFacts {
+    ClusterFacts {
+        nodes: nodes.iter().map(|n| linux_node(n)).collect(),
+        has_scc: true,
+        has_prometheus: true,
+        ..Default::default()
+    }
+}
+
+fn value(d: &DesiredObject) -> Value {
+    d.to_value().unwrap()
+}
+
+fn container<'a>(ds: &'a Value, name: &str) -> &'a Value {
+    ds["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap()
+}
+
+fn env<'a>(c: &'a Value, name: &str) -> &'a Value {
+    c["env"].as_array().unwrap().iter().find(|e| e["name"] == name).unwrap()
+}
+
+/// Round-trips through the typed k8s-openapi struct: a misspelled field would be dropped.
+fn assert_typed_round_trip<K: serde::de::DeserializeOwned + serde::Serialize>(v: &Value) {
+    let typed: K = serde_json::from_value(v.clone()).unwrap();
+    let back = serde_json::to_value(&typed).unwrap();
+    assert_eq!(&back, v, "fields lost in a typed round trip");
+}
+
+#[test]
+fn every_typed_object_round_trips_for_every_example() {
+    use k8s_openapi::api::{apps::v1 as apps, batch::v1 as batch, core::v1 as core, rbac::v1 as r, storage::v1 as st};
+    let mut facts = facts(&["node01", "node02"]);
+    facts.mounters.push(MounterFact {
+        name: "old".into(),
+        pool_label: "gone-hpp".into(),
+        node: "node01".into(),
+        mount_path: "/x/csi".into(),
+    });
+    for name in EXAMPLES {
+        let hpp = example(name);
+        let objs: Vec<DesiredObject> = Pipeline::standard()
+            .desired(&hpp, &cfg(), &facts)
+            .unwrap()
+            .into_iter()
+            .flat_map(|(_, o)| o)
+            .collect();
+        assert!(objs.len() >= 8, "{name}: {}", objs.len());
+        for d in &objs {
+            let v = value(d);
+            match d.kind.kind.as_str() {
+                "DaemonSet" => assert_typed_round_trip::<apps::DaemonSet>(&v),
+                "Deployment" => assert_typed_round_trip::<apps::Deployment>(&v),
+                "Job" => assert_typed_round_trip::<batch::Job>(&v),
+                "PersistentVolumeClaim" => assert_typed_round_trip::<core::PersistentVolumeClaim>(&v),
+                "ServiceAccount" => assert_typed_round_trip::<core::ServiceAccount>(&v),
+                "Service" => assert_typed_round_trip::<core::Service>(&v),
+                "ClusterRole" => assert_typed_round_trip::<r::ClusterRole>(&v),
+                "ClusterRoleBinding" => assert_typed_round_trip::<r::ClusterRoleBinding>(&v),
+                "Role" => assert_typed_round_trip::<r::Role>(&v),
+                "RoleBinding" => assert_typed_round_trip::<r::RoleBinding>(&v),
+                "CSIDriver" => assert_typed_round_trip::<st::CSIDriver>(&v),
+                "StorageClass" => assert_typed_round_trip::<st::StorageClass>(&v),
+                "SecurityContextConstraints" | "PrometheusRule" | "ServiceMonitor" => {}
+                other => panic!("unexpected kind {other}"),
+            }
+            let labels = &v["metadata"]["labels"];
+            assert_eq!(labels["k8s-app"], "hostpath-provisioner", "{}", d.key());
+            assert_eq!(labels["app.kubernetes.io/managed-by"], "hostpath-provisioner-operator");
+        }
+        let mut keys: Vec<_> = objs.iter().map(DesiredObject::key).collect();
+        keys.sort();
+        let before = keys.len();
+        keys.dedup();
+        assert_eq!(before, keys.len(), "{name}: duplicate objects");
+    }
+}
+
+#[test]
+fn csi_daemonset_matches_kubevirt() {
+    let hpp = example("hostpathprovisioner_cr");
+    let ds = value(&csi_daemonset::desired_csi_daemonset(&hpp, &cfg()).unwrap());
+    assert_eq!(ds["metadata"]["name"], "hostpath-provisioner-csi");
+    assert_eq!(ds["metadata"]["namespace"], "hostpath-provisioner");
+    assert_eq!(ds["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    assert_eq!(
+        ds["metadata"]["labels"]["prometheus.hostpathprovisioner.kubevirt.io"],
+        "true"
+    );
+    assert_eq!(
+        ds["spec"]["selector"]["matchLabels"],
+        serde_json::json!({"k8s-app": "hostpath-provisioner"})
+    );
+    assert_eq!(ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"], "10%");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "hostpath-provisioner-admin-csi");
+    assert_eq!(pod["nodeSelector"]["kubernetes.io/os"], "linux");
+    assert_eq!(
+        ds["spec"]["template"]["metadata"]["annotations"]["openshift.io/required-scc"],
+        "hostpath-provisioner-csi"
+    );
+    let names: Vec<&str> = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "hostpath-provisioner",
+            "node-driver-registrar",
+            "liveness-probe",
+            "csi-provisioner"
+        ]
+    );
+    let driver = container(&ds, "hostpath-provisioner");
+    assert_eq!(
+        env(driver, "PV_DIR")["value"],
+        r#"[{"name":"local","path":"local-data-dir/csi","shared":false}]"#
+    );
+    assert_eq!(env(driver, "VERSION")["value"], "v1.0.0");
+    assert_eq!(env(driver, "CSI_ENDPOINT")["value"], "unix:///csi/csi.sock");
+    let args: Vec<&str> = driver["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(args.contains(&"--datadir=$(PV_DIR)") && args.contains(&"--metrics-tls-version=VersionTLS12"));
+    assert!(args.contains(&"--drivername=kubevirt.io.hostpath-provisioner") && args.contains(&"--v=3"));
+    let mounts = driver["volumeMounts"].as_array().unwrap();
+    assert!(mounts.iter().any(|m| m["name"] == "local-data-dir"
+        && m["mountPath"] == "/local-data-dir"
+        && m["mountPropagation"] == "HostToContainer"));
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m["mountPath"] == "/var/lib/kubelet/pods" && m["mountPropagation"] == "Bidirectional")
+    );
+    let provisioner = container(&ds, "csi-provisioner");
+    for flag in [
+        "--feature-gates=Topology=true",
+        "--enable-capacity=true",
+        "--capacity-for-immediate-binding=true",
+        "--extra-create-metadata=true",
+        "--immediate-topology=false",
+        "--strict-topology=true",
+        "--node-deployment=true",
+        "--default-fstype=xfs",
+    ] {
+        assert!(
+            provisioner["args"].as_array().unwrap().iter().any(|a| a == flag),
+            "{flag}"
+        );
+    }
+    let volumes = pod["volumes"].as_array().unwrap();
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v["name"] == "local-data-dir" && v["hostPath"]["path"] == "/var/hpvolumes")
+    );
+    assert_eq!(container(&ds, "liveness-probe")["args"][1], "--health-port=9898");
+}
+
+#[test]
+fn snapshotting_and_overlay_pools_shape_the_datadir() {
+    let hpp = example("hostpathprovisioner_overlay_csi_cr");
+    let ds = value(&csi_daemonset::desired_csi_daemonset(&hpp, &cfg()).unwrap());
+    let snap = container(&ds, "csi-snapshotter");
+    assert_eq!(snap["args"][2], "--leader-election");
+    assert_eq!(
+        snap.get("resources"),
+        None,
+        "KubeVirt sets no requests on the snapshotter"
+    );
+    assert_eq!(
+        env(container(&ds, "hostpath-provisioner"), "PV_DIR")["value"],
+        r#"[{"name":"nfs-backend","path":"nfs-backend-data-dir/csi","snapshotPath":"nfs-backend-data-dir/csi/snapshots","snapshotProvider":"reflink","shared":true}]"#
+    );
+    let legacy = example("hostpathprovisioner_legacy_cr");
+    let ds = value(&csi_daemonset::desired_csi_daemonset(&legacy, &cfg()).unwrap());
+    assert_eq!(
+        env(container(&ds, "hostpath-provisioner"), "PV_DIR")["value"],
+        r#"[{"name":"legacy","path":"csi-data-dir/csi","shared":false}]"#
+    );
+    assert!(
+        ds["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["name"] != "csi-snapshotter")
+    );
+}
+
+#[test]
+fn legacy_daemonset_only_with_path_config() {
+    let legacy = example("hostpathprovisioner_legacy_cr");
+    let ds = value(
+        &legacy_daemonset::desired_legacy_daemonset(&legacy, &cfg())
+            .unwrap()
+            .unwrap(),
+    );
+    assert_eq!(ds["metadata"]["name"], "hostpath-provisioner");
+    assert_eq!(
+        ds["metadata"]["labels"]["np.kubevirt.io/allow-access-cluster-services"],
+        "true"
+    );
+    let c = container(&ds, "hostpath-provisioner");
+    assert_eq!(c["image"], "hostpath-provisioner");
+    assert_eq!(env(c, "PV_DIR")["value"], "/var/hpvolumes");
+    assert_eq!(env(c, "USE_NAMING_PREFIX")["value"], "false");
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["serviceAccountName"],
+        "hostpath-provisioner-admin"
+    );
+    assert!(
+        legacy_daemonset::desired_legacy_daemonset(&example("hostpathprovisioner_cr"), &cfg())
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[test]
+fn rbac_and_service_accounts() {
+    let names = |objs: Vec<DesiredObject>| {
+        objs.iter()
+            .map(|d| format!("{}:{}", d.kind.kind, d.key().name))
+            .collect::<Vec<_>>()
+    };
+    let csi = example("hostpathprovisioner_cr");
+    assert_eq!(
+        names(rbac::desired_service_accounts(&csi, &cfg()).unwrap()),
+        ["ServiceAccount:hostpath-provisioner-admin-csi"]
+    );
+    let legacy = example("hostpathprovisioner_legacy_cr");
+    assert_eq!(names(rbac::desired_service_accounts(&legacy, &cfg()).unwrap()).len(), 2);
+    let objs = rbac::desired_rbac(&legacy, &cfg()).unwrap();
+    assert_eq!(
+        names(objs.clone()),
+        [
+            "ClusterRole:hostpath-provisioner-admin-csi",
+            "ClusterRoleBinding:hostpath-provisioner-admin-csi",
+            "Role:hostpath-provisioner-admin-csi",
+            "RoleBinding:hostpath-provisioner-admin-csi",
+            "ClusterRole:hostpath-provisioner",
+            "ClusterRoleBinding:hostpath-provisioner",
+        ]
+    );
+    let crb = value(&objs[5]);
+    assert_eq!(crb["subjects"][0]["name"], "hostpath-provisioner-admin");
+    assert_eq!(crb["subjects"][0]["namespace"], "hostpath-provisioner");
+    assert_eq!(rbac::csi_cluster_rules(false).len(), 8);
+    let with_snap = rbac::csi_cluster_rules(true);
+    assert!(
+        with_snap
+            .iter()
+            .any(|r| r["resources"][0] == "volumesnapshotcontents/status")
+    );
+}
+
+#[test]
+fn csi_driver_fields() {
+    let d = value(&csi_driver::desired_csi_driver(&example("hostpathprovisioner_cr"), &cfg()).unwrap());
+    assert_eq!(d["metadata"]["name"], "kubevirt.io.hostpath-provisioner");
+    assert_eq!(d["spec"]["fsGroupPolicy"], "File");
+    assert_eq!(
+        d["spec"]["volumeLifecycleModes"],
+        serde_json::json!(["Persistent", "Ephemeral"])
+    );
+    assert_eq!(
+        (d["spec"]["attachRequired"].clone(), d["spec"]["podInfoOnMount"].clone()),
+        (false.into(), true.into())
+    );
+    assert_eq!(d["spec"]["storageCapacity"], true);
+}
+
+#[test]
+fn scc_and_prometheus_only_when_discovered() {
+    let legacy = example("hostpathprovisioner_legacy_cr");
+    let none = ClusterFacts::default();
+    assert!(scc::desired_sccs(&legacy, &cfg(), &none).unwrap().is_empty());
+    assert!(
+        prometheus::desired_monitoring(&legacy, &cfg(), &none)
+            .unwrap()
+            .is_empty()
+    );
+    let all = facts(&[]);
+    let sccs: Vec<Value> = scc::desired_sccs(&legacy, &cfg(), &all)
+        .unwrap()
+        .iter()
+        .map(value)
+        .collect();
+    assert_eq!(sccs.len(), 2);
+    assert_eq!(sccs[0]["allowPrivilegedContainer"], true);
+    assert_eq!(
+        sccs[1]["volumes"],
+        serde_json::json!(["hostPath", "secret", "projected"])
+    );
+    assert_eq!(
+        sccs[0]["users"][0],
+        "system:serviceaccount:hostpath-provisioner:hostpath-provisioner-admin-csi"
+    );
+    let mon: Vec<Value> = prometheus::desired_monitoring(&legacy, &cfg(), &all)
+        .unwrap()
+        .iter()
+        .map(value)
+        .collect();
+    let kinds: Vec<&str> = mon.iter().map(|m| m["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["PrometheusRule", "Role", "RoleBinding", "Service", "ServiceMonitor"]
+    );
+    let alerts: Vec<&str> = mon[0]["spec"]["groups"][1]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["alert"].as_str().unwrap())
+        .collect();
+    assert_eq!(alerts, ["HPPOperatorDown", "HPPNotReady", "HPPSharingPoolPathWithOS"]);
+    assert_eq!(
+        mon[0]["spec"]["groups"][1]["rules"][1]["annotations"]["runbook_url"],
+        "https://kubevirt.io/monitoring/runbooks/HPPNotReady"
+    );
+    assert_eq!(mon[2]["subjects"][0]["namespace"], "monitoring");
+    assert_eq!(mon[4]["spec"]["endpoints"][0]["tlsConfig"]["minVersion"], "TLS13");
+}
+
+fn pool_objs(hpp: &HostPathProvisioner, facts: &ClusterFacts) -> Vec<(String, String, ApplyStrategy)> {
+    storage_pools::desired_pool_objects(hpp, &cfg(), facts)
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.kind.kind.clone(), d.key().name, d.strategy))
+        .collect()
+}
+
+#[test]
+fn rwo_pool_gets_a_claim_and_mounter_per_node() {
+    let hpp = example("hostpathprovisioner_pvctemplate_cr");
+    let objs = pool_objs(&hpp, &facts(&["n2", "n1"]));
+    let names: Vec<String> = objs.iter().map(|(k, n, _)| format!("{k}:{n}")).collect();
+    assert_eq!(
+        names,
+        [
+            "PersistentVolumeClaim:hpp-pool-local-n1",
+            "PersistentVolumeClaim:hpp-pool-local-n2",
+            "Deployment:hpp-pool-local-n1",
+            "Deployment:hpp-pool-local-n2",
+        ]
+    );
+    assert!(objs[0].2 == ApplyStrategy::CreateOnly && objs[2].2 == ApplyStrategy::ServerSideApply);
+    let pool = &hpp.spec.storage_pools.as_ref().unwrap()[0];
+    let dep = value(&pool_objects::mounter_deployment(&hpp, pool, "n1", "hpp-pool-local-n1", &cfg()).unwrap());
+    let c = &dep["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        c["args"],
+        serde_json::json!([
+            "--storagePoolPath",
+            "/dev/data",
+            "--mountPath",
+            "/var/hpvolumes/csi",
+            "--hostPath",
+            "/host"
+        ])
+    );
+    assert_eq!(c["volumeDevices"][0]["devicePath"], "/dev/data");
+    assert_eq!(c["securityContext"]["runAsUser"], 0);
+    assert_eq!(dep["spec"]["selector"]["matchLabels"]["hpp-pool"], "local-hpp");
+    assert_eq!(
+        dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["values"][0],
+        "n1"
+    );
+    let claim = value(&pool_objects::pool_claim(pool, "hpp-pool-local-n1", &cfg()).unwrap());
+    assert_eq!(claim["spec"]["volumeMode"], "Block");
+    assert_eq!(
+        claim["metadata"]["labels"]["kubevirt.io.hostpath-provisioner/storagePool"],
+        "local-hpp"
+    );
+    assert!(
+        claim["metadata"].get("ownerReferences").is_none(),
+        "pool data outlives the CR object graph"
+    );
+    // Nodes outside the workload nodeSelector get nothing.
+    let mut f = facts(&["n1"]);
+    f.nodes.push(NodeFact::ready("windows"));
+    assert_eq!(pool_objs(&hpp, &f).len(), 2);
+}
+
+#[test]
+fn rwx_pool_shares_one_claim_and_an_overlay_class() {
+    let hpp = example("hostpathprovisioner_overlay_csi_cr");
+    let names: Vec<String> = pool_objs(&hpp, &facts(&["n1", "n2"]))
+        .iter()
+        .map(|(k, n, _)| format!("{k}:{n}"))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "StorageClass:hpp-overlay",
+            "PersistentVolumeClaim:hpp-pool-nfs-backend-shared",
+            "Deployment:hpp-pool-nfs-backend-n1",
+            "Deployment:hpp-pool-nfs-backend-n2",
+        ]
+    );
+    let pool = &hpp.spec.storage_pools.as_ref().unwrap()[0];
+    let sc = value(&pool_objects::overlay_storage_class(pool, &cfg()).unwrap());
+    assert_eq!(sc["volumeBindingMode"], "Immediate");
+    assert_eq!(
+        sc["parameters"],
+        serde_json::json!({"storagePool": "nfs-backend", "overlayCSI": "true"})
+    );
+    let dep =
+        value(&pool_objects::mounter_deployment(&hpp, pool, "n1", "hpp-pool-nfs-backend-shared", &cfg()).unwrap());
+    assert_eq!(
+        dep["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"],
+        "hpp-pool-nfs-backend-shared"
+    );
+    assert_eq!(dep["spec"]["template"]["spec"]["containers"][0]["args"][1], "/source");
+    // No node in use yet: the class exists, the shared claim does not.
+    assert_eq!(pool_objs(&hpp, &facts(&[])).len(), 1);
+}
+
+#[test]
+fn node_removal_keeps_claims_and_unmounts_only_on_ready_nodes() {
+    let hpp = example("hostpathprovisioner_pvctemplate_cr");
+    let mounter = |node: &str| MounterFact {
+        name: format!("hpp-pool-local-{node}"),
+        pool_label: "local-hpp".into(),
+        node: node.into(),
+        mount_path: "/var/hpvolumes/csi".into(),
+    };
+    let mut f = facts(&["n1"]);
+    f.nodes.push(NodeFact {
+        labels: BTreeMap::new(),
+        ..NodeFact::ready("n2")
+    }); // n2 no longer selected
+    f.nodes.push(NodeFact {
+        ready: false,
+        ..linux_node("n3")
+    }); // n3 NotReady but still selected
+    f.nodes.push(NodeFact {
+        ready: false,
+        labels: BTreeMap::new(),
+        ..NodeFact::ready("n4")
+    }); // gone from selection and NotReady
+    f.mounters = vec![mounter("n1"), mounter("n2"), mounter("n4"), mounter("n5")]; // n5 deleted from the cluster
+    f.claims = ["n1", "n2", "n4", "n5"]
+        .iter()
+        .map(|n| ClaimFact {
+            name: format!("hpp-pool-local-{n}"),
+            pool_label: "local-hpp".into(),
+        })
+        .collect();
+    let names: Vec<String> = pool_objs(&hpp, &f).iter().map(|(k, n, _)| format!("{k}:{n}")).collect();
+    for expected in [
+        "PersistentVolumeClaim:hpp-pool-local-n2",
+        "PersistentVolumeClaim:hpp-pool-local-n5",
+        "Job:cleanup-pool-local-n2",
+        "Deployment:hpp-pool-local-n3",
+    ] {
+        assert!(
+            names.contains(&expected.to_owned()),
+            "{expected} missing from {names:?}"
+        );
+    }
+    for absent in [
+        "Deployment:hpp-pool-local-n2",
+        "Job:cleanup-pool-local-n4",
+        "Job:cleanup-pool-local-n5",
+        "Job:cleanup-pool-local-n1",
+    ] {
+        assert!(!names.contains(&absent.to_owned()), "{absent} should not be desired");
+    }
+    // Once the Job succeeded it is no longer desired (the sweep deletes it).
+    f.cleanup_jobs.push(CleanupJobFact {
+        name: "cleanup-pool-local-n2".into(),
+        node: "n2".into(),
+        pool_label: "local-hpp".into(),
+        mount_path: "/var/hpvolumes/csi".into(),
+        succeeded: true,
+    });
+    let names: Vec<String> = pool_objs(&hpp, &f).iter().map(|(_, n, _)| n.clone()).collect();
+    assert!(!names.contains(&"cleanup-pool-local-n2".to_owned()));
+    let job = value(
+        &pool_objects::cleanup_job(
+            &hpp,
+            "cleanup-pool-local-n2",
+            "local-hpp",
+            "n2",
+            "/var/hpvolumes/csi",
+            &cfg(),
+        )
+        .unwrap(),
+    );
+    assert_eq!(job["spec"]["template"]["spec"]["restartPolicy"], "OnFailure");
+    assert_eq!(job["spec"]["template"]["spec"]["containers"][0]["args"][0], "--unmount");
+}
+
+#[test]
+fn pipeline_can_be_edited_in_a_few_lines() {
+    let mut p = Pipeline::standard();
+    assert_eq!(
+        p.names(),
+        [
+            "service-accounts",
+            "rbac",
+            "csi-driver",
+            "scc",
+            "csi-daemonset",
+            "legacy-daemonset",
+            "storage-pools",
+            "prometheus"
+        ]
+    );
+    assert!(p.remove("prometheus"));
+    assert!(!p.remove("prometheus"));
+    assert!(p.replace("scc", Box::new(hpp_reconcile::reconcilers::CsiDriver)));
+    p.insert_before("rbac", Box::new(hpp_reconcile::reconcilers::Prometheus));
+    assert_eq!(p.names()[..3], ["service-accounts", "prometheus", "rbac"]);
+    assert_eq!(p.names()[4], "csi-driver");
+}
+
+#[test]
+fn render_prints_every_object_as_yaml() {
+    let hpp = example("hostpathprovisioner_legacy_cr");
+    let yaml = hpp_reconcile::render::render_yaml(
+        &Pipeline::standard(),
+        &hpp,
+        &cfg(),
+        &ClusterFacts::offline(&[], false, false),
+    )
+    .unwrap();
+    let docs = yaml.matches("---\n").count();
+    assert_eq!(docs, 11, "{yaml}");
+    assert!(yaml.contains("name: hostpath-provisioner-csi"));
+    assert!(yaml.contains("kind: CSIDriver"));
+}
+
+#[test]
+fn long_pool_and_node_names_are_hashed() {
+    let mut hpp = example("hostpathprovisioner_pvctemplate_cr");
+    let node = "a-really-long-node-name-that-goes-on.example.internal";
+    let objs = pool_objs(&hpp, &facts(&[node]));
+    assert!(objs.iter().all(|(_, n, _)| n.len() <= 63), "{objs:?}");
+    hpp.spec.storage_pools.as_mut().unwrap()[0].name = "p".repeat(50);
+    assert_eq!(
+        csi_daemonset::mount_name(&"p".repeat(50)),
+        format!("{}-data-dir", "p".repeat(50))
+    );
+}
