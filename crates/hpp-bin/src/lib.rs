@@ -4,3 +4,4 @@
 pub mod admin;
 pub mod provisioner;
 pub mod telemetry;
+pub mod webhook_cmd;

@@ -1,0 +1,252 @@
+//! Flags and start-up of the admission webhook, for `hpp-operator webhook` (standalone, no
+//! cluster needed) and for the operator serving it in-process.
+//!
+//! Every flag also reads an environment variable. `TLS_MIN_VERSION_OVERRIDE` and
+//! `TLS_CIPHERS_OVERRIDE` keep KubeVirt's names so existing deployments carry over.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use hpp_webhook::cluster::{ClusterState, KubeClusterState};
+use hpp_webhook::metrics::Metrics;
+use hpp_webhook::names::{DEFAULT_CERT_DIR, DEFAULT_LISTEN_ADDR, ENV_TLS_CIPHERS, ENV_TLS_MIN_VERSION};
+use hpp_webhook::server::DEFAULT_MAX_BODY_BYTES;
+use hpp_webhook::tls::{self, AcceptorSource, CertStore, PolicyWatch, Resolved};
+use hpp_webhook::{ServerOptions, Webhook};
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+/// Whether the webhook talks to the API server (for the singleton rule, the delete guard and the
+/// OpenShift TLS profile).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClusterMode {
+    /// Use the in-cluster config or kubeconfig when there is one; otherwise run without.
+    #[default]
+    Auto,
+    /// Fail to start without a cluster.
+    Required,
+    /// Never contact a cluster: only the per-object rules run.
+    None,
+}
+
+/// Webhook flags; flatten them into a command (`#[command(flatten)]`).
+#[derive(Clone, Debug, clap::Args)]
+pub struct WebhookArgs {
+    /// Address the HTTPS webhook listens on.
+    #[arg(long = "webhook-listen", env = "HPP_WEBHOOK_LISTEN", default_value = DEFAULT_LISTEN_ADDR)]
+    pub listen: SocketAddr,
+    /// Directory holding tls.crt and tls.key (re-read when they change).
+    #[arg(long = "webhook-cert-dir", env = "HPP_WEBHOOK_CERT_DIR", default_value = DEFAULT_CERT_DIR)]
+    pub cert_dir: PathBuf,
+    /// Minimum TLS version: VersionTLS12 or VersionTLS13 (overrides the cluster profile).
+    #[arg(long = "tls-min-version", env = ENV_TLS_MIN_VERSION)]
+    pub tls_min_version: Option<String>,
+    /// Comma-separated cipher suites, IANA or OpenSSL names (overrides the cluster profile).
+    #[arg(long = "tls-ciphers", env = ENV_TLS_CIPHERS)]
+    pub tls_ciphers: Option<String>,
+    /// Whether to use a cluster for the singleton and delete checks and the OpenShift TLS profile.
+    #[arg(
+        long = "webhook-cluster",
+        env = "HPP_WEBHOOK_CLUSTER",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub cluster: ClusterMode,
+    /// Largest accepted request body in bytes.
+    #[arg(long = "webhook-max-body-bytes", env = "HPP_WEBHOOK_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// Seconds a client has to send the request headers.
+    #[arg(
+        long = "webhook-header-read-timeout-seconds",
+        env = "HPP_WEBHOOK_HEADER_READ_TIMEOUT_SECONDS",
+        default_value_t = 10
+    )]
+    pub header_read_timeout_seconds: u64,
+    /// Seconds to read a request and answer it.
+    #[arg(
+        long = "webhook-request-timeout-seconds",
+        env = "HPP_WEBHOOK_REQUEST_TIMEOUT_SECONDS",
+        default_value_t = 25
+    )]
+    pub request_timeout_seconds: u64,
+}
+
+impl WebhookArgs {
+    /// The TLS override variables resolved; an error names the bad value so startup fails loudly.
+    pub fn tls_overrides(&self) -> anyhow::Result<Option<Resolved>> {
+        tls::resolve_overrides(self.tls_min_version.as_deref(), self.tls_ciphers.as_deref())
+            .with_context(|| format!("invalid {ENV_TLS_MIN_VERSION} / {ENV_TLS_CIPHERS}"))
+    }
+
+    /// Server limits from the flags.
+    pub fn server_options(&self) -> ServerOptions {
+        ServerOptions {
+            header_read_timeout: Duration::from_secs(self.header_read_timeout_seconds),
+            request_timeout: Duration::from_secs(self.request_timeout_seconds),
+            max_body_bytes: self.max_body_bytes,
+            ..ServerOptions::default()
+        }
+    }
+}
+
+/// What a caller may already have; anything missing is created from the flags.
+#[derive(Default)]
+pub struct WebhookDeps {
+    /// The API client (the operator passes its own); overrides `--webhook-cluster`.
+    pub client: Option<kube::Client>,
+    /// The TLS policy source, when the operator shares one with the CSI DaemonSet flag.
+    pub policy: Option<PolicyWatch>,
+    /// Metrics registered in the caller's registry.
+    pub metrics: Option<Metrics>,
+}
+
+/// Resolves the TLS policy from the flags and, without overrides, the OpenShift profile (when a
+/// client is given). Share the result between the webhook and the CSI DaemonSet's
+/// `--metrics-tls-version` flag (`policy.borrow().metrics_tls_version_flag()`).
+pub fn start_tls_policy(args: &WebhookArgs, client: Option<kube::Client>) -> anyhow::Result<PolicyWatch> {
+    Ok(tls::start_policy(args.tls_overrides()?, client))
+}
+
+async fn cluster_client(mode: ClusterMode) -> anyhow::Result<Option<kube::Client>> {
+    match mode {
+        ClusterMode::None => Ok(None),
+        ClusterMode::Required => {
+            Ok(Some(kube::Client::try_default().await.context(
+                "--webhook-cluster=required but no kubeconfig or in-cluster config was found",
+            )?))
+        }
+        ClusterMode::Auto => match kube::Client::try_default().await {
+            Ok(c) => Ok(Some(c)),
+            Err(e) => {
+                info!(error = %e, "no kubeconfig or in-cluster config: running without a cluster");
+                Ok(None)
+            }
+        },
+    }
+}
+
+/// Binds `--webhook-listen` and serves until `shutdown` resolves.
+pub async fn run(args: WebhookArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    run_with(args, WebhookDeps::default(), shutdown).await
+}
+
+/// [`run`] with dependencies the caller already has.
+pub async fn run_with(
+    args: WebhookArgs,
+    deps: WebhookDeps,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    // Validate the overrides before binding, so a typo fails fast.
+    let overrides = args.tls_overrides()?;
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    serve_on(listener, args, deps, overrides, shutdown).await
+}
+
+/// Serves on an already bound listener (tests bind `127.0.0.1:0`).
+pub async fn serve_on(
+    listener: TcpListener,
+    args: WebhookArgs,
+    deps: WebhookDeps,
+    overrides: Option<Resolved>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    // Only ring is compiled in; installing it is a no-op when main already did.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = match deps.client {
+        Some(c) => Some(c),
+        None => cluster_client(args.cluster).await?,
+    };
+    let cluster: Option<Arc<dyn ClusterState>> = match &client {
+        Some(c) => Some(Arc::new(KubeClusterState::new(c.clone()))),
+        None => {
+            warn!(
+                "no cluster: the one-HostPathProvisioner rule and the delete guard (PersistentVolumes still in use) are disabled; only per-object validation runs"
+            );
+            None
+        }
+    };
+    let policy = match deps.policy {
+        Some(p) => p,
+        None => tls::start_policy(overrides, client),
+    };
+    let certs = Arc::new(CertStore::in_dir(&args.cert_dir));
+    match certs.current() {
+        Ok(_) => info!(dir = %args.cert_dir.display(), "serving certificate loaded"),
+        Err(e) => warn!(
+            error = %e,
+            "no serving certificate yet; TLS handshakes fail until tls.crt and tls.key appear (they are re-read on every connection)"
+        ),
+    }
+    let webhook = Webhook {
+        cluster,
+        tls: Arc::new(AcceptorSource::new(policy, certs)),
+        options: args.server_options(),
+        metrics: deps.metrics.unwrap_or_default(),
+    };
+    webhook.serve(listener, shutdown).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        webhook: WebhookArgs,
+    }
+
+    fn parse(args: &[&str]) -> WebhookArgs {
+        Cli::try_parse_from(std::iter::once("test").chain(args.iter().copied()))
+            .unwrap()
+            .webhook
+    }
+
+    #[test]
+    fn defaults_match_kubevirt() {
+        let args = parse(&["--webhook-cluster", "none"]);
+        assert_eq!(args.listen, "0.0.0.0:9443".parse().unwrap());
+        assert_eq!(args.cert_dir, PathBuf::from("/tmp/k8s-webhook-server/serving-certs"));
+        assert_eq!(args.cluster, ClusterMode::None);
+        assert_eq!(args.server_options().request_timeout, Duration::from_secs(25));
+    }
+
+    #[test]
+    fn tls_overrides_are_checked() {
+        let args = parse(&["--tls-min-version", "VersionTLS13"]);
+        let resolved = args.tls_overrides().unwrap().unwrap();
+        assert_eq!(resolved.policy.metrics_tls_version_flag(), "VersionTLS13");
+        let args = parse(&["--tls-ciphers", "ECDHE-RSA-AES128-GCM-SHA256,TYPO"]);
+        let error = format!("{:#}", args.tls_overrides().unwrap_err());
+        assert!(
+            error.contains("TYPO") && error.contains("TLS_CIPHERS_OVERRIDE"),
+            "{error}"
+        );
+        assert!(parse(&[]).tls_overrides().unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn serves_without_cluster_or_certificate_and_stops() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = parse(&["--webhook-cluster", "none"]);
+        args.cert_dir = dir.path().to_path_buf();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(serve_on(listener, args, WebhookDeps::default(), None, async move {
+            let _ = stopped.await;
+        }));
+        // The port is open even without a certificate (handshakes fail until one appears).
+        tokio::net::TcpStream::connect(addr).await.unwrap();
+        stop.send(()).unwrap();
+        task.await.unwrap().unwrap();
+    }
+}
