@@ -1,0 +1,13 @@
+//! Generates the CSI v1 types and tonic services from `proto/csi.proto` with protox, so building
+//! needs no system `protoc`.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto/csi.proto");
+    let fds = protox::compile(["proto/csi.proto"], ["proto"])?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .generate_default_stubs(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

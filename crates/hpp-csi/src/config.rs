@@ -1,0 +1,204 @@
+//! Pool configuration: the `--datadir` JSON list, compatible with the KubeVirt driver, plus the
+//! hpp-only `requireMountPoint` flag.
+
+use std::path::PathBuf;
+
+use hpp_api::constants::KNOWN_SNAPSHOT_PROVIDERS;
+use serde::{Deserialize, Serialize};
+
+/// One storage pool as written in the `--datadir` JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolConfig {
+    /// Pool name, matched against the `storagePool` StorageClass parameter.
+    pub name: String,
+    /// Directory that holds the pool's volumes (one subdirectory per volume).
+    pub path: PathBuf,
+    /// Directory that holds snapshots; snapshots are disabled when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "empty_as_none")]
+    pub snapshot_path: Option<PathBuf>,
+    /// Snapshot provider; only `reflink` exists.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "empty_as_none")]
+    pub snapshot_provider: Option<String>,
+    /// The pool is on shared storage reachable from every node: volumes carry no topology.
+    #[serde(default)]
+    pub shared: bool,
+    /// Mount guard: the pool path must be a mount point. While it is not, the driver refuses to
+    /// create volumes there and reports zero capacity, so data never lands on the root disk.
+    #[serde(default)]
+    pub require_mount_point: bool,
+}
+
+fn empty_as_none<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: From<String>,
+{
+    let s: Option<String> = Option::deserialize(d)?;
+    Ok(s.filter(|s| !s.is_empty()).map(T::from))
+}
+
+impl PoolConfig {
+    /// A node-local pool with no snapshots and no mount guard.
+    pub fn new(name: impl Into<String>, path: impl Into<PathBuf>) -> Self {
+        PoolConfig {
+            name: name.into(),
+            path: path.into(),
+            snapshot_path: None,
+            snapshot_provider: None,
+            shared: false,
+            require_mount_point: false,
+        }
+    }
+
+    /// Enables reflink snapshots stored under `path`.
+    pub fn with_snapshots(mut self, path: impl Into<PathBuf>) -> Self {
+        self.snapshot_path = Some(path.into());
+        self.snapshot_provider = Some(hpp_api::constants::SNAPSHOT_PROVIDER_REFLINK.to_owned());
+        self
+    }
+
+    /// Marks the pool as shared storage (no topology on its volumes).
+    pub fn shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
+        self
+    }
+
+    /// Turns the mount guard on or off.
+    pub fn require_mount_point(mut self, required: bool) -> Self {
+        self.require_mount_point = required;
+        self
+    }
+}
+
+/// Why a pool configuration was rejected at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The JSON did not parse (KubeVirt's wording, kept for operators grepping logs).
+    #[error("unable to parse storage pool info: {0}")]
+    Parse(#[from] serde_json::Error),
+    /// No pools at all.
+    #[error("at least one storage pool is required")]
+    NoPools,
+    /// Two pools share a name.
+    #[error("storage pool name {0:?} is used twice")]
+    DuplicateName(String),
+    /// A pool name is not usable as an identifier.
+    #[error("storage pool name {name:?} is invalid: {reason}")]
+    InvalidName {
+        /// The name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// An unknown snapshot provider.
+    #[error("storage pool {pool:?}: unknown snapshot provider {provider:?} (known: reflink)")]
+    UnknownSnapshotProvider {
+        /// The pool.
+        pool: String,
+        /// The provider given.
+        provider: String,
+    },
+    /// A snapshot provider without a snapshot path, or the reverse.
+    #[error("storage pool {0:?}: snapshotPath and snapshotProvider must be set together")]
+    IncompleteSnapshots(String),
+    /// A required setting is missing.
+    #[error("{0} is required")]
+    Missing(&'static str),
+    /// Preparing a pool directory failed.
+    #[error("storage pool {pool:?} at {path}: {source}")]
+    Io {
+        /// The pool.
+        pool: String,
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Parses and checks the `--datadir` JSON.
+pub fn parse_pools(json: &str) -> Result<Vec<PoolConfig>, ConfigError> {
+    let pools: Vec<PoolConfig> = serde_json::from_str(json)?;
+    check_pools(&pools)?;
+    Ok(pools)
+}
+
+/// Checks a pool list: non-empty, unique valid names, known snapshot providers.
+pub fn check_pools(pools: &[PoolConfig]) -> Result<(), ConfigError> {
+    if pools.is_empty() {
+        return Err(ConfigError::NoPools);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for p in pools {
+        if let Err(e) = crate::validate::check_pool_name(&p.name) {
+            return Err(ConfigError::InvalidName {
+                name: p.name.clone(),
+                reason: e.to_string(),
+            });
+        }
+        if !seen.insert(p.name.as_str()) {
+            return Err(ConfigError::DuplicateName(p.name.clone()));
+        }
+        if let Some(provider) = &p.snapshot_provider
+            && !KNOWN_SNAPSHOT_PROVIDERS.contains(&provider.as_str())
+        {
+            return Err(ConfigError::UnknownSnapshotProvider {
+                pool: p.name.clone(),
+                provider: provider.clone(),
+            });
+        }
+        if p.snapshot_path.is_some() != p.snapshot_provider.is_some() {
+            return Err(ConfigError::IncompleteSnapshots(p.name.clone()));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn parses_the_operator_generated_json() {
+        let json = r#"[{"name":"legacy","path":"/csi-data-dir/csi","snapshotPath":"/csi-data-dir/csi/snapshots","snapshotProvider":"reflink"},
+                       {"name":"ceph","path":"/ceph-data-dir/csi","shared":true},
+                       {"name":"guarded","path":"/mnt/disk/csi","snapshotPath":"","requireMountPoint":true}]"#;
+        let pools = parse_pools(json).unwrap();
+        assert_eq!(pools.len(), 3);
+        assert_eq!(pools[0].snapshot_provider.as_deref(), Some("reflink"));
+        assert!(pools[1].shared);
+        assert!(pools[2].snapshot_path.is_none());
+        assert!(pools[2].require_mount_point);
+    }
+
+    #[test]
+    fn rejects_bad_configurations() {
+        assert!(matches!(parse_pools("{"), Err(ConfigError::Parse(_))));
+        assert!(matches!(parse_pools("[]"), Err(ConfigError::NoPools)));
+        assert!(matches!(
+            parse_pools(r#"[{"name":"a","path":"/a"},{"name":"a","path":"/b"}]"#),
+            Err(ConfigError::DuplicateName(_))
+        ));
+        assert!(matches!(
+            parse_pools(r#"[{"name":"a","path":"/a","snapshotPath":"/s","snapshotProvider":"zfs"}]"#),
+            Err(ConfigError::UnknownSnapshotProvider { .. })
+        ));
+        assert!(matches!(
+            parse_pools(r#"[{"name":"a/b","path":"/a"}]"#),
+            Err(ConfigError::InvalidName { .. })
+        ));
+        assert!(matches!(
+            parse_pools(r#"[{"name":"a","path":"/a","snapshotProvider":"reflink"}]"#),
+            Err(ConfigError::IncompleteSnapshots(_))
+        ));
+        assert!(
+            parse_pools("{")
+                .unwrap_err()
+                .to_string()
+                .contains("unable to parse storage pool info")
+        );
+    }
+}

@@ -1,0 +1,597 @@
+//! The CSI Controller service: volumes (create, clone, restore, delete, list, get, validate),
+//! capacity and reflink snapshots.
+
+use std::sync::Arc;
+
+use hpp_api::constants::TOPOLOGY_KEY;
+use tonic::{Request, Response, Status};
+
+use crate::caps;
+use crate::csi::{self, controller_service_capability::rpc::Type as Cap, volume_content_source};
+use crate::error::{Error, Result};
+use crate::inflight::{snapshot_key, volume_key};
+use crate::mountinfo::MountTable;
+use crate::pagination::{self, pool_key};
+use crate::pool::{Pool, PoolHealth};
+use crate::snapshots::{self, SnapshotInfo};
+use crate::state::{DriverState, blocking};
+use crate::validate::check_id;
+use crate::volumes::{self, Created};
+
+/// Controller service over the configured pools.
+#[derive(Debug, Clone)]
+pub struct ControllerService {
+    state: Arc<DriverState>,
+}
+
+impl ControllerService {
+    /// Wraps shared driver state.
+    pub fn new(state: Arc<DriverState>) -> Self {
+        ControllerService { state }
+    }
+}
+
+fn record(field: &str, value: &str) {
+    tracing::Span::current().record(field, value);
+}
+
+/// Health of one pool; reads the mount table only when the mount guard needs it.
+pub(crate) fn pool_health(pool: &Pool) -> PoolHealth {
+    let mounts = if pool.require_mount_point {
+        MountTable::read().unwrap_or_default()
+    } else {
+        MountTable::default()
+    };
+    pool.health(&mounts)
+}
+
+fn require_usable(pool: &Pool) -> Result<PoolHealth> {
+    let h = pool_health(pool);
+    match &h.reason {
+        Some(reason) if pool.require_mount_point && !h.mount_point => Err(Error::FailedPrecondition(reason.clone())),
+        Some(reason) => Err(Error::Unavailable(reason.clone())),
+        None => Ok(h),
+    }
+}
+
+/// Where new volume content comes from.
+enum Source {
+    Snapshot { id: String, pool: Pool },
+    Volume { id: String, pool: Pool },
+}
+
+/// The pool that holds volume `id`, preferring `first`.
+fn locate_volume(state: &DriverState, id: &str, first: Option<&Pool>) -> Result<Option<Pool>> {
+    let ordered = first.into_iter().chain(
+        state
+            .pools
+            .iter()
+            .filter(|p| Some(p.name.as_str()) != first.map(|f| f.name.as_str())),
+    );
+    for pool in ordered {
+        if pool.is_reserved(id) {
+            continue;
+        }
+        match volumes::exists(pool, id) {
+            Ok(true) => return Ok(Some(pool.clone())),
+            Ok(false) | Err(Error::Unavailable(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
+/// The snapshot called `id` in any pool, preferring `first`.
+fn locate_snapshot(state: &DriverState, id: &str, first: Option<&Pool>) -> Result<Option<(Pool, SnapshotInfo)>> {
+    let ordered = first.into_iter().chain(
+        state
+            .pools
+            .iter()
+            .filter(|p| Some(p.name.as_str()) != first.map(|f| f.name.as_str())),
+    );
+    for pool in ordered {
+        if let Some(info) = snapshots::get(pool, id)? {
+            return Ok(Some((pool.clone(), info)));
+        }
+    }
+    Ok(None)
+}
+
+fn snapshot_message(info: &SnapshotInfo) -> csi::Snapshot {
+    let since = info.created.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    csi::Snapshot {
+        size_bytes: 0,
+        snapshot_id: info.id.clone(),
+        source_volume_id: info.source_volume_id.clone(),
+        creation_time: Some(prost_types::Timestamp {
+            seconds: i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
+            nanos: i32::try_from(since.subsec_nanos()).unwrap_or(0),
+        }),
+        ready_to_use: true,
+        group_snapshot_id: String::new(),
+    }
+}
+
+/// Whether this node may serve a volume of `pool` under the requested topology.
+fn topology_allows(state: &DriverState, pool: &Pool, req: Option<&csi::TopologyRequirement>) -> bool {
+    let Some(req) = req else { return true };
+    if pool.shared || (req.requisite.is_empty() && req.preferred.is_empty()) {
+        return true;
+    }
+    req.requisite
+        .iter()
+        .chain(&req.preferred)
+        .any(|t| t.segments.get(TOPOLOGY_KEY) == Some(&state.node_id))
+}
+
+fn capability(t: Cap) -> csi::ControllerServiceCapability {
+    csi::ControllerServiceCapability {
+        r#type: Some(csi::controller_service_capability::Type::Rpc(
+            csi::controller_service_capability::Rpc { r#type: t as i32 },
+        )),
+    }
+}
+
+impl ControllerService {
+    fn resolve_source(&self, src: &csi::VolumeContentSource, pool: &Pool) -> Result<Source> {
+        match &src.r#type {
+            Some(volume_content_source::Type::Snapshot(s)) => {
+                let id = check_id("snapshot id", &s.snapshot_id)?;
+                let (spool, _) = locate_snapshot(&self.state, id, Some(pool))?.ok_or_else(|| {
+                    Error::NotFound(format!("snapshot {id} does not exist on node {}", self.state.node_id))
+                })?;
+                Ok(Source::Snapshot {
+                    id: id.to_owned(),
+                    pool: spool,
+                })
+            }
+            Some(volume_content_source::Type::Volume(v)) => {
+                let id = check_id("source volume id", &v.volume_id)?;
+                let vpool = locate_volume(&self.state, id, Some(pool))?.ok_or_else(|| {
+                    Error::NotFound(format!(
+                        "source volume {id} does not exist on node {}",
+                        self.state.node_id
+                    ))
+                })?;
+                Ok(Source::Volume {
+                    id: id.to_owned(),
+                    pool: vpool,
+                })
+            }
+            None => Err(Error::InvalidArgument("volume_content_source has no type".into())),
+        }
+    }
+
+    async fn create_volume_inner(&self, req: csi::CreateVolumeRequest) -> Result<csi::CreateVolumeResponse> {
+        let name = check_id("name", &req.name)?.to_owned();
+        record("volume_id", &name);
+        caps::check_all(&req.volume_capabilities)?;
+        let pool = self.state.pool_for(&req.parameters)?.clone();
+        pool.check_volume_name(&name)?;
+        if !topology_allows(&self.state, &pool, req.accessibility_requirements.as_ref()) {
+            return Err(Error::ResourceExhausted(format!(
+                "the requested topology does not include node {} ({TOPOLOGY_KEY}); pool {} is node-local",
+                self.state.node_id, pool.name
+            )));
+        }
+        let (required, limit) = match &req.capacity_range {
+            Some(r) => (r.required_bytes, r.limit_bytes),
+            None => (0, 0),
+        };
+        if required < 0 || limit < 0 || (limit > 0 && limit < required) {
+            return Err(Error::InvalidArgument(format!(
+                "invalid capacity range: required {required}, limit {limit}"
+            )));
+        }
+        let source = match &req.volume_content_source {
+            Some(src) => Some(self.resolve_source(src, &pool)?),
+            None => None,
+        };
+        let shared_key = match &source {
+            Some(Source::Snapshot { id, .. }) => vec![snapshot_key(id)],
+            Some(Source::Volume { id, .. }) => vec![volume_key(id)],
+            None => vec![],
+        };
+        let _guard = self.state.inflight.acquire(&[volume_key(&name)], &shared_key)?;
+        let (p, n) = (pool.clone(), name.clone());
+        let (health, created) = blocking(move || {
+            let health = require_usable(&p)?;
+            let required = u64::try_from(required).unwrap_or(0);
+            if required > health.total_bytes {
+                return Err(Error::OutOfRange(format!(
+                    "requested {required} bytes but storage pool {} is only {} bytes",
+                    p.name, health.total_bytes
+                )));
+            }
+            let src_fd = match &source {
+                Some(Source::Snapshot { id, pool }) => Some(snapshots::open_data(pool, id)?),
+                Some(Source::Volume { id, pool }) => Some(volumes::open(pool, id)?),
+                None => None,
+            };
+            let created = volumes::create(&p, &n, src_fd.as_ref())?;
+            Ok((health, created))
+        })
+        .await?;
+        match created {
+            Created::New(stats) => {
+                tracing::info!(volume_id = %name, pool = %pool.name, files = stats.files, reflinked = stats.reflinked, "volume created")
+            }
+            Created::Existing => tracing::info!(volume_id = %name, pool = %pool.name, "volume already exists"),
+        }
+        let capacity = if required > 0 {
+            u64::try_from(required).unwrap_or(0)
+        } else {
+            caps::listed_capacity(&health)
+        };
+        Ok(csi::CreateVolumeResponse {
+            volume: Some(caps::volume(
+                &name,
+                &pool,
+                capacity,
+                req.parameters,
+                req.volume_content_source,
+                &self.state.topology(),
+            )),
+        })
+    }
+
+    async fn delete_volume_inner(&self, req: csi::DeleteVolumeRequest) -> Result<()> {
+        let id = check_id("volume_id", &req.volume_id)?.to_owned();
+        record("volume_id", &id);
+        let _guard = self.state.inflight.acquire(&[volume_key(&id)], &[])?;
+        let state = self.state.clone();
+        blocking(move || {
+            let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
+            let mut unavailable = Vec::new();
+            let mut deleted = false;
+            for pool in &state.pools {
+                if pool.is_reserved(&id) {
+                    continue;
+                }
+                let health = pool.health(&mounts);
+                if !health.usable {
+                    unavailable.push(health.reason.unwrap_or_default());
+                    continue;
+                }
+                if volumes::delete(pool, &id, &mounts)? {
+                    tracing::info!(volume_id = %id, pool = %pool.name, "volume deleted");
+                    deleted = true;
+                }
+            }
+            if !deleted && !unavailable.is_empty() {
+                return Err(Error::Unavailable(format!(
+                    "cannot confirm volume {id} is gone while a pool is unusable: {}",
+                    unavailable.join("; ")
+                )));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_volumes_inner(&self, req: csi::ListVolumesRequest) -> Result<csi::ListVolumesResponse> {
+        let state = self.state.clone();
+        let mut all = blocking(move || {
+            let mounts = MountTable::read().unwrap_or_default();
+            let mut all = Vec::new();
+            for pool in &state.pools {
+                let health = pool.health(&mounts);
+                if let Ok(ids) = pool.list_volumes() {
+                    all.extend(ids.into_iter().map(|id| (id, pool.clone(), health.clone())));
+                }
+            }
+            Ok(all)
+        })
+        .await?;
+        all.sort_by(|a, b| (&a.0, &a.1.name).cmp(&(&b.0, &b.1.name)));
+        let page = pagination::paginate(
+            all,
+            |(id, p, _)| pool_key(id, &p.name),
+            req.max_entries,
+            &req.starting_token,
+        )?;
+        let topology = self.state.topology();
+        let entries = page
+            .items
+            .into_iter()
+            .map(|(id, pool, health)| csi::list_volumes_response::Entry {
+                volume: Some(caps::volume(
+                    &id,
+                    &pool,
+                    caps::listed_capacity(&health),
+                    Default::default(),
+                    None,
+                    &topology,
+                )),
+                status: Some(csi::list_volumes_response::VolumeStatus {
+                    published_node_ids: vec![self.state.node_id.clone()],
+                    volume_condition: Some(caps::condition(&health, true)),
+                }),
+            })
+            .collect();
+        Ok(csi::ListVolumesResponse {
+            entries,
+            next_token: page.next_token,
+        })
+    }
+
+    async fn get_volume_inner(&self, req: csi::ControllerGetVolumeRequest) -> Result<csi::ControllerGetVolumeResponse> {
+        let id = check_id("volume_id", &req.volume_id)?.to_owned();
+        record("volume_id", &id);
+        let state = self.state.clone();
+        let (pool, health) = blocking(move || {
+            let pool = locate_volume(&state, &id, None)?
+                .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist on node {}", state.node_id)))?;
+            let health = pool_health(&pool);
+            Ok((pool, health))
+        })
+        .await?;
+        Ok(csi::ControllerGetVolumeResponse {
+            volume: Some(caps::volume(
+                &req.volume_id,
+                &pool,
+                caps::listed_capacity(&health),
+                Default::default(),
+                None,
+                &self.state.topology(),
+            )),
+            status: Some(csi::controller_get_volume_response::VolumeStatus {
+                published_node_ids: vec![self.state.node_id.clone()],
+                volume_condition: Some(caps::condition(&health, true)),
+            }),
+        })
+    }
+
+    async fn create_snapshot_inner(&self, req: csi::CreateSnapshotRequest) -> Result<csi::CreateSnapshotResponse> {
+        let source = check_id("source_volume_id", &req.source_volume_id)?.to_owned();
+        let name = check_id("name", &req.name)?.to_owned();
+        record("volume_id", &source);
+        record("snapshot_id", &name);
+        let pool = self.state.pool_for(&req.parameters)?.clone();
+        if pool.snapshot_path.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "storage pool {} has no snapshotPath/snapshotProvider configured",
+                pool.name
+            )));
+        }
+        let _guard = self
+            .state
+            .inflight
+            .acquire(&[snapshot_key(&name)], &[volume_key(&source)])?;
+        let state = self.state.clone();
+        let info = blocking(move || {
+            if let Some((spool, info)) = locate_snapshot(&state, &name, Some(&pool))? {
+                if info.source_volume_id == source && spool.name == pool.name {
+                    return Ok(info);
+                }
+                return Err(Error::AlreadyExists(format!(
+                    "snapshot {name} already exists for volume {} in pool {}",
+                    info.source_volume_id, spool.name
+                )));
+            }
+            require_usable(&pool)?;
+            let src = volumes::open(&pool, &source)?;
+            snapshots::create(&pool, &name, &source, &src)
+        })
+        .await?;
+        Ok(csi::CreateSnapshotResponse {
+            snapshot: Some(snapshot_message(&info)),
+        })
+    }
+
+    async fn delete_snapshot_inner(&self, req: csi::DeleteSnapshotRequest) -> Result<()> {
+        let id = check_id("snapshot_id", &req.snapshot_id)?.to_owned();
+        record("snapshot_id", &id);
+        let _guard = self.state.inflight.acquire(&[snapshot_key(&id)], &[])?;
+        let state = self.state.clone();
+        blocking(move || {
+            for pool in &state.pools {
+                if snapshots::delete(pool, &id)? {
+                    tracing::info!(snapshot_id = %id, pool = %pool.name, "snapshot deleted");
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_snapshots_inner(&self, req: csi::ListSnapshotsRequest) -> Result<csi::ListSnapshotsResponse> {
+        let state = self.state.clone();
+        let (by_id, by_source) = (req.snapshot_id.clone(), req.source_volume_id.clone());
+        let mut all = blocking(move || {
+            let mut all = Vec::new();
+            if !by_id.is_empty() {
+                // An id this driver could never have issued simply matches nothing.
+                if check_id("snapshot_id", &by_id).is_ok()
+                    && let Some((_, info)) = locate_snapshot(&state, &by_id, None)?
+                {
+                    all.push(info);
+                }
+            } else {
+                for pool in &state.pools {
+                    all.extend(snapshots::list(pool)?);
+                }
+            }
+            if !by_source.is_empty() {
+                all.retain(|s| s.source_volume_id == by_source);
+            }
+            Ok(all)
+        })
+        .await?;
+        all.sort_by(|a, b| (&a.id, &a.pool).cmp(&(&b.id, &b.pool)));
+        let page = pagination::paginate(all, |s| pool_key(&s.id, &s.pool), req.max_entries, &req.starting_token)?;
+        Ok(csi::ListSnapshotsResponse {
+            entries: page
+                .items
+                .iter()
+                .map(|s| csi::list_snapshots_response::Entry {
+                    snapshot: Some(snapshot_message(s)),
+                })
+                .collect(),
+            next_token: page.next_token,
+        })
+    }
+
+    async fn validate_inner(
+        &self,
+        req: csi::ValidateVolumeCapabilitiesRequest,
+    ) -> Result<csi::ValidateVolumeCapabilitiesResponse> {
+        let id = check_id("volume_id", &req.volume_id)?.to_owned();
+        record("volume_id", &id);
+        if req.volume_capabilities.is_empty() {
+            return Err(Error::InvalidArgument("volume_capabilities are required".into()));
+        }
+        let hint = if req.parameters.contains_key(hpp_api::constants::PARAM_STORAGE_POOL) {
+            Some(self.state.pool_for(&req.parameters)?.clone())
+        } else if req.volume_context.contains_key(hpp_api::constants::PARAM_STORAGE_POOL) {
+            Some(self.state.pool_for(&req.volume_context)?.clone())
+        } else {
+            None
+        };
+        let state = self.state.clone();
+        let found = blocking(move || match hint {
+            Some(pool) => Ok(volumes::exists(&pool, &id)?),
+            None => Ok(locate_volume(&state, &id, None)?.is_some()),
+        })
+        .await?;
+        if !found {
+            return Err(Error::NotFound(format!("volume {} does not exist", req.volume_id)));
+        }
+        if let Some(why) = req.volume_capabilities.iter().find_map(caps::unsupported) {
+            return Ok(csi::ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message: why,
+            });
+        }
+        Ok(csi::ValidateVolumeCapabilitiesResponse {
+            confirmed: Some(csi::validate_volume_capabilities_response::Confirmed {
+                volume_context: req.volume_context,
+                volume_capabilities: req.volume_capabilities,
+                parameters: req.parameters,
+                mutable_parameters: req.mutable_parameters,
+            }),
+            message: String::new(),
+        })
+    }
+
+    async fn get_capacity_inner(&self, req: csi::GetCapacityRequest) -> Result<csi::GetCapacityResponse> {
+        let pool = self.state.pool_for(&req.parameters)?.clone();
+        record("pool", &pool.name);
+        for cap in &req.volume_capabilities {
+            if caps::unsupported(cap).is_some() {
+                return Ok(zero_capacity());
+            }
+        }
+        if let Some(t) = &req.accessible_topology
+            && !pool.shared
+            && t.segments.get(TOPOLOGY_KEY).is_some_and(|n| *n != self.state.node_id)
+        {
+            return Ok(zero_capacity());
+        }
+        let health = blocking(move || Ok(pool_health(&pool))).await?;
+        if !health.usable {
+            return Ok(zero_capacity());
+        }
+        Ok(csi::GetCapacityResponse {
+            available_capacity: i64::try_from(health.available_bytes).unwrap_or(i64::MAX),
+            maximum_volume_size: Some(i64::try_from(health.total_bytes).unwrap_or(i64::MAX)),
+            minimum_volume_size: Some(0),
+        })
+    }
+}
+
+fn zero_capacity() -> csi::GetCapacityResponse {
+    csi::GetCapacityResponse {
+        available_capacity: 0,
+        maximum_volume_size: Some(0),
+        minimum_volume_size: Some(0),
+    }
+}
+
+#[tonic::async_trait]
+impl csi::controller_server::Controller for ControllerService {
+    async fn create_volume(
+        &self,
+        req: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        Ok(Response::new(self.create_volume_inner(req.into_inner()).await?))
+    }
+
+    async fn delete_volume(
+        &self,
+        req: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        self.delete_volume_inner(req.into_inner()).await?;
+        Ok(Response::new(csi::DeleteVolumeResponse {}))
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        req: Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<csi::ValidateVolumeCapabilitiesResponse>, Status> {
+        Ok(Response::new(self.validate_inner(req.into_inner()).await?))
+    }
+
+    async fn list_volumes(
+        &self,
+        req: Request<csi::ListVolumesRequest>,
+    ) -> Result<Response<csi::ListVolumesResponse>, Status> {
+        Ok(Response::new(self.list_volumes_inner(req.into_inner()).await?))
+    }
+
+    async fn get_capacity(
+        &self,
+        req: Request<csi::GetCapacityRequest>,
+    ) -> Result<Response<csi::GetCapacityResponse>, Status> {
+        Ok(Response::new(self.get_capacity_inner(req.into_inner()).await?))
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _req: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::ControllerGetCapabilitiesResponse>, Status> {
+        let mut caps = vec![
+            Cap::CreateDeleteVolume,
+            Cap::GetVolume,
+            Cap::GetCapacity,
+            Cap::ListVolumes,
+            Cap::VolumeCondition,
+            Cap::CloneVolume,
+        ];
+        if self.state.pools.iter().any(|p| p.snapshot_path.is_some()) {
+            caps.extend([Cap::CreateDeleteSnapshot, Cap::ListSnapshots]);
+        }
+        Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
+            capabilities: caps.into_iter().map(capability).collect(),
+        }))
+    }
+
+    async fn create_snapshot(
+        &self,
+        req: Request<csi::CreateSnapshotRequest>,
+    ) -> Result<Response<csi::CreateSnapshotResponse>, Status> {
+        Ok(Response::new(self.create_snapshot_inner(req.into_inner()).await?))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        req: Request<csi::DeleteSnapshotRequest>,
+    ) -> Result<Response<csi::DeleteSnapshotResponse>, Status> {
+        self.delete_snapshot_inner(req.into_inner()).await?;
+        Ok(Response::new(csi::DeleteSnapshotResponse {}))
+    }
+
+    async fn list_snapshots(
+        &self,
+        req: Request<csi::ListSnapshotsRequest>,
+    ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
+        Ok(Response::new(self.list_snapshots_inner(req.into_inner()).await?))
+    }
+
+    async fn controller_get_volume(
+        &self,
+        req: Request<csi::ControllerGetVolumeRequest>,
+    ) -> Result<Response<csi::ControllerGetVolumeResponse>, Status> {
+        Ok(Response::new(self.get_volume_inner(req.into_inner()).await?))
+    }
+}

@@ -1,0 +1,240 @@
+//! Symlink-safe filesystem primitives. Every operation below a pool works relative to an open
+//! directory descriptor on a single path component with `O_NOFOLLOW`, so neither a hostile id nor
+//! a symlink planted inside a pool can make the driver touch anything outside it.
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, Stat};
+use rustix::io::Errno;
+
+use crate::error::{Error, Result};
+
+/// Opens a directory by absolute path (trusted configuration: pool roots).
+pub fn open_dir_path(path: &Path) -> Result<OwnedFd> {
+    rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::io(format!("opening directory {}", path.display()), e))
+}
+
+/// Opens the directory `name` directly inside `dir`, refusing symlinks.
+pub fn open_child_dir(dir: BorrowedFd<'_>, name: &str) -> rustix::io::Result<OwnedFd> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// What a single directory entry is, looked at without following symlinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// Nothing with that name.
+    Missing,
+    /// A real directory on the given device.
+    Dir {
+        /// `st_dev` of the directory, to detect mount points.
+        dev: u64,
+    },
+    /// A symlink: never followed.
+    Symlink,
+    /// A regular file, socket, device or fifo.
+    Other,
+}
+
+/// Looks at `name` inside `dir` without following symlinks.
+pub fn entry(dir: BorrowedFd<'_>, name: &str) -> rustix::io::Result<Entry> {
+    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(classify(&st)),
+        Err(Errno::NOENT) => Ok(Entry::Missing),
+        Err(e) => Err(e),
+    }
+}
+
+fn classify(st: &Stat) -> Entry {
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::Directory => Entry::Dir { dev: st.st_dev },
+        FileType::Symlink => Entry::Symlink,
+        _ => Entry::Other,
+    }
+}
+
+/// `st_dev` of an open descriptor.
+pub fn dev_of(fd: BorrowedFd<'_>) -> rustix::io::Result<u64> {
+    Ok(rustix::fs::fstat(fd)?.st_dev)
+}
+
+/// Names in a directory, skipping `.` and `..`. Names that are not UTF-8 are skipped too: they
+/// can never be valid volume ids.
+pub fn list_names(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<String>> {
+    let mut d = rustix::fs::Dir::read_from(dir)?;
+    let mut names = Vec::new();
+    while let Some(entry) = d.read() {
+        let entry = entry?;
+        let bytes = entry.file_name().to_bytes();
+        if bytes == b"." || bytes == b".." {
+            continue;
+        }
+        if let Ok(s) = std::str::from_utf8(bytes) {
+            names.push(s.to_owned());
+        }
+    }
+    Ok(names)
+}
+
+/// Creates directory `name` in `dir` with `mode` (exactly: the umask does not apply).
+pub fn mkdir_exact(dir: BorrowedFd<'_>, name: &str, mode: u32) -> rustix::io::Result<OwnedFd> {
+    rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(mode))?;
+    let fd = open_child_dir(dir, name)?;
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode))?;
+    Ok(fd)
+}
+
+/// Atomically renames `from` to `to` inside `dir`, failing with `EEXIST` instead of replacing.
+pub fn rename_noreplace(dir: BorrowedFd<'_>, from: &str, to: &str) -> rustix::io::Result<()> {
+    rustix::fs::renameat_with(dir, from, dir, to, RenameFlags::NOREPLACE)
+}
+
+/// Flushes a directory so a completed rename survives a power cut.
+pub fn sync_dir(dir: BorrowedFd<'_>) {
+    if let Err(e) = rustix::fs::fsync(dir) {
+        tracing::debug!(error = %e, "fsync of directory failed");
+    }
+}
+
+/// Removes `name` inside `dir` and everything below it, never following symlinks and never
+/// crossing onto another filesystem (a mount inside the tree stops the removal with an error).
+/// Missing is success, so interrupted removals can simply be retried.
+pub fn remove_tree(dir: BorrowedFd<'_>, name: &str) -> Result<()> {
+    let dev = dev_of(dir).map_err(|e| Error::io("stat of parent directory", e))?;
+    remove_tree_on_raw(dir, name.as_bytes(), dev)
+}
+
+/// Like [`list_names`] but keeps non-UTF-8 names: removal must not leave them behind.
+fn list_names_raw(dir: BorrowedFd<'_>) -> Result<Vec<Vec<u8>>> {
+    list_names_bytes(dir).map_err(|e| Error::io("reading directory", e))
+}
+
+fn remove_tree_on_raw(dir: BorrowedFd<'_>, name: &[u8], dev: u64) -> Result<()> {
+    let os = OsStr::from_bytes(name);
+    let st = match rustix::fs::statat(dir, os, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(Error::io("stat during removal", e)),
+    };
+    let shown = os.to_string_lossy();
+    match classify(&st) {
+        Entry::Dir { dev: d } if d != dev => Err(Error::FailedPrecondition(format!(
+            "{shown} is on another filesystem (a mount point); refusing to delete across it"
+        ))),
+        Entry::Dir { .. } => {
+            let child = rustix::fs::openat(
+                dir,
+                os,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| Error::io(format!("open {shown}"), e))?;
+            for sub in list_names_raw(child.as_fd())? {
+                remove_tree_on_raw(child.as_fd(), &sub, dev)?;
+            }
+            rustix::fs::unlinkat(dir, os, AtFlags::REMOVEDIR)
+                .map_err(|e| Error::io(format!("removing directory {shown}"), e))
+        }
+        _ => rustix::fs::unlinkat(dir, os, AtFlags::empty()).map_err(|e| Error::io(format!("removing {shown}"), e)),
+    }
+}
+
+/// Bytes (allocated blocks) and inodes used by the tree below `dir`, not crossing filesystems.
+pub fn usage(dir: BorrowedFd<'_>) -> rustix::io::Result<(u64, u64)> {
+    let root = rustix::fs::fstat(dir)?;
+    let mut bytes = (root.st_blocks as u64).saturating_mul(512);
+    let mut inodes = 1u64;
+    for name in list_names_bytes(dir)? {
+        let os = OsStr::from_bytes(&name);
+        let st = match rustix::fs::statat(dir, os, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(Errno::NOENT) => continue,
+            Err(e) => return Err(e),
+        };
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory && st.st_dev == root.st_dev {
+            let child = rustix::fs::openat(
+                dir,
+                os,
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            let (b, i) = usage(child.as_fd())?;
+            bytes = bytes.saturating_add(b);
+            inodes = inodes.saturating_add(i);
+        } else {
+            bytes = bytes.saturating_add((st.st_blocks as u64).saturating_mul(512));
+            inodes = inodes.saturating_add(1);
+        }
+    }
+    Ok((bytes, inodes))
+}
+
+/// Raw names in a directory (including non-UTF-8 ones), without `.` and `..`.
+pub fn list_names_bytes(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<Vec<u8>>> {
+    let mut d = rustix::fs::Dir::read_from(dir)?;
+    let mut names = Vec::new();
+    while let Some(entry) = d.read() {
+        let bytes = entry?.file_name().to_bytes().to_vec();
+        if bytes != b"." && bytes != b".." {
+            names.push(bytes);
+        }
+    }
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn remove_tree_deletes_contents_but_not_symlink_targets() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("precious"), b"keep").unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let vol = root.path().join("vol");
+        std::fs::create_dir_all(vol.join("a/b")).unwrap();
+        std::fs::write(vol.join("a/b/f"), b"x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), vol.join("link")).unwrap();
+        let fd = open_dir_path(root.path()).unwrap();
+        remove_tree(fd.as_fd(), "vol").unwrap();
+        assert!(!vol.exists());
+        assert!(outside.path().join("precious").exists());
+        remove_tree(fd.as_fd(), "vol").unwrap();
+    }
+
+    #[test]
+    fn entry_does_not_follow_symlinks() {
+        let root = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/etc", root.path().join("evil")).unwrap();
+        std::fs::create_dir(root.path().join("d")).unwrap();
+        let fd = open_dir_path(root.path()).unwrap();
+        assert_eq!(entry(fd.as_fd(), "evil").unwrap(), Entry::Symlink);
+        assert!(matches!(entry(fd.as_fd(), "d").unwrap(), Entry::Dir { .. }));
+        assert_eq!(entry(fd.as_fd(), "nope").unwrap(), Entry::Missing);
+        assert!(open_child_dir(fd.as_fd(), "evil").is_err());
+    }
+
+    #[test]
+    fn usage_counts_bytes_and_inodes() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("sub")).unwrap();
+        std::fs::write(root.path().join("sub/f"), vec![1u8; 64 * 1024]).unwrap();
+        let fd = open_dir_path(root.path()).unwrap();
+        let (bytes, inodes) = usage(fd.as_fd()).unwrap();
+        assert_eq!(inodes, 3);
+        assert!(bytes >= 64 * 1024, "{bytes}");
+    }
+}

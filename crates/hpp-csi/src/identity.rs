@@ -1,0 +1,73 @@
+//! The CSI Identity service.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use crate::csi::{self, plugin_capability};
+use crate::error::Error;
+use crate::state::{DriverState, blocking};
+
+/// Identity service: plugin name and version, capabilities, readiness.
+#[derive(Debug, Clone)]
+pub struct IdentityService {
+    state: Arc<DriverState>,
+}
+
+impl IdentityService {
+    /// Wraps shared driver state.
+    pub fn new(state: Arc<DriverState>) -> Self {
+        IdentityService { state }
+    }
+}
+
+fn service_cap(t: plugin_capability::service::Type) -> csi::PluginCapability {
+    csi::PluginCapability {
+        r#type: Some(plugin_capability::Type::Service(plugin_capability::Service {
+            r#type: t as i32,
+        })),
+    }
+}
+
+#[tonic::async_trait]
+impl csi::identity_server::Identity for IdentityService {
+    async fn get_plugin_info(
+        &self,
+        _req: Request<csi::GetPluginInfoRequest>,
+    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+        if self.state.name.is_empty() || self.state.version.is_empty() {
+            return Err(Error::Unavailable("driver name or version is not configured".into()).into());
+        }
+        Ok(Response::new(csi::GetPluginInfoResponse {
+            name: self.state.name.clone(),
+            vendor_version: self.state.version.clone(),
+            manifest: Default::default(),
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _req: Request<csi::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
+        use plugin_capability::service::Type;
+        Ok(Response::new(csi::GetPluginCapabilitiesResponse {
+            capabilities: vec![
+                service_cap(Type::ControllerService),
+                service_cap(Type::VolumeAccessibilityConstraints),
+            ],
+        }))
+    }
+
+    async fn probe(&self, _req: Request<csi::ProbeRequest>) -> Result<Response<csi::ProbeResponse>, Status> {
+        let state = self.state.clone();
+        let report = blocking(move || Ok(state.pools_report())).await?;
+        for (name, h, _) in &report.pools {
+            if let Some(reason) = &h.reason {
+                tracing::warn!(pool = %name, %reason, "storage pool not usable");
+            }
+        }
+        Ok(Response::new(csi::ProbeResponse {
+            ready: Some(report.all_usable()),
+        }))
+    }
+}

@@ -1,0 +1,444 @@
+//! The CSI Node service: bind-mount publishing, unpublishing without recursive deletes, volume
+//! stats with a VolumeCondition, and ephemeral inline volumes.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+use tonic::{Request, Response, Status};
+
+use crate::caps;
+use crate::controller::pool_health;
+use crate::csi::{self, node_service_capability::rpc::Type as Cap, volume_capability::AccessType};
+use crate::error::{Error, Result};
+use crate::fsops;
+use crate::inflight::{target_key, volume_key};
+use crate::mount::{self, BindOptions};
+use crate::mountinfo::MountTable;
+use crate::pool::Pool;
+use crate::state::{DriverState, blocking};
+use crate::validate::{check_id, check_target_path};
+use crate::volumes::{self, Created};
+
+/// Volume context key kubelet sets for CSI ephemeral inline volumes.
+pub const EPHEMERAL_CONTEXT_KEY: &str = "csi.storage.k8s.io/ephemeral";
+/// Directory in each pool that records which volumes are ephemeral (removed on unpublish).
+pub const EPHEMERAL_MARKERS: &str = ".hpp-ephemeral";
+
+/// Node service of this node.
+#[derive(Debug, Clone)]
+pub struct NodeService {
+    state: Arc<DriverState>,
+}
+
+impl NodeService {
+    /// Wraps shared driver state.
+    pub fn new(state: Arc<DriverState>) -> Self {
+        NodeService { state }
+    }
+}
+
+fn record(field: &str, value: &str) {
+    tracing::Span::current().record(field, value);
+}
+
+/// `target` with its parent resolved, as the mount table spells it (kubelet's root dir may sit
+/// behind a symlink). The last component is never resolved.
+fn canonical(target: &Path) -> PathBuf {
+    match (target.parent(), target.file_name()) {
+        (Some(parent), Some(name)) => std::fs::canonicalize(parent)
+            .map(|p| p.join(name))
+            .unwrap_or_else(|_| target.to_path_buf()),
+        _ => target.to_path_buf(),
+    }
+}
+
+/// Rejects targets inside a pool or snapshot directory: mounting there would shadow volumes.
+fn check_target_outside_pools(state: &DriverState, target: &Path) -> Result<()> {
+    for pool in &state.pools {
+        let roots = std::iter::once(&pool.path).chain(pool.snapshot_path.as_ref());
+        for root in roots {
+            if target.starts_with(root) || root.starts_with(target) {
+                return Err(Error::InvalidArgument(format!(
+                    "target path {} overlaps storage pool {} ({}); refusing",
+                    target.display(),
+                    pool.name,
+                    root.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Opens (creating if missing, mode 0750, not recursively) the target directory without
+/// following a symlink at its last component.
+fn open_or_create_target(target: &Path) -> Result<OwnedFd> {
+    let open = || {
+        rustix::fs::open(
+            target,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    match open() {
+        Ok(fd) => Ok(fd),
+        Err(Errno::NOENT) => {
+            match rustix::fs::mkdir(target, Mode::from_raw_mode(0o750)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(Errno::NOENT) => {
+                    return Err(Error::FailedPrecondition(format!(
+                        "parent directory of target {} does not exist",
+                        target.display()
+                    )));
+                }
+                Err(e) => return Err(Error::io(format!("creating target {}", target.display()), e)),
+            }
+            open().map_err(|e| Error::io(format!("opening target {}", target.display()), e))
+        }
+        Err(Errno::LOOP) | Err(Errno::NOTDIR) => Err(Error::InvalidArgument(format!(
+            "target {} is a symlink or not a directory",
+            target.display()
+        ))),
+        Err(e) => Err(Error::io(format!("opening target {}", target.display()), e)),
+    }
+}
+
+struct Publish {
+    id: String,
+    pool: Pool,
+    target: PathBuf,
+    opts: BindOptions,
+    ephemeral: bool,
+}
+
+fn publish(p: &Publish) -> Result<()> {
+    if p.ephemeral {
+        let created = volumes::create(&p.pool, &p.id, None)?;
+        if created != Created::Existing {
+            mark_ephemeral(&p.pool, &p.id)?;
+        }
+    }
+    let source = volumes::open(&p.pool, &p.id)?;
+    let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
+    if let Some(existing) = mounts.mount_at(&p.target) {
+        let want = mounts.fs_location(&p.pool.volume_path(&p.id));
+        let same = want
+            .as_ref()
+            .is_some_and(|(dev, root)| existing.dev == *dev && existing.root == *root);
+        if same && existing.read_only() == p.opts.read_only() {
+            return Ok(());
+        }
+        return Err(Error::AlreadyExists(format!(
+            "target {} is already a mount point of something else (or with a different read-only mode)",
+            p.target.display()
+        )));
+    }
+    let target = open_or_create_target(&p.target)?;
+    let result = mount::bind(&source, &target, &p.target, p.opts);
+    if result.is_err() && p.ephemeral {
+        let _ = remove_ephemeral(&p.pool, &p.id);
+    }
+    result
+}
+
+fn mark_ephemeral(pool: &Pool, id: &str) -> Result<()> {
+    let dir = pool.open()?;
+    match rustix::fs::mkdirat(&dir, EPHEMERAL_MARKERS, Mode::from_raw_mode(0o700)) {
+        Ok(()) | Err(Errno::EXIST) => {}
+        Err(e) => return Err(Error::io("creating ephemeral marker directory", e)),
+    }
+    let markers =
+        fsops::open_child_dir(dir.as_fd(), EPHEMERAL_MARKERS).map_err(|e| Error::io("opening ephemeral markers", e))?;
+    match rustix::fs::mkdirat(&markers, id, Mode::from_raw_mode(0o700)) {
+        Ok(()) | Err(Errno::EXIST) => Ok(()),
+        Err(e) => Err(Error::io("writing ephemeral marker", e)),
+    }
+}
+
+fn is_ephemeral(pool: &Pool, id: &str) -> bool {
+    let Ok(dir) = pool.open() else { return false };
+    let Ok(markers) = fsops::open_child_dir(dir.as_fd(), EPHEMERAL_MARKERS) else {
+        return false;
+    };
+    matches!(fsops::entry(markers.as_fd(), id), Ok(fsops::Entry::Dir { .. }))
+}
+
+fn remove_ephemeral(pool: &Pool, id: &str) -> Result<()> {
+    let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
+    volumes::delete(pool, id, &mounts)?;
+    let dir = pool.open()?;
+    if let Ok(markers) = fsops::open_child_dir(dir.as_fd(), EPHEMERAL_MARKERS) {
+        fsops::remove_tree(markers.as_fd(), id)?;
+    }
+    Ok(())
+}
+
+fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
+    match rustix::fs::lstat(target) {
+        Err(Errno::NOENT) => {}
+        Err(e) => return Err(Error::io(format!("stat {}", target.display()), e)),
+        Ok(st) => {
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink {
+                return Err(Error::InvalidArgument(format!(
+                    "target {} is a symlink; refusing to follow it",
+                    target.display()
+                )));
+            }
+            // Unmount every layer (a crashed retry may have stacked two), then remove the now
+            // empty directory. Never a recursive delete: whatever is left is someone's data.
+            for _ in 0..16 {
+                let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
+                if !mounts.is_mount_point(target) {
+                    break;
+                }
+                mount::unmount(target)?;
+            }
+            match rustix::fs::rmdir(target) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(Errno::NOTEMPTY) | Err(Errno::EXIST) => {
+                    return Err(Error::FailedPrecondition(format!(
+                        "target {} is not empty after unmounting; leaving it in place",
+                        target.display()
+                    )));
+                }
+                Err(Errno::NOTDIR) => {
+                    return Err(Error::FailedPrecondition(format!(
+                        "target {} is not a directory; leaving it in place",
+                        target.display()
+                    )));
+                }
+                Err(e) => return Err(Error::io(format!("removing target {}", target.display()), e)),
+            }
+        }
+    }
+    for pool in &state.pools {
+        if !pool.is_reserved(id) && is_ephemeral(pool, id) {
+            let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
+            if mounts.bind_mounts_of(&pool.volume_path(id)).is_empty() {
+                remove_ephemeral(pool, id)?;
+                tracing::info!(volume_id = %id, pool = %pool.name, "ephemeral volume removed");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn volume_stats(pool: Option<Pool>, id: &str, path: &Path) -> Result<csi::NodeGetVolumeStatsResponse> {
+    let path_fd = match rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => {
+            return Err(Error::NotFound(format!(
+                "volume path {} does not exist",
+                path.display()
+            )));
+        }
+        Err(Errno::LOOP) | Err(Errno::NOTDIR) => {
+            return Err(Error::InvalidArgument(format!(
+                "volume path {} is a symlink or not a directory",
+                path.display()
+            )));
+        }
+        Err(e) => return Err(Error::io(format!("opening {}", path.display()), e)),
+    };
+    let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
+    let mut condition = csi::VolumeCondition {
+        abnormal: false,
+        message: "volume is healthy".into(),
+    };
+    match &pool {
+        None => {
+            condition = csi::VolumeCondition {
+                abnormal: true,
+                message: format!("volume {id} was not found in any storage pool (pool gone?)"),
+            };
+        }
+        Some(pool) => {
+            let health = pool.health(&mounts);
+            let c = caps::condition(&health, true);
+            if c.abnormal {
+                condition = c;
+            }
+        }
+    }
+    if !condition.abnormal && !mounts.is_mount_point(path) {
+        condition = csi::VolumeCondition {
+            abnormal: true,
+            message: "The volume isn't mounted".into(),
+        };
+    }
+    let fs = rustix::fs::fstatvfs(&path_fd).map_err(|e| Error::io("statvfs of volume", e))?;
+    let (used_bytes, used_inodes) =
+        fsops::usage(path_fd.as_fd()).map_err(|e| Error::io("measuring volume usage", e))?;
+    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    Ok(csi::NodeGetVolumeStatsResponse {
+        usage: vec![
+            csi::VolumeUsage {
+                available: clamp(fs.f_bavail.saturating_mul(fs.f_frsize)),
+                total: clamp(fs.f_blocks.saturating_mul(fs.f_frsize)),
+                used: clamp(used_bytes),
+                unit: csi::volume_usage::Unit::Bytes as i32,
+            },
+            csi::VolumeUsage {
+                available: clamp(fs.f_favail),
+                total: clamp(fs.f_files),
+                used: clamp(used_inodes),
+                unit: csi::volume_usage::Unit::Inodes as i32,
+            },
+        ],
+        volume_condition: Some(condition),
+    })
+}
+
+fn node_cap(t: Cap) -> csi::NodeServiceCapability {
+    csi::NodeServiceCapability {
+        r#type: Some(csi::node_service_capability::Type::Rpc(
+            csi::node_service_capability::Rpc { r#type: t as i32 },
+        )),
+    }
+}
+
+impl NodeService {
+    async fn publish_inner(&self, req: csi::NodePublishVolumeRequest) -> Result<()> {
+        let id = check_id("volume_id", &req.volume_id)?.to_owned();
+        record("volume_id", &id);
+        let target = canonical(check_target_path("target_path", &req.target_path)?);
+        let cap = req
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument("volume_capability is required".into()))?;
+        if let Some(why) = caps::unsupported(cap) {
+            return Err(Error::InvalidArgument(why));
+        }
+        let flags = match &cap.access_type {
+            Some(AccessType::Mount(m)) => m.mount_flags.clone(),
+            _ => Vec::new(),
+        };
+        let opts = BindOptions::parse(&flags, req.readonly)?;
+        check_target_outside_pools(&self.state, &target)?;
+        let ephemeral = req
+            .volume_context
+            .get(EPHEMERAL_CONTEXT_KEY)
+            .is_some_and(|v| v == "true");
+        let pool = if ephemeral || req.volume_context.contains_key(hpp_api::constants::PARAM_STORAGE_POOL) {
+            self.state.pool_for(&req.volume_context)?.clone()
+        } else {
+            let state = self.state.clone();
+            let id2 = id.clone();
+            blocking(move || {
+                for pool in &state.pools {
+                    if !pool.is_reserved(&id2) && volumes::exists(pool, &id2).unwrap_or(false) {
+                        return Ok(pool.clone());
+                    }
+                }
+                Err(Error::NotFound(format!(
+                    "volume {id2} does not exist on node {}",
+                    state.node_id
+                )))
+            })
+            .await?
+        };
+        pool.check_volume_name(&id)?;
+        let _guard = self
+            .state
+            .inflight
+            .acquire(&[target_key(&target)], &[volume_key(&id)])?;
+        let p = Publish {
+            id,
+            pool,
+            target,
+            opts,
+            ephemeral,
+        };
+        blocking(move || {
+            if p.ephemeral {
+                let h = pool_health(&p.pool);
+                if let Some(reason) = h.reason {
+                    return Err(Error::FailedPrecondition(reason));
+                }
+            }
+            publish(&p)?;
+            tracing::info!(volume_id = %p.id, target = %p.target.display(), read_only = p.opts.read_only(), "volume published");
+            Ok(())
+        })
+        .await
+    }
+
+    async fn unpublish_inner(&self, req: csi::NodeUnpublishVolumeRequest) -> Result<()> {
+        let id = check_id("volume_id", &req.volume_id)?.to_owned();
+        record("volume_id", &id);
+        let target = canonical(check_target_path("target_path", &req.target_path)?);
+        check_target_outside_pools(&self.state, &target)?;
+        let _guard = self.state.inflight.acquire(&[target_key(&target)], &[])?;
+        let state = self.state.clone();
+        blocking(move || unpublish(&state, &id, &target)).await
+    }
+
+    async fn stats_inner(&self, req: csi::NodeGetVolumeStatsRequest) -> Result<csi::NodeGetVolumeStatsResponse> {
+        let id = check_id("volume_id", &req.volume_id)?.to_owned();
+        record("volume_id", &id);
+        let path = canonical(check_target_path("volume_path", &req.volume_path)?);
+        let state = self.state.clone();
+        blocking(move || {
+            let pool = state
+                .pools
+                .iter()
+                .find(|p| !p.is_reserved(&id) && volumes::exists(p, &id).unwrap_or(false))
+                .cloned();
+            volume_stats(pool, &id, &path)
+        })
+        .await
+    }
+}
+
+#[tonic::async_trait]
+impl csi::node_server::Node for NodeService {
+    async fn node_publish_volume(
+        &self,
+        req: Request<csi::NodePublishVolumeRequest>,
+    ) -> Result<Response<csi::NodePublishVolumeResponse>, Status> {
+        self.publish_inner(req.into_inner()).await?;
+        Ok(Response::new(csi::NodePublishVolumeResponse {}))
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        req: Request<csi::NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<csi::NodeUnpublishVolumeResponse>, Status> {
+        self.unpublish_inner(req.into_inner()).await?;
+        Ok(Response::new(csi::NodeUnpublishVolumeResponse {}))
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        req: Request<csi::NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<csi::NodeGetVolumeStatsResponse>, Status> {
+        Ok(Response::new(self.stats_inner(req.into_inner()).await?))
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _req: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(csi::NodeGetCapabilitiesResponse {
+            capabilities: vec![node_cap(Cap::GetVolumeStats), node_cap(Cap::VolumeCondition)],
+        }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _req: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        Ok(Response::new(csi::NodeGetInfoResponse {
+            node_id: self.state.node_id.clone(),
+            max_volumes_per_node: 0,
+            accessible_topology: Some(self.state.topology()),
+        }))
+    }
+}

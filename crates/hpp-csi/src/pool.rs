@@ -1,0 +1,266 @@
+//! A storage pool at run time: its directory, which names in it are volumes, and its health
+//! (mount guard, capacity, shared-with-OS detection).
+
+use std::collections::BTreeSet;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use crate::config::{ConfigError, PoolConfig};
+use crate::error::{Error, Result};
+use crate::fsops;
+use crate::mountinfo::MountTable;
+use crate::validate::{self, INTERNAL_PREFIX};
+
+/// Names inside a pool that are never volumes even though they look like one.
+const ALWAYS_RESERVED: &[&str] = &["lost+found"];
+
+/// A configured pool, with paths made absolute.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    /// Pool name.
+    pub name: String,
+    /// Absolute, symlink-free path of the pool directory.
+    pub path: PathBuf,
+    /// Absolute path of the snapshot directory, when snapshots are enabled.
+    pub snapshot_path: Option<PathBuf>,
+    /// Volumes carry no topology.
+    pub shared: bool,
+    /// Mount guard on.
+    pub require_mount_point: bool,
+    /// Child names of `path` that belong to other pools or snapshot directories (KubeVirt's
+    /// operator puts `snapshotPath` at `<pool>/snapshots`).
+    reserved: BTreeSet<String>,
+}
+
+/// Health and capacity of a pool at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolHealth {
+    /// Volumes can be created and served.
+    pub usable: bool,
+    /// Why not, for logs, Probe and VolumeCondition.
+    pub reason: Option<String>,
+    /// Whether the pool path is a mount point.
+    pub mount_point: bool,
+    /// Filesystem size in bytes.
+    pub total_bytes: u64,
+    /// Bytes available to unprivileged writers.
+    pub available_bytes: u64,
+    /// Total inodes.
+    pub total_inodes: u64,
+    /// Free inodes.
+    pub free_inodes: u64,
+}
+
+impl Pool {
+    /// Creates the pool directory if needed (mode 0750, like KubeVirt) and resolves its path.
+    /// A pool whose directory cannot be prepared is still returned: it reports itself unusable
+    /// instead of crashing the driver, which keeps the other pools serving.
+    pub fn prepare(cfg: &PoolConfig) -> Result<Pool, ConfigError> {
+        let path = absolute(&cfg.path).map_err(|source| ConfigError::Io {
+            pool: cfg.name.clone(),
+            path: cfg.path.clone(),
+            source,
+        })?;
+        if let Err(e) = create_dir_all_mode(&path, 0o750) {
+            tracing::warn!(pool = %cfg.name, path = %path.display(), error = %e, "cannot create pool directory");
+        }
+        let path = std::fs::canonicalize(&path).unwrap_or(path);
+        let snapshot_path = match &cfg.snapshot_path {
+            Some(p) => {
+                let p = absolute(p).map_err(|source| ConfigError::Io {
+                    pool: cfg.name.clone(),
+                    path: p.clone(),
+                    source,
+                })?;
+                Some(std::fs::canonicalize(&p).unwrap_or(p))
+            }
+            None => None,
+        };
+        Ok(Pool {
+            name: cfg.name.clone(),
+            path,
+            snapshot_path,
+            shared: cfg.shared,
+            require_mount_point: cfg.require_mount_point,
+            reserved: BTreeSet::new(),
+        })
+    }
+
+    /// Records every other pool and snapshot directory nested in this pool as reserved.
+    pub fn reserve_nested(pools: &mut [Pool]) {
+        let all: Vec<PathBuf> = pools
+            .iter()
+            .flat_map(|p| std::iter::once(p.path.clone()).chain(p.snapshot_path.clone()))
+            .collect();
+        for pool in pools.iter_mut() {
+            for other in &all {
+                if let Ok(rel) = other.strip_prefix(&pool.path)
+                    && let Some(Component::Normal(first)) = rel.components().next()
+                {
+                    pool.reserved.insert(first.to_string_lossy().into_owned());
+                }
+            }
+        }
+    }
+
+    /// Whether `name` (already a valid id) is reserved in this pool.
+    pub fn is_reserved(&self, name: &str) -> bool {
+        self.reserved.contains(name) || ALWAYS_RESERVED.contains(&name)
+    }
+
+    /// Checks that `id` may name a volume in this pool.
+    pub fn check_volume_name(&self, id: &str) -> Result<()> {
+        validate::check_id("volume id", id)?;
+        if self.is_reserved(id) {
+            return Err(Error::InvalidArgument(format!(
+                "{id:?} is reserved in storage pool {} (a snapshot or pool directory)",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Opens the pool directory.
+    pub fn open(&self) -> Result<OwnedFd> {
+        fsops::open_dir_path(&self.path).map_err(|e| match e {
+            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => Error::Unavailable(format!(
+                "storage pool {} directory {} does not exist",
+                self.name,
+                self.path.display()
+            )),
+            other => other,
+        })
+    }
+
+    /// Path of volume `id` (for logs and mount sources; never used to resolve anything).
+    pub fn volume_path(&self, id: &str) -> PathBuf {
+        self.path.join(id)
+    }
+
+    /// Volume ids in this pool: real directories with valid, unreserved names. Temporaries,
+    /// hidden entries, symlinks and files are not volumes.
+    pub fn list_volumes(&self) -> Result<Vec<String>> {
+        let dir = self.open()?;
+        let names = fsops::list_names(dir.as_fd()).map_err(|e| Error::io("listing pool", e))?;
+        let mut out = Vec::new();
+        for name in names {
+            if name.starts_with(INTERNAL_PREFIX) || self.check_volume_name(&name).is_err() {
+                continue;
+            }
+            if let Ok(fsops::Entry::Dir { .. }) = fsops::entry(dir.as_fd(), &name) {
+                out.push(name);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Measures the pool: exists, mount guard satisfied, statvfs numbers.
+    pub fn health(&self, mounts: &MountTable) -> PoolHealth {
+        let mut h = PoolHealth {
+            mount_point: mounts.is_mount_point(&self.path),
+            ..PoolHealth::default()
+        };
+        let dir = match self.open() {
+            Ok(d) => d,
+            Err(e) => {
+                h.reason = Some(e.to_string());
+                return h;
+            }
+        };
+        if self.require_mount_point && !h.mount_point {
+            h.reason = Some(format!(
+                "storage pool {} requires {} to be a mount point and nothing is mounted there; \
+                 refusing to place data on the underlying (root) filesystem",
+                self.name,
+                self.path.display()
+            ));
+            return h;
+        }
+        match rustix::fs::fstatvfs(dir.as_fd()) {
+            Ok(st) => {
+                h.total_bytes = st.f_blocks.saturating_mul(st.f_frsize);
+                h.available_bytes = st.f_bavail.saturating_mul(st.f_frsize);
+                h.total_inodes = st.f_files;
+                h.free_inodes = st.f_favail;
+                h.usable = true;
+            }
+            Err(e) => h.reason = Some(format!("statvfs of storage pool {}: {e}", self.name)),
+        }
+        h
+    }
+
+    /// Whether the pool lives on the same device as `os_path` (the root disk).
+    pub fn shares_device_with(&self, mounts: &MountTable, os_path: &Path) -> bool {
+        match (mounts.fs_location(&self.path), mounts.fs_location(os_path)) {
+            (Some((a, _)), Some((b, _))) => a == b,
+            _ => false,
+        }
+    }
+}
+
+/// KubeVirt's rounding of a pool's size: whole GiB from 10 GiB up, whole MiB from 10 MiB up.
+pub fn round_capacity(bytes: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+    if bytes >= 10 * GIB {
+        bytes / GIB * GIB
+    } else if bytes >= 10 * MIB {
+        bytes / MIB * MIB
+    } else {
+        bytes
+    }
+}
+
+fn absolute(p: &Path) -> std::io::Result<PathBuf> {
+    if p.is_absolute() {
+        Ok(p.to_path_buf())
+    } else {
+        Ok(std::env::current_dir()?.join(p))
+    }
+}
+
+fn create_dir_all_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(mode).create(path)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn rounding_matches_kubevirt() {
+        assert_eq!(round_capacity(5), 5);
+        assert_eq!(round_capacity(10 * (1 << 20) + 7), 10 * (1 << 20));
+        assert_eq!(round_capacity(11 * (1 << 30) + (1 << 29)), 11 * (1 << 30));
+    }
+
+    #[test]
+    fn nested_snapshot_dir_is_reserved_and_not_listed() {
+        let root = tempfile::tempdir().unwrap();
+        let cfg = PoolConfig::new("legacy", root.path().join("csi")).with_snapshots(root.path().join("csi/snapshots"));
+        std::fs::create_dir_all(root.path().join("csi/snapshots")).unwrap();
+        std::fs::create_dir_all(root.path().join("csi/pvc-1")).unwrap();
+        std::fs::create_dir_all(root.path().join("csi/.hpp-tmp-pvc-2")).unwrap();
+        std::fs::write(root.path().join("csi/file"), b"").unwrap();
+        std::os::unix::fs::symlink("/etc", root.path().join("csi/evil")).unwrap();
+        let mut pools = vec![Pool::prepare(&cfg).unwrap()];
+        Pool::reserve_nested(&mut pools);
+        assert!(pools[0].is_reserved("snapshots"));
+        assert_eq!(pools[0].list_volumes().unwrap(), vec!["pvc-1".to_owned()]);
+        assert!(pools[0].check_volume_name("snapshots").is_err());
+    }
+
+    #[test]
+    fn guarded_pool_without_mount_is_unusable() {
+        let root = tempfile::tempdir().unwrap();
+        let pool = Pool::prepare(&PoolConfig::new("g", root.path().join("g")).require_mount_point(true)).unwrap();
+        let h = pool.health(&MountTable::parse(""));
+        assert!(!h.usable);
+        assert!(h.reason.unwrap().contains("mount point"));
+        let plain = Pool::prepare(&PoolConfig::new("p", root.path().join("p"))).unwrap();
+        let h = plain.health(&MountTable::parse(""));
+        assert!(h.usable && h.total_bytes > 0);
+    }
+}

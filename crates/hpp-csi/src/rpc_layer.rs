@@ -1,0 +1,184 @@
+//! Tower layer around every CSI RPC: one tracing span per call (with `volume_id`,
+//! `snapshot_id` and `pool` fields the handlers fill in), a log line with the outcome, and the
+//! RPC count and latency metrics by method and gRPC code.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tonic::Code;
+use tower::{Layer, Service};
+use tracing::Instrument;
+
+use crate::metrics::DriverMetrics;
+
+/// Every RPC name the CSI v1 services define; anything else is labelled `unknown` so a client
+/// cannot blow up metric cardinality with made-up paths.
+const KNOWN_METHODS: &[&str] = &[
+    "GetPluginInfo",
+    "GetPluginCapabilities",
+    "Probe",
+    "CreateVolume",
+    "DeleteVolume",
+    "ControllerPublishVolume",
+    "ControllerUnpublishVolume",
+    "ValidateVolumeCapabilities",
+    "ListVolumes",
+    "GetCapacity",
+    "ControllerGetCapabilities",
+    "CreateSnapshot",
+    "DeleteSnapshot",
+    "ListSnapshots",
+    "ControllerExpandVolume",
+    "ControllerGetVolume",
+    "ControllerModifyVolume",
+    "NodeStageVolume",
+    "NodeUnstageVolume",
+    "NodePublishVolume",
+    "NodeUnpublishVolume",
+    "NodeGetVolumeStats",
+    "NodeExpandVolume",
+    "NodeGetCapabilities",
+    "NodeGetInfo",
+];
+
+/// Splits `/csi.v1.Controller/CreateVolume` into bounded (service, method) labels.
+pub fn rpc_labels(path: &str) -> (&'static str, &'static str) {
+    let mut parts = path.trim_start_matches('/').splitn(2, '/');
+    let service = match parts.next() {
+        Some("csi.v1.Identity") => "Identity",
+        Some("csi.v1.Controller") => "Controller",
+        Some("csi.v1.Node") => "Node",
+        _ => "unknown",
+    };
+    let method = parts
+        .next()
+        .and_then(|m| KNOWN_METHODS.iter().find(|k| **k == m).copied())
+        .unwrap_or("unknown");
+    (service, method)
+}
+
+/// The layer; add it with `tonic::transport::Server::builder().layer(..)`.
+#[derive(Debug, Clone, Default)]
+pub struct RpcLayer {
+    metrics: Option<Arc<DriverMetrics>>,
+}
+
+impl RpcLayer {
+    /// A layer that records into `metrics` when given.
+    pub fn new(metrics: Option<Arc<DriverMetrics>>) -> Self {
+        RpcLayer { metrics }
+    }
+}
+
+impl<S> Layer<S> for RpcLayer {
+    type Service = RpcService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RpcService {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+/// Service produced by [`RpcLayer`].
+#[derive(Debug, Clone)]
+pub struct RpcService<S> {
+    inner: S,
+    metrics: Option<Arc<DriverMetrics>>,
+}
+
+impl<S, B, RB> Service<tonic::codegen::http::Request<B>> for RpcService<S>
+where
+    S: Service<tonic::codegen::http::Request<B>, Response = tonic::codegen::http::Response<RB>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
+        let (service, method) = rpc_labels(req.uri().path());
+        let span = tracing::info_span!(
+            "csi_rpc",
+            rpc.service = service,
+            rpc.method = method,
+            volume_id = tracing::field::Empty,
+            snapshot_id = tracing::field::Empty,
+            pool = tracing::field::Empty,
+        );
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let metrics = self.metrics.clone();
+        let fut = {
+            let _enter = span.enter();
+            inner.call(req)
+        };
+        Box::pin(
+            async move {
+                let start = Instant::now();
+                let res = fut.await;
+                let seconds = start.elapsed().as_secs_f64();
+                let (code, message) = match &res {
+                    Ok(resp) => status_of(resp.headers()),
+                    Err(_) => (Code::Internal, String::new()),
+                };
+                match code {
+                    Code::Ok => tracing::debug!(seconds, "rpc ok"),
+                    Code::Aborted | Code::NotFound | Code::AlreadyExists => {
+                        tracing::info!(code = ?code, %message, seconds, "rpc failed")
+                    }
+                    _ => tracing::warn!(code = ?code, %message, seconds, "rpc failed"),
+                }
+                if let Some(m) = metrics {
+                    m.observe_rpc(service, method, code, seconds);
+                }
+                res
+            }
+            .instrument(span),
+        )
+    }
+}
+
+/// Code and message of a unary response: errors travel in the headers ("trailers-only").
+fn status_of(headers: &tonic::codegen::http::HeaderMap) -> (Code, String) {
+    let code = headers
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse::<i32>().ok())
+        .map(Code::from)
+        .unwrap_or(Code::Ok);
+    let message = headers
+        .get("grpc-message")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    (code, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_bounded() {
+        assert_eq!(
+            rpc_labels("/csi.v1.Controller/CreateVolume"),
+            ("Controller", "CreateVolume")
+        );
+        assert_eq!(rpc_labels("/csi.v1.Node/NodeGetInfo"), ("Node", "NodeGetInfo"));
+        assert_eq!(rpc_labels("/evil/AAAAAAAA"), ("unknown", "unknown"));
+        assert_eq!(rpc_labels("/csi.v1.Identity/Made-Up"), ("Identity", "unknown"));
+    }
+}

@@ -1,0 +1,383 @@
+//! The embeddable driver: a builder that checks the configuration and prepares the pools, the
+//! three services for callers that compose their own tonic server, and a ready-made server on a
+//! unix socket or TCP port with clean shutdown.
+
+use std::future::Future;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hpp_api::constants::DRIVER_NAME;
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+
+use crate::config::{ConfigError, PoolConfig, check_pools};
+use crate::controller::ControllerService;
+use crate::csi::controller_server::ControllerServer;
+use crate::csi::identity_server::IdentityServer;
+use crate::csi::node_server::NodeServer;
+use crate::endpoint::Endpoint;
+use crate::identity::IdentityService;
+use crate::inflight::InFlight;
+use crate::metrics::DriverMetrics;
+use crate::node::NodeService;
+use crate::pool::Pool;
+use crate::rpc_layer::RpcLayer;
+use crate::state::{DriverState, PoolsReport};
+
+/// How often pool gauges are refreshed while serving.
+const HEALTH_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Failure to start or run the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// `serve` was called on a driver built without an endpoint.
+    #[error("no endpoint configured")]
+    NoEndpoint,
+    /// A live driver already answers on the socket.
+    #[error("another process is already serving on {0}")]
+    InUse(PathBuf),
+    /// Something other than a socket sits at the socket path.
+    #[error("{0} exists and is not a socket; refusing to replace it")]
+    NotASocket(PathBuf),
+    /// Binding the listener failed.
+    #[error("cannot listen on {endpoint}: {source}")]
+    Bind {
+        /// The endpoint.
+        endpoint: Endpoint,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Builds a [`Driver`].
+#[derive(Debug, Clone)]
+pub struct DriverBuilder {
+    name: String,
+    version: String,
+    node_id: Option<String>,
+    pools: Vec<PoolConfig>,
+    endpoint: Option<Endpoint>,
+    metrics: Option<Arc<DriverMetrics>>,
+    os_reference: Option<PathBuf>,
+}
+
+impl Default for DriverBuilder {
+    fn default() -> Self {
+        DriverBuilder {
+            name: DRIVER_NAME.to_owned(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            node_id: None,
+            pools: Vec::new(),
+            endpoint: None,
+            metrics: None,
+            os_reference: None,
+        }
+    }
+}
+
+impl DriverBuilder {
+    /// CSI driver name (default `kubevirt.io.hostpath-provisioner`).
+    pub fn driver_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Vendor version reported by GetPluginInfo (default: this crate's version).
+    pub fn vendor_version(mut self, version: impl Into<String>) -> Self {
+        self.version = version.into();
+        self
+    }
+
+    /// This node's id, normally the Kubernetes node name. Required.
+    pub fn node_id(mut self, node_id: impl Into<String>) -> Self {
+        self.node_id = Some(node_id.into());
+        self
+    }
+
+    /// Adds one pool. The first pool is the default when no pool is called `legacy`.
+    pub fn pool(mut self, pool: PoolConfig) -> Self {
+        self.pools.push(pool);
+        self
+    }
+
+    /// Adds pools, e.g. from [`crate::config::parse_pools`].
+    pub fn pools(mut self, pools: impl IntoIterator<Item = PoolConfig>) -> Self {
+        self.pools.extend(pools);
+        self
+    }
+
+    /// Where [`Driver::serve`] listens.
+    pub fn endpoint(mut self, endpoint: Endpoint) -> Self {
+        self.endpoint = Some(endpoint);
+        self
+    }
+
+    /// Records RPC and pool metrics into these (see [`DriverMetrics::register`]).
+    pub fn metrics(mut self, metrics: Arc<DriverMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// A path on the OS disk for the shared-with-OS check (default: the socket's directory,
+    /// which kubelet provides from the host disk, or `/`).
+    pub fn os_reference_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.os_reference = Some(path.into());
+        self
+    }
+
+    /// Checks the configuration and prepares the pool directories.
+    pub fn build(self) -> Result<Driver, ConfigError> {
+        let node_id = self
+            .node_id
+            .filter(|n| !n.is_empty())
+            .ok_or(ConfigError::Missing("node id"))?;
+        if self.name.is_empty() {
+            return Err(ConfigError::Missing("driver name"));
+        }
+        check_pools(&self.pools)?;
+        let mut pools = self.pools.iter().map(Pool::prepare).collect::<Result<Vec<_>, _>>()?;
+        Pool::reserve_nested(&mut pools);
+        let os_reference = self.os_reference.unwrap_or_else(|| match &self.endpoint {
+            Some(Endpoint::Unix(p)) => p.parent().map(Path::to_path_buf).unwrap_or_else(|| "/".into()),
+            _ => PathBuf::from("/"),
+        });
+        let os_reference = std::fs::canonicalize(&os_reference).unwrap_or(os_reference);
+        Ok(Driver {
+            state: Arc::new(DriverState {
+                name: self.name,
+                version: self.version,
+                node_id,
+                pools,
+                inflight: InFlight::default(),
+                metrics: self.metrics,
+                os_reference,
+            }),
+            endpoint: self.endpoint,
+        })
+    }
+}
+
+/// A configured driver, ready to serve.
+#[derive(Debug, Clone)]
+pub struct Driver {
+    state: Arc<DriverState>,
+    endpoint: Option<Endpoint>,
+}
+
+impl Driver {
+    /// Starts building a driver.
+    pub fn builder() -> DriverBuilder {
+        DriverBuilder::default()
+    }
+
+    /// Shared state (pools, node id), for embedders that inspect it.
+    pub fn state(&self) -> &Arc<DriverState> {
+        &self.state
+    }
+
+    /// The Identity service, for a tonic server of your own.
+    pub fn identity_service(&self) -> IdentityServer<IdentityService> {
+        IdentityServer::new(IdentityService::new(self.state.clone()))
+    }
+
+    /// The Controller service, for a tonic server of your own.
+    pub fn controller_service(&self) -> ControllerServer<ControllerService> {
+        ControllerServer::new(ControllerService::new(self.state.clone()))
+    }
+
+    /// The Node service, for a tonic server of your own.
+    pub fn node_service(&self) -> NodeServer<NodeService> {
+        NodeServer::new(NodeService::new(self.state.clone()))
+    }
+
+    /// The tracing and metrics layer the built-in server wraps every RPC in.
+    pub fn rpc_layer(&self) -> RpcLayer {
+        RpcLayer::new(self.state.metrics.clone())
+    }
+
+    /// Measures every pool now (blocking I/O; call from `spawn_blocking` in async code).
+    pub fn pools_report(&self) -> PoolsReport {
+        self.state.pools_report()
+    }
+
+    /// Binds the configured endpoint. Separate from serving so callers learn the real address
+    /// (TCP port 0) before the first request.
+    pub async fn bind(self) -> Result<BoundDriver, ServeError> {
+        let endpoint = self.endpoint.clone().ok_or(ServeError::NoEndpoint)?;
+        let listener = match &endpoint {
+            Endpoint::Unix(path) => Listener::Unix(bind_unix(path).map_err(|e| match e {
+                BindUnixError::Serve(e) => e,
+                BindUnixError::Io(source) => ServeError::Bind {
+                    endpoint: endpoint.clone(),
+                    source,
+                },
+            })?),
+            Endpoint::Tcp(addr) => Listener::Tcp(TcpListener::bind(addr).await.map_err(|source| ServeError::Bind {
+                endpoint: endpoint.clone(),
+                source,
+            })?),
+        };
+        let local = match &listener {
+            Listener::Unix(u) => Endpoint::Unix(u.path.clone()),
+            Listener::Tcp(t) => match t.local_addr() {
+                Ok(a) => Endpoint::Tcp(a.to_string()),
+                Err(_) => endpoint.clone(),
+            },
+        };
+        Ok(BoundDriver {
+            driver: self,
+            listener,
+            local,
+        })
+    }
+
+    /// Binds and serves until `shutdown` resolves, then removes the socket.
+    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
+        self.bind().await?.serve(shutdown).await
+    }
+}
+
+struct UnixSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    ino: u64,
+}
+
+enum Listener {
+    Unix(UnixSocket),
+    Tcp(TcpListener),
+}
+
+enum BindUnixError {
+    Serve(ServeError),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for BindUnixError {
+    fn from(e: std::io::Error) -> Self {
+        BindUnixError::Io(e)
+    }
+}
+
+fn bind_unix(path: &Path) -> Result<UnixSocket, BindUnixError> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(BindUnixError::Serve(ServeError::InUse(path.to_path_buf())));
+            }
+            std::fs::remove_file(path)?;
+        }
+        Ok(_) => return Err(BindUnixError::Serve(ServeError::NotASocket(path.to_path_buf()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    let ino = std::fs::symlink_metadata(path)?.ino();
+    Ok(UnixSocket {
+        listener,
+        path: path.to_path_buf(),
+        ino,
+    })
+}
+
+/// A driver with its listener bound.
+pub struct BoundDriver {
+    driver: Driver,
+    listener: Listener,
+    local: Endpoint,
+}
+
+impl std::fmt::Debug for BoundDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BoundDriver").field("endpoint", &self.local).finish()
+    }
+}
+
+impl BoundDriver {
+    /// The address actually listened on.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.local
+    }
+
+    /// Serves until `shutdown` resolves. Pool gauges are refreshed every 30 s. The unix socket
+    /// is removed afterwards (only if it is still ours).
+    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
+        let driver = self.driver;
+        let refresher = {
+            let state = driver.state.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(HEALTH_INTERVAL);
+                loop {
+                    tick.tick().await;
+                    let s = state.clone();
+                    if let Ok(report) = tokio::task::spawn_blocking(move || s.pools_report()).await {
+                        log_report(&report);
+                    }
+                }
+            })
+        };
+        let router = tonic::transport::Server::builder()
+            .layer(driver.rpc_layer())
+            .add_service(driver.identity_service())
+            .add_service(driver.controller_service())
+            .add_service(driver.node_service());
+        let result = match self.listener {
+            Listener::Unix(sock) => {
+                let UnixSocket { listener, path, ino } = sock;
+                let r = router
+                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+                    .await;
+                if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == ino) {
+                    let _ = std::fs::remove_file(&path);
+                }
+                r
+            }
+            Listener::Tcp(listener) => {
+                router
+                    .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+                    .await
+            }
+        };
+        refresher.abort();
+        Ok(result?)
+    }
+}
+
+thread_local! {
+    static LAST_LOGGED: std::cell::RefCell<Vec<(String, bool, bool)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Logs pool problems when they change, not every 30 s.
+fn log_report(report: &PoolsReport) {
+    let now: Vec<(String, bool, bool)> = report.pools.iter().map(|(n, h, s)| (n.clone(), h.usable, *s)).collect();
+    let changed = LAST_LOGGED.with(|l| {
+        let mut l = l.borrow_mut();
+        let changed = *l != now;
+        *l = now;
+        changed
+    });
+    if !changed {
+        return;
+    }
+    for (name, h, shared) in &report.pools {
+        match &h.reason {
+            Some(reason) => tracing::warn!(pool = %name, %reason, "storage pool is not usable"),
+            None => {
+                tracing::info!(pool = %name, available_bytes = h.available_bytes, total_bytes = h.total_bytes, "storage pool is usable")
+            }
+        }
+        if *shared {
+            tracing::warn!(pool = %name, "storage pool shares a device with the OS disk");
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Reflink snapshots on disk, in KubeVirt's layout so existing snapshots keep working:
+//! `<snapshotPath>/<name>/data/` holds the copy of the volume and the empty directory
+//! `<snapshotPath>/<name>/<source volume id>/` records where it came from. Built under
+//! `.hpp-tmp-<name>` and renamed into place, like volumes.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::time::SystemTime;
+
+use rustix::io::Errno;
+
+use crate::copy;
+use crate::error::{Error, Result};
+use crate::fsops::{self, Entry};
+use crate::pool::Pool;
+use crate::validate::{self, INTERNAL_PREFIX};
+use crate::volumes::{deleting_name, temp_name};
+
+/// Name of the directory that holds a snapshot's data.
+pub const DATA_DIR: &str = "data";
+
+/// A snapshot found on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// Snapshot id (= the CreateSnapshot name).
+    pub id: String,
+    /// Pool whose snapshot directory holds it.
+    pub pool: String,
+    /// Volume it was taken from.
+    pub source_volume_id: String,
+    /// When it was made (ctime of its directory).
+    pub created: SystemTime,
+}
+
+fn snapshot_root(pool: &Pool) -> Result<&Path> {
+    pool.snapshot_path.as_deref().ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "storage pool {} has no snapshotPath/snapshotProvider configured",
+            pool.name
+        ))
+    })
+}
+
+fn open_root(pool: &Pool, create: bool) -> Result<Option<OwnedFd>> {
+    let root = snapshot_root(pool)?;
+    if create {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(root)
+            .map_err(|e| Error::io(format!("creating snapshot directory {}", root.display()), e))?;
+    }
+    match rustix::fs::open(
+        root,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(Error::io(format!("opening {}", root.display()), e)),
+    }
+}
+
+/// Reads snapshot `id` from `pool`; `None` when absent.
+pub fn get(pool: &Pool, id: &str) -> Result<Option<SnapshotInfo>> {
+    if pool.snapshot_path.is_none() {
+        return Ok(None);
+    }
+    let Some(root) = open_root(pool, false)? else {
+        return Ok(None);
+    };
+    read_info(pool, root.as_fd(), id)
+}
+
+fn read_info(pool: &Pool, root: std::os::fd::BorrowedFd<'_>, id: &str) -> Result<Option<SnapshotInfo>> {
+    let snap = match fsops::open_child_dir(root, id) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) | Err(Errno::LOOP) | Err(Errno::NOTDIR) => return Ok(None),
+        Err(e) => return Err(Error::io(format!("opening snapshot {id}"), e)),
+    };
+    let names = fsops::list_names(snap.as_fd()).map_err(|e| Error::io("reading snapshot", e))?;
+    let source = names
+        .into_iter()
+        .filter(|n| n != DATA_DIR && validate::check_id("volume id", n).is_ok())
+        .find(|n| matches!(fsops::entry(snap.as_fd(), n), Ok(Entry::Dir { .. })));
+    let Some(source_volume_id) = source else {
+        // No source marker: not a snapshot (or a foreign directory); ignore it.
+        return Ok(None);
+    };
+    let st = rustix::fs::fstat(&snap).map_err(|e| Error::io("stat snapshot", e))?;
+    let created = SystemTime::UNIX_EPOCH
+        + std::time::Duration::new(
+            u64::try_from(st.st_ctime).unwrap_or(0),
+            u32::try_from(st.st_ctime_nsec).unwrap_or(0),
+        );
+    Ok(Some(SnapshotInfo {
+        id: id.to_owned(),
+        pool: pool.name.clone(),
+        source_volume_id,
+        created,
+    }))
+}
+
+/// Every snapshot in `pool`.
+pub fn list(pool: &Pool) -> Result<Vec<SnapshotInfo>> {
+    if pool.snapshot_path.is_none() {
+        return Ok(Vec::new());
+    }
+    let Some(root) = open_root(pool, false)? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for name in fsops::list_names(root.as_fd()).map_err(|e| Error::io("listing snapshots", e))? {
+        if name.starts_with(INTERNAL_PREFIX) || validate::check_id("snapshot id", &name).is_err() {
+            continue;
+        }
+        if let Some(info) = read_info(pool, root.as_fd(), &name)? {
+            out.push(info);
+        }
+    }
+    Ok(out)
+}
+
+/// Creates snapshot `id` of the open volume `source` (named `source_id`) in `pool`.
+pub fn create(pool: &Pool, id: &str, source_id: &str, source: &OwnedFd) -> Result<SnapshotInfo> {
+    let root = open_root(pool, true)?.ok_or_else(|| Error::Internal("snapshot root vanished".into()))?;
+    let tmp = temp_name(id);
+    fsops::remove_tree(root.as_fd(), &tmp)?;
+    let tmp_fd = fsops::mkdir_exact(root.as_fd(), &tmp, 0o750).map_err(|e| Error::io("creating snapshot", e))?;
+    let result = (|| {
+        fsops::mkdir_exact(tmp_fd.as_fd(), source_id, 0o750).map_err(|e| Error::io("creating source marker", e))?;
+        let data =
+            fsops::mkdir_exact(tmp_fd.as_fd(), DATA_DIR, 0o750).map_err(|e| Error::io("creating snapshot data", e))?;
+        let stats = copy::copy_tree(source.as_fd(), data.as_fd())?;
+        let _ = rustix::fs::fsync(&data);
+        Ok::<_, Error>(stats)
+    })();
+    drop(tmp_fd);
+    let stats = match result {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = fsops::remove_tree(root.as_fd(), &tmp);
+            return Err(e);
+        }
+    };
+    match fsops::rename_noreplace(root.as_fd(), &tmp, id) {
+        Ok(()) => {}
+        Err(Errno::EXIST) | Err(Errno::NOTEMPTY) => {
+            let _ = fsops::remove_tree(root.as_fd(), &tmp);
+            return Err(Error::Aborted(format!("snapshot {id} appeared concurrently; retry")));
+        }
+        Err(e) => return Err(Error::io(format!("renaming snapshot {id} into place"), e)),
+    }
+    fsops::sync_dir(root.as_fd());
+    tracing::info!(
+        snapshot = id,
+        files = stats.files,
+        reflinked = stats.reflinked,
+        bytes = stats.bytes,
+        "snapshot data copied"
+    );
+    read_info(pool, root.as_fd(), id)?.ok_or_else(|| Error::Internal(format!("snapshot {id} vanished after creation")))
+}
+
+/// Deletes snapshot `id` from `pool`; missing is success.
+pub fn delete(pool: &Pool, id: &str) -> Result<bool> {
+    if pool.snapshot_path.is_none() {
+        return Ok(false);
+    }
+    let Some(root) = open_root(pool, false)? else {
+        return Ok(false);
+    };
+    let gone = deleting_name(id);
+    fsops::remove_tree(root.as_fd(), &gone)?;
+    match fsops::entry(root.as_fd(), id).map_err(|e| Error::io("stat snapshot", e))? {
+        Entry::Missing => return Ok(false),
+        Entry::Dir { .. } => {}
+        Entry::Symlink | Entry::Other => {
+            return Err(Error::FailedPrecondition(format!(
+                "snapshot entry {id} in storage pool {} is not a directory; left alone",
+                pool.name
+            )));
+        }
+    }
+    fsops::rename_noreplace(root.as_fd(), id, &gone).map_err(|e| Error::io("renaming snapshot for deletion", e))?;
+    fsops::remove_tree(root.as_fd(), &gone)?;
+    Ok(true)
+}
+
+/// Opens the data directory of snapshot `id` for a restore.
+pub fn open_data(pool: &Pool, id: &str) -> Result<OwnedFd> {
+    let not_found = || Error::NotFound(format!("snapshot {id} does not exist in storage pool {}", pool.name));
+    let root = open_root(pool, false)?.ok_or_else(not_found)?;
+    let snap = match fsops::open_child_dir(root.as_fd(), id) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) | Err(Errno::LOOP) | Err(Errno::NOTDIR) => return Err(not_found()),
+        Err(e) => return Err(Error::io("opening snapshot", e)),
+    };
+    match fsops::open_child_dir(snap.as_fd(), DATA_DIR) {
+        Ok(fd) => Ok(fd),
+        Err(Errno::NOENT) | Err(Errno::LOOP) | Err(Errno::NOTDIR) => Err(not_found()),
+        Err(e) => Err(Error::io("opening snapshot data", e)),
+    }
+}
