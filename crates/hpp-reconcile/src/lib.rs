@@ -29,3 +29,6 @@ pub use facts::ClusterFacts;
 pub use object::{ApplyStrategy, DesiredObject, Kind};
 pub use pipeline::Pipeline;
 pub use subreconciler::{Readiness, SubReconciler};
+
+#[cfg(feature = "testkit")]
+pub mod testkit;

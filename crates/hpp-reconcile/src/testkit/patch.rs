@@ -1,0 +1,308 @@
+//! The patch flavours the API server accepts: JSON merge patch, strategic merge patch (keyed
+//! list merge for the common Kubernetes lists), JSON patch, and server-side apply bookkeeping.
+
+use serde_json::{Map, Value};
+
+/// Applies an RFC 7386 JSON merge patch (`application/merge-patch+json`).
+pub(crate) fn merge(target: &mut Value, patch: &Value) {
+    json_patch::merge(target, patch);
+}
+
+/// The merge key the real server uses for a list field, if it merges that list by key.
+///
+/// `ports` is keyed by `containerPort` inside containers and by `port` in Services; the first
+/// key present on the patch elements wins.
+fn merge_keys(field: &str) -> &'static [&'static str] {
+    match field {
+        "containers" | "initContainers" | "ephemeralContainers" | "env" | "volumes" | "imagePullSecrets" => &["name"],
+        "volumeMounts" => &["mountPath"],
+        "volumeDevices" => &["devicePath"],
+        "conditions" => &["type"],
+        "ownerReferences" => &["uid"],
+        "ports" => &["containerPort", "port"],
+        "hostAliases" => &["ip"],
+        "topologySpreadConstraints" => &["topologyKey"],
+        _ => &[],
+    }
+}
+
+/// Lists of scalars the real server unions instead of replacing.
+fn is_set_list(field: &str) -> bool {
+    field == "finalizers"
+}
+
+/// Applies a strategic merge patch (`application/strategic-merge-patch+json`).
+///
+/// Objects merge recursively, `null` deletes, lists of containers/env/volumes/... merge by
+/// their key (`name`, `mountPath`, `type`, ...), `finalizers` merge as a set, other lists are
+/// replaced. The directives `$patch: replace` and `$patch: delete` are honoured; other `$`
+/// directives (`$setElementOrder`, `$retainKeys`, `$deleteFromPrimitiveList`) are ignored.
+pub(crate) fn strategic_merge(target: &mut Value, patch: &Value) {
+    let Value::Object(patch_map) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    match patch_map.get("$patch").and_then(Value::as_str) {
+        Some("replace") => {
+            let mut replaced = patch_map.clone();
+            replaced.remove("$patch");
+            *target = Value::Object(replaced);
+            return;
+        }
+        Some("delete") => {
+            *target = Value::Object(Map::new());
+            return;
+        }
+        _ => {}
+    }
+    if !target.is_object() {
+        *target = Value::Object(Map::new());
+    }
+    let Value::Object(target_map) = target else { return };
+    for (key, value) in patch_map {
+        if key.starts_with('$') {
+            continue;
+        }
+        if value.is_null() {
+            target_map.remove(key);
+            continue;
+        }
+        let slot = target_map.entry(key.clone()).or_insert(Value::Null);
+        match (value, slot.is_array()) {
+            (Value::Array(items), true) if is_set_list(key) => {
+                if let Value::Array(existing) = slot {
+                    for item in items {
+                        if !existing.contains(item) {
+                            existing.push(item.clone());
+                        }
+                    }
+                }
+            }
+            (Value::Array(items), true) => {
+                let key_field = merge_keys(key)
+                    .iter()
+                    .find(|k| items.iter().all(|i| i.get(**k).is_some()))
+                    .copied();
+                match (key_field, slot) {
+                    (Some(k), Value::Array(existing)) if !items.is_empty() => {
+                        merge_keyed_list(existing, items, k);
+                    }
+                    (_, slot) => *slot = Value::Array(strip_directives(items)),
+                }
+            }
+            (Value::Array(items), false) => *slot = Value::Array(strip_directives(items)),
+            (Value::Object(_), _) => strategic_merge(slot, value),
+            _ => *slot = value.clone(),
+        }
+    }
+}
+
+fn strip_directives(items: &[Value]) -> Vec<Value> {
+    items.iter().filter(|i| i.get("$patch").is_none()).cloned().collect()
+}
+
+fn merge_keyed_list(existing: &mut Vec<Value>, items: &[Value], key: &str) {
+    for item in items {
+        let id = item.get(key).cloned();
+        let pos = existing.iter().position(|e| e.get(key).cloned() == id);
+        let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
+        match (pos, delete) {
+            (Some(p), true) => {
+                existing.remove(p);
+            }
+            (Some(p), false) => strategic_merge(&mut existing[p], item),
+            (None, true) => {}
+            (None, false) => existing.push(item.clone()),
+        }
+    }
+}
+
+/// Applies a JSON patch (`application/json-patch+json`) atomically.
+///
+/// Like the real server (evanphx/json-patch), a `test` of `null` against a missing path
+/// passes: kube-runtime's finalizer helper relies on that when it adds the first finalizer.
+pub(crate) fn json_patch(target: &mut Value, ops: &json_patch::Patch) -> Result<(), String> {
+    let mut doc = target.clone();
+    for op in &ops.0 {
+        if let json_patch::PatchOperation::Test(t) = op
+            && t.value.is_null()
+            && doc.pointer(t.path.as_str()).is_none_or(Value::is_null)
+        {
+            continue;
+        }
+        json_patch::patch(&mut doc, std::slice::from_ref(op)).map_err(|e| e.to_string())?;
+    }
+    *target = doc;
+    Ok(())
+}
+
+/// Path of a leaf inside an applied configuration (object keys only; lists are atomic).
+pub(crate) type FieldPath = Vec<String>;
+
+/// Identity fields that the SSA bookkeeping never treats as owned.
+fn strip_identity(config: &Value) -> Value {
+    let mut config = config.clone();
+    if let Value::Object(map) = &mut config {
+        map.remove("apiVersion");
+        map.remove("kind");
+        if let Some(Value::Object(meta)) = map.get_mut("metadata") {
+            for field in [
+                "name",
+                "namespace",
+                "resourceVersion",
+                "uid",
+                "creationTimestamp",
+                "generation",
+                "managedFields",
+            ] {
+                meta.remove(field);
+            }
+        }
+    }
+    config
+}
+
+/// The leaf paths of an applied configuration (objects are descended, everything else is a leaf).
+pub(crate) fn leaves(config: &Value) -> Vec<(FieldPath, Value)> {
+    fn walk(v: &Value, path: &mut FieldPath, out: &mut Vec<(FieldPath, Value)>) {
+        match v {
+            Value::Object(map) if !map.is_empty() => {
+                for (k, child) in map {
+                    path.push(k.clone());
+                    walk(child, path, out);
+                    path.pop();
+                }
+            }
+            _ => out.push((path.clone(), v.clone())),
+        }
+    }
+    let mut out = Vec::new();
+    walk(&strip_identity(config), &mut Vec::new(), &mut out);
+    out
+}
+
+fn lookup<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
+    path.iter().try_fold(v, |cur, k| cur.get(k))
+}
+
+fn remove_path(v: &mut Value, path: &[String]) {
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
+    let mut cur = v;
+    for k in parents {
+        match cur.get_mut(k) {
+            Some(next) => cur = next,
+            None => return,
+        }
+    }
+    if let Value::Object(map) = cur {
+        map.remove(last);
+    }
+}
+
+/// Fields another manager applied with a different value: a server-side apply conflict
+/// unless `force` is set. Returns the conflicting managers and paths.
+pub(crate) fn apply_conflicts<'a>(
+    config: &Value,
+    others: impl Iterator<Item = (&'a str, &'a Value)> + Clone,
+) -> Vec<String> {
+    let mut conflicts = Vec::new();
+    for (path, value) in leaves(config) {
+        for (manager, other) in others.clone() {
+            if let Some(theirs) = lookup(&strip_identity(other), &path)
+                && *theirs != value
+                && !theirs.is_object()
+            {
+                conflicts.push(format!("conflict with \"{manager}\": .{}", path.join(".")));
+            }
+        }
+    }
+    conflicts
+}
+
+/// Server-side apply over `live`: removes fields this manager applied last time but no longer
+/// sends (unless another manager still applies them), then merges the new configuration.
+///
+/// Lists are atomic (replaced as a whole), as for `listType=atomic` in the real server.
+pub(crate) fn server_side_apply<'a>(
+    live: &mut Value,
+    previous: Option<&Value>,
+    config: &Value,
+    others: impl Iterator<Item = &'a Value> + Clone,
+) {
+    if let Some(previous) = previous {
+        let new_config = strip_identity(config);
+        for (path, _) in leaves(previous) {
+            let still_sent = lookup(&new_config, &path).is_some();
+            let kept_by_other = others.clone().any(|o| lookup(&strip_identity(o), &path).is_some());
+            if !still_sent && !kept_by_other {
+                remove_path(live, &path);
+            }
+        }
+    }
+    merge(live, config);
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn strategic_merges_containers_by_name() {
+        let mut live = json!({"spec": {"containers": [
+            {"name": "a", "image": "a:1", "env": [{"name": "X", "value": "1"}]},
+            {"name": "b", "image": "b:1"}
+        ], "args": ["x"]}, "metadata": {"finalizers": ["f1"]}});
+        strategic_merge(
+            &mut live,
+            &json!({"spec": {"containers": [
+                {"name": "a", "image": "a:2", "env": [{"name": "Y", "value": "2"}]},
+                {"name": "b", "$patch": "delete"},
+                {"name": "c", "image": "c:1"}
+            ], "args": ["y"]}, "metadata": {"finalizers": ["f2", "f1"]}}),
+        );
+        assert_eq!(
+            live,
+            json!({"spec": {"containers": [
+                {"name": "a", "image": "a:2", "env": [{"name": "X", "value": "1"}, {"name": "Y", "value": "2"}]},
+                {"name": "c", "image": "c:1"}
+            ], "args": ["y"]}, "metadata": {"finalizers": ["f1", "f2"]}})
+        );
+    }
+
+    #[test]
+    fn json_patch_null_test_passes_on_missing_path() {
+        let mut doc = json!({"metadata": {}});
+        let ops: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "add", "path": "/metadata/finalizers", "value": ["f"]}
+        ]))
+        .unwrap();
+        json_patch(&mut doc, &ops).unwrap();
+        assert_eq!(doc, json!({"metadata": {"finalizers": ["f"]}}));
+        let failing: json_patch::Patch =
+            serde_json::from_value(json!([{"op": "test", "path": "/metadata/finalizers/0", "value": "x"}])).unwrap();
+        assert!(json_patch(&mut doc, &failing).is_err());
+    }
+
+    #[test]
+    fn apply_removes_fields_no_longer_sent() {
+        let mut live = json!({"metadata": {"name": "x", "labels": {"a": "1", "b": "2", "c": "3"}}});
+        let prev = json!({"metadata": {"name": "x", "labels": {"a": "1", "b": "2"}}});
+        let other = json!({"metadata": {"labels": {"b": "2"}}});
+        let next = json!({"metadata": {"name": "x", "labels": {"a": "9"}}});
+        server_side_apply(&mut live, Some(&prev), &next, [&other].into_iter());
+        assert_eq!(
+            live,
+            json!({"metadata": {"name": "x", "labels": {"a": "9", "b": "2", "c": "3"}}})
+        );
+        let conflicts = apply_conflicts(
+            &json!({"metadata": {"labels": {"b": "7"}}}),
+            [("o", &other)].into_iter(),
+        );
+        assert_eq!(conflicts.len(), 1);
+    }
+}

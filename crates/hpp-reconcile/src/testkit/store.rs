@@ -1,0 +1,335 @@
+//! The object store: objects keyed by group/plural/namespace/name, the global resourceVersion
+//! counter, the watch event history and owner-reference garbage collection.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, watch};
+
+use super::faults::ActiveFailure;
+use super::kinds::{KindInfo, Kinds};
+use super::record::RecordedRequest;
+
+/// How many watch events the history keeps before older resourceVersions become "too old".
+pub(crate) const HISTORY_CAPACITY: usize = 10_000;
+
+/// Identity of a stored object; version-independent, like etcd keys.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct ObjKey {
+    pub group: String,
+    pub plural: String,
+    /// "" for cluster-scoped objects.
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjKey {
+    /// The key of `name` in `namespace` for `kind` (namespace ignored for cluster-scoped kinds).
+    pub(crate) fn new(kind: &KindInfo, namespace: Option<&str>, name: &str) -> Self {
+        Self {
+            group: kind.ar.group.clone(),
+            plural: kind.ar.plural.clone(),
+            namespace: if kind.namespaced {
+                namespace.unwrap_or_default().to_string()
+            } else {
+                String::new()
+            },
+            name: name.to_string(),
+        }
+    }
+}
+
+/// Watch event type as it appears on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One change, kept in the history and broadcast to open watches.
+#[derive(Debug, Clone)]
+pub(crate) struct StoredEvent {
+    pub rv: u64,
+    pub key: ObjKey,
+    pub kind: EventType,
+    /// The object before the change (for selector transitions).
+    pub old: Option<Value>,
+    /// The object after the change (the last state for DELETED).
+    pub object: Value,
+}
+
+/// Missed events plus the live feed, handed to a new watch.
+pub(crate) type Subscription = (Vec<Arc<StoredEvent>>, broadcast::Receiver<Arc<StoredEvent>>);
+
+/// How dependents are treated when their owner goes away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Propagation {
+    /// Delete dependents whose owners are all gone (the default, done synchronously).
+    #[default]
+    Background,
+    /// Same as background here: dependents are deleted synchronously before the response.
+    Foreground,
+    /// Strip the owner reference and keep dependents.
+    Orphan,
+}
+
+/// Everything behind the fake's mutex.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub kinds: Kinds,
+    pub objects: BTreeMap<ObjKey, Value>,
+    pub rv: u64,
+    pub counter: u64,
+    pub history: VecDeque<Arc<StoredEvent>>,
+    /// resourceVersions older than this are gone from the history (watch → 410).
+    pub floor_rv: u64,
+    pub events_tx: broadcast::Sender<Arc<StoredEvent>>,
+    /// Last applied configuration per object, subresource flag and field manager.
+    pub applied: BTreeMap<(ObjKey, bool), BTreeMap<String, Value>>,
+    /// Propagation policy chosen at DELETE time for objects still held by finalizers (by uid).
+    pub pending_policy: BTreeMap<String, Propagation>,
+    pub requests: Vec<RecordedRequest>,
+    pub failures: Vec<ActiveFailure>,
+    pub down: bool,
+    /// Bumped whenever the server goes down, which ends every open watch.
+    pub down_tx: watch::Sender<u64>,
+}
+
+/// `now` in the RFC 3339, whole-second form the API server uses.
+pub(crate) fn now() -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    k8s_openapi::jiff::Timestamp::from_second(now.as_second())
+        .unwrap_or(now)
+        .to_string()
+}
+
+/// The uids in `metadata.ownerReferences`.
+pub(crate) fn owner_uids(obj: &Value) -> Vec<String> {
+    obj.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .map(|refs| {
+            refs.iter()
+                .filter_map(|r| r.get("uid").and_then(Value::as_str).map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether the object carries any finalizer.
+pub(crate) fn has_finalizers(obj: &Value) -> bool {
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_some_and(|f| !f.is_empty())
+}
+
+/// A string field under `metadata`.
+pub(crate) fn meta_str<'a>(obj: &'a Value, field: &str) -> Option<&'a str> {
+    obj.get("metadata").and_then(|m| m.get(field)).and_then(Value::as_str)
+}
+
+/// Sets `metadata.<field>`, creating `metadata` if missing.
+pub(crate) fn set_meta(obj: &mut Value, field: &str, value: Value) {
+    if !obj.is_object() {
+        *obj = json!({});
+    }
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        obj["metadata"] = json!({});
+    }
+    obj["metadata"][field] = value;
+}
+
+/// Removes `metadata.<field>` if present.
+pub(crate) fn remove_meta(obj: &mut Value, field: &str) {
+    if let Some(Value::Object(meta)) = obj.get_mut("metadata") {
+        meta.remove(field);
+    }
+}
+
+impl State {
+    /// An empty store serving the built-in kinds.
+    pub(crate) fn new() -> Self {
+        let (events_tx, _) = broadcast::channel(4096);
+        let (down_tx, _) = watch::channel(0);
+        Self {
+            kinds: Kinds::builtin(),
+            objects: BTreeMap::new(),
+            rv: 1,
+            counter: 0,
+            history: VecDeque::new(),
+            floor_rv: 0,
+            events_tx,
+            applied: BTreeMap::new(),
+            pending_policy: BTreeMap::new(),
+            requests: Vec::new(),
+            failures: Vec::new(),
+            down: false,
+            down_tx,
+        }
+    }
+
+    /// A fresh uid (a valid UUID string, unique within this server).
+    pub(crate) fn next_uid(&mut self) -> String {
+        self.counter += 1;
+        format!("6e1f0c2a-0000-4000-8000-{:012x}", self.counter)
+    }
+
+    /// The suffix for `generateName` (5 characters from the real server's alphabet).
+    pub(crate) fn next_suffix(&mut self) -> String {
+        const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+        self.counter += 1;
+        let mut n = self.counter.wrapping_mul(2_654_435_761);
+        (0..5)
+            .map(|_| {
+                let c = ALPHABET[(n % ALPHABET.len() as u64) as usize] as char;
+                n /= ALPHABET.len() as u64;
+                c
+            })
+            .collect()
+    }
+
+    fn record_event(&mut self, event: StoredEvent) {
+        let event = Arc::new(event);
+        self.history.push_back(event.clone());
+        while self.history.len() > HISTORY_CAPACITY {
+            if let Some(old) = self.history.pop_front() {
+                self.floor_rv = old.rv;
+            }
+        }
+        // No receivers is fine: nobody is watching.
+        let _ = self.events_tx.send(event);
+    }
+
+    /// Forgets the event history: watches from any earlier resourceVersion get 410 Gone.
+    pub(crate) fn compact(&mut self) {
+        self.history.clear();
+        self.floor_rv = self.rv;
+    }
+
+    /// Stores `new` for `key` (bumping resourceVersion and emitting a watch event) unless it is
+    /// identical to what is stored. An object being deleted whose finalizers are now empty is
+    /// removed instead, which garbage-collects its dependents.
+    pub(crate) fn commit(&mut self, key: &ObjKey, mut new: Value) -> Value {
+        let old = self.objects.get(key).cloned();
+        if old.as_ref() == Some(&new) {
+            return new;
+        }
+        if meta_str(&new, "deletionTimestamp").is_some() && !has_finalizers(&new) {
+            let uid = meta_str(&new, "uid").unwrap_or_default().to_string();
+            let policy = self.pending_policy.remove(&uid).unwrap_or_default();
+            self.objects.insert(key.clone(), new);
+            return self.remove(key, policy).unwrap_or(Value::Null);
+        }
+        self.rv += 1;
+        set_meta(&mut new, "resourceVersion", json!(self.rv.to_string()));
+        self.objects.insert(key.clone(), new.clone());
+        self.record_event(StoredEvent {
+            rv: self.rv,
+            key: key.clone(),
+            kind: if old.is_some() {
+                EventType::Modified
+            } else {
+                EventType::Added
+            },
+            old,
+            object: new.clone(),
+        });
+        new
+    }
+
+    /// Removes the object now (no finalizer check), emits DELETED and garbage-collects.
+    pub(crate) fn remove(&mut self, key: &ObjKey, policy: Propagation) -> Option<Value> {
+        let mut obj = self.objects.remove(key)?;
+        self.rv += 1;
+        set_meta(&mut obj, "resourceVersion", json!(self.rv.to_string()));
+        self.applied.retain(|(k, _), _| k != key);
+        self.record_event(StoredEvent {
+            rv: self.rv,
+            key: key.clone(),
+            kind: EventType::Deleted,
+            old: None,
+            object: obj.clone(),
+        });
+        if let Some(uid) = meta_str(&obj, "uid") {
+            let uid = uid.to_string();
+            self.pending_policy.remove(&uid);
+            self.collect_garbage(&uid, policy);
+        }
+        Some(obj)
+    }
+
+    /// Starts deleting an object: sets `deletionTimestamp` when finalizers hold it, removes it
+    /// otherwise. Returns the object and whether it is gone.
+    pub(crate) fn begin_delete(&mut self, key: &ObjKey, policy: Propagation) -> Option<(Value, bool)> {
+        let obj = self.objects.get(key)?.clone();
+        if !has_finalizers(&obj) {
+            return self.remove(key, policy).map(|o| (o, true));
+        }
+        if meta_str(&obj, "deletionTimestamp").is_some() {
+            return Some((obj, false));
+        }
+        let uid = meta_str(&obj, "uid").unwrap_or_default().to_string();
+        self.pending_policy.insert(uid, policy);
+        let mut deleting = obj;
+        set_meta(&mut deleting, "deletionTimestamp", json!(now()));
+        set_meta(&mut deleting, "deletionGracePeriodSeconds", json!(0));
+        Some((self.commit(key, deleting), false))
+    }
+
+    /// Garbage-collects dependents of the removed owner `uid`: with Orphan the owner reference
+    /// is stripped; otherwise a dependent whose owners are all gone is deleted (finalizers
+    /// honoured), recursively.
+    fn collect_garbage(&mut self, uid: &str, policy: Propagation) {
+        let dependents: Vec<ObjKey> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| owner_uids(o).iter().any(|u| u == uid))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if dependents.is_empty() {
+            return;
+        }
+        let live: HashSet<String> = self
+            .objects
+            .values()
+            .filter_map(|o| meta_str(o, "uid").map(str::to_string))
+            .collect();
+        for key in dependents {
+            let Some(obj) = self.objects.get(&key).cloned() else {
+                continue;
+            };
+            if policy == Propagation::Orphan {
+                let mut orphan = obj;
+                if let Some(Value::Array(refs)) = orphan.pointer_mut("/metadata/ownerReferences") {
+                    refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid));
+                }
+                self.commit(&key, orphan);
+            } else if owner_uids(&obj).iter().all(|u| !live.contains(u)) {
+                self.begin_delete(&key, Propagation::Background);
+            }
+        }
+    }
+
+    /// Objects of (group, plural), optionally in one namespace, in key order.
+    pub(crate) fn objects_of<'a>(
+        &'a self,
+        group: &'a str,
+        plural: &'a str,
+        namespace: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a ObjKey, &'a Value)> + 'a {
+        self.objects.iter().filter(move |(k, _)| {
+            k.group == group && k.plural == plural && namespace.is_none_or(|ns| k.namespace == ns)
+        })
+    }
+
+    /// History events newer than `rv` plus a live subscription, taken atomically so no event
+    /// is lost or repeated. `Err(floor)` when `rv` is older than the kept history.
+    pub(crate) fn subscribe_from(&self, rv: u64) -> Result<Subscription, u64> {
+        if rv < self.floor_rv {
+            return Err(self.floor_rv);
+        }
+        let backlog = self.history.iter().filter(|e| e.rv > rv).cloned().collect();
+        Ok((backlog, self.events_tx.subscribe()))
+    }
+}

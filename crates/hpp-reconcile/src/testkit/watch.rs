@@ -1,0 +1,151 @@
+//! Watch streams: newline-delimited `{"type": ..., "object": ...}` events after a given
+//! resourceVersion, filtered by namespace and selectors, open until `timeoutSeconds`, the
+//! client hanging up, or the server going down.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, mpsc, watch};
+
+use super::body::FakeBody;
+use super::error::ApiError;
+use super::kinds::KindInfo;
+use super::ops::present;
+use super::selectors::{FieldSelector, LabelSelector};
+use super::store::{EventType, State, StoredEvent, meta_str};
+
+/// Which events one watch wants.
+#[derive(Debug, Clone)]
+pub(crate) struct WatchFilter {
+    pub kind: KindInfo,
+    pub namespace: Option<String>,
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+}
+
+impl WatchFilter {
+    /// Whether `obj` is in the watched set.
+    pub(crate) fn selects(&self, obj: &Value) -> bool {
+        self.namespace
+            .as_deref()
+            .is_none_or(|ns| meta_str(obj, "namespace") == Some(ns))
+            && self.labels.matches(obj)
+            && self.fields.matches(obj)
+    }
+
+    /// The wire event for `ev`, if this watch sees it. An object that starts or stops matching
+    /// the selectors appears as ADDED or DELETED, as with the real watch cache.
+    fn render(&self, ev: &StoredEvent) -> Option<Value> {
+        if ev.key.group != self.kind.ar.group || ev.key.plural != self.kind.ar.plural {
+            return None;
+        }
+        let now = self.selects(&ev.object);
+        let before = ev.old.as_ref().is_some_and(|o| self.selects(o));
+        let kind = match (ev.kind, before, now) {
+            (EventType::Added, _, true) => "ADDED",
+            (EventType::Deleted, _, true) => "DELETED",
+            (EventType::Modified, true, true) => "MODIFIED",
+            (EventType::Modified, false, true) => "ADDED",
+            (EventType::Modified, true, false) => "DELETED",
+            _ => return None,
+        };
+        Some(json!({"type": kind, "object": present(&self.kind, &ev.object)}))
+    }
+}
+
+/// What a watch request asked for.
+#[derive(Debug, Clone)]
+pub(crate) struct WatchRequest {
+    pub filter: WatchFilter,
+    /// `None` for "" / "0": start with synthetic ADDED events for the current state.
+    pub resource_version: Option<u64>,
+    pub timeout: Duration,
+    /// `sendInitialEvents=true`: initial ADDED events, then a BOOKMARK marking their end.
+    pub send_initial_events: bool,
+}
+
+fn line(v: &Value) -> Bytes {
+    let mut text = v.to_string();
+    text.push('\n');
+    Bytes::from(text)
+}
+
+/// Starts a watch against `state` (which the caller has locked) and returns its body.
+pub(crate) fn start(state: &State, req: WatchRequest) -> FakeBody {
+    let (tx, rx) = mpsc::channel(64);
+    let down = state.down_tx.subscribe();
+    let initial_state = req.send_initial_events || req.resource_version.is_none();
+    let from = if initial_state {
+        state.rv
+    } else {
+        req.resource_version.unwrap_or(state.rv)
+    };
+    let mut first: Vec<Value> = Vec::new();
+    if initial_state {
+        let kind = &req.filter.kind;
+        first.extend(
+            state
+                .objects_of(&kind.ar.group, &kind.ar.plural, req.filter.namespace.as_deref())
+                .filter(|(_, o)| req.filter.selects(o))
+                .map(|(_, o)| json!({"type": "ADDED", "object": present(kind, o)})),
+        );
+    }
+    if req.send_initial_events {
+        first.push(json!({"type": "BOOKMARK", "object": {
+            "apiVersion": req.filter.kind.ar.api_version,
+            "kind": req.filter.kind.ar.kind,
+            "metadata": {
+                "resourceVersion": state.rv.to_string(),
+                "annotations": {"k8s.io/initial-events-end": "true"}
+            }
+        }}));
+    }
+    match state.subscribe_from(from) {
+        Ok((backlog, live)) => {
+            first.extend(backlog.iter().filter_map(|ev| req.filter.render(ev)));
+            tokio::spawn(pump(tx, first, live, req.filter, req.timeout, down));
+        }
+        Err(floor) => {
+            let gone = ApiError::from_code(410, format!("too old resource version: {from} ({floor})"));
+            let _ = tx.try_send(line(&json!({"type": "ERROR", "object": gone.to_status()})));
+        }
+    }
+    FakeBody::stream(rx)
+}
+
+async fn pump(
+    tx: mpsc::Sender<Bytes>,
+    first: Vec<Value>,
+    mut live: broadcast::Receiver<Arc<StoredEvent>>,
+    filter: WatchFilter,
+    timeout: Duration,
+    mut down: watch::Receiver<u64>,
+) {
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    for ev in first {
+        if tx.send(line(&ev)).await.is_err() {
+            return;
+        }
+    }
+    loop {
+        tokio::select! {
+            _ = &mut deadline => return,
+            _ = down.changed() => return,
+            () = tx.closed() => return,
+            ev = live.recv() => match ev {
+                Ok(ev) => {
+                    if let Some(wire) = filter.render(&ev)
+                        && tx.send(line(&wire)).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                // Lagged or closed: end the stream; the client re-watches from its last rv.
+                Err(_) => return,
+            },
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! Test kit: server-side apply, merge, strategic merge and JSON patch against the fake API server.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
+use hpp_api::v1beta1::{HostPathProvisioner, HostPathProvisionerSpec};
+use hpp_reconcile::testkit::FakeApiServer;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+fn api_error(err: kube::Error) -> (u16, String) {
+    match err {
+        kube::Error::Api(s) => (s.code, s.reason),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+fn apply_cm(labels: serde_json::Value, data: serde_json::Value) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg", "labels": labels}, "data": data})
+}
+
+#[tokio::test]
+async fn server_side_apply_creates_then_updates() {
+    let fake = FakeApiServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+    let pp = PatchParams::apply("hpp-operator").force();
+
+    let created = api
+        .patch(
+            "cfg",
+            &pp,
+            &Patch::Apply(apply_cm(json!({"a": "1"}), json!({"x": "1"}))),
+        )
+        .await
+        .unwrap();
+    assert!(created.uid().is_some());
+    assert_eq!(created.labels()["a"], "1");
+
+    // Same config again: a no-op, same resourceVersion.
+    let again = api
+        .patch(
+            "cfg",
+            &pp,
+            &Patch::Apply(apply_cm(json!({"a": "1"}), json!({"x": "1"}))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.resource_version(), created.resource_version());
+
+    // Someone else adds a label; the applier's later config keeps it but drops its own old field.
+    api.patch(
+        "cfg",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"other": "x"}}})),
+    )
+    .await
+    .unwrap();
+    let updated = api
+        .patch(
+            "cfg",
+            &pp,
+            &Patch::Apply(apply_cm(json!({"b": "2"}), json!({"x": "2"}))),
+        )
+        .await
+        .unwrap();
+    let labels = updated.labels();
+    assert_eq!(labels.get("b").map(String::as_str), Some("2"));
+    assert_eq!(labels.get("other").map(String::as_str), Some("x"));
+    assert!(
+        !labels.contains_key("a"),
+        "a field the manager stopped applying is removed"
+    );
+    assert_eq!(updated.data.unwrap()["x"], "2");
+
+    let request = fake.write_requests().last().cloned().unwrap();
+    assert_eq!(request.content_type.as_deref(), Some("application/apply-patch+yaml"));
+    assert_eq!(request.query_param("fieldManager").as_deref(), Some("hpp-operator"));
+    assert_eq!(request.query_param("force").as_deref(), Some("true"));
+    assert_eq!(request.body["data"]["x"], "2");
+}
+
+#[tokio::test]
+async fn server_side_apply_conflicts_between_managers_unless_forced() {
+    let fake = FakeApiServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+    api.patch(
+        "cfg",
+        &PatchParams::apply("one"),
+        &Patch::Apply(apply_cm(json!({"a": "1"}), json!({}))),
+    )
+    .await
+    .unwrap();
+    let err = api
+        .patch(
+            "cfg",
+            &PatchParams::apply("two"),
+            &Patch::Apply(apply_cm(json!({"a": "2"}), json!({}))),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(err), (409, "Conflict".to_string()));
+    let forced = api
+        .patch(
+            "cfg",
+            &PatchParams::apply("two").force(),
+            &Patch::Apply(apply_cm(json!({"a": "2"}), json!({}))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(forced.labels()["a"], "2");
+}
+
+#[tokio::test]
+async fn server_side_apply_with_a_stale_resource_version_conflicts() {
+    let fake = FakeApiServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+    let pp = PatchParams::apply("m").force();
+    api.patch("cfg", &pp, &Patch::Apply(apply_cm(json!({}), json!({"x": "1"}))))
+        .await
+        .unwrap();
+    let mut stale = apply_cm(json!({}), json!({"x": "2"}));
+    stale["metadata"]["resourceVersion"] = json!("1");
+    let err = api.patch("cfg", &pp, &Patch::Apply(stale)).await.unwrap_err();
+    assert_eq!(api_error(err).0, 409);
+}
+
+#[tokio::test]
+async fn status_apply_touches_only_status() {
+    let fake = FakeApiServer::new();
+    fake.register::<HostPathProvisioner>(false, true);
+    let api: Api<HostPathProvisioner> = Api::all(fake.client());
+    api.create(
+        &PostParams::default(),
+        &HostPathProvisioner::new("hpp", HostPathProvisionerSpec::default()),
+    )
+    .await
+    .unwrap();
+    let status = json!({
+        "apiVersion": "hostpathprovisioner.kubevirt.io/v1beta1", "kind": "HostPathProvisioner",
+        "metadata": {"name": "hpp", "labels": {"ignored": "yes"}},
+        "spec": {"imagePullPolicy": "Never"},
+        "status": {"observedVersion": "1.0"}
+    });
+    let out = api
+        .patch_status(
+            "hpp",
+            &PatchParams::apply("hpp-operator").force(),
+            &Patch::Apply(&status),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.status.clone().unwrap().observed_version.as_deref(), Some("1.0"));
+    assert_eq!(out.spec.image_pull_policy, None);
+    assert!(out.labels().is_empty());
+    assert_eq!(
+        fake.write_requests()[1].path,
+        "/apis/hostpathprovisioner.kubevirt.io/v1beta1/hostpathprovisioners/hpp/status"
+    );
+
+    // Status apply on a missing object is NotFound (it does not create).
+    let mut missing = status.clone();
+    missing["metadata"]["name"] = json!("nope");
+    let err = api
+        .patch_status(
+            "nope",
+            &PatchParams::apply("hpp-operator").force(),
+            &Patch::Apply(&missing),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(err).0, 404);
+}
+
+#[tokio::test]
+async fn merge_patch_merges_maps_and_deletes_nulls() {
+    let fake = FakeApiServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+    api.patch(
+        "cfg",
+        &PatchParams::apply("m"),
+        &Patch::Apply(apply_cm(json!({"a": "1", "b": "2"}), json!({"x": "1"}))),
+    )
+    .await
+    .unwrap();
+    let out = api
+        .patch(
+            "cfg",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": null, "c": "3"}}})),
+        )
+        .await
+        .unwrap();
+    let labels = out.labels();
+    assert_eq!(labels.keys().cloned().collect::<Vec<_>>(), ["b", "c"]);
+    let err = api
+        .patch("missing", &PatchParams::default(), &Patch::Merge(json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(err).0, 404);
+}
+
+#[tokio::test]
+async fn strategic_merge_patch_merges_containers_by_name() {
+    let fake = FakeApiServer::new();
+    let api: Api<DaemonSet> = Api::namespaced(fake.client(), "ns");
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "ds"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {"spec": {"containers": [
+            {"name": "driver", "image": "driver:1"}, {"name": "registrar", "image": "reg:1"}
+        ]}}}
+    }))
+    .unwrap();
+    let created = api.create(&PostParams::default(), &ds).await.unwrap();
+    let patch = json!({"spec": {"template": {"spec": {"containers": [{"name": "driver", "image": "driver:2"}]}}}});
+    let out = api
+        .patch("ds", &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+        .unwrap();
+    let containers = out.spec.unwrap().template.spec.unwrap().containers;
+    let images: Vec<_> = containers.iter().map(|c| c.image.clone().unwrap()).collect();
+    assert_eq!(images, ["driver:2", "reg:1"]);
+    assert_eq!(out.metadata.generation, Some(created.metadata.generation.unwrap() + 1));
+
+    // Custom resources refuse strategic merge patch, as the real server does.
+    fake.register::<HostPathProvisioner>(false, true);
+    let hpps: Api<HostPathProvisioner> = Api::all(fake.client());
+    hpps.create(
+        &PostParams::default(),
+        &HostPathProvisioner::new("hpp", HostPathProvisionerSpec::default()),
+    )
+    .await
+    .unwrap();
+    let err = hpps
+        .patch("hpp", &PatchParams::default(), &Patch::Strategic(json!({"spec": {}})))
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(err).0, 415);
+}
+
+#[tokio::test]
+async fn json_patch_applies_atomically_and_a_failed_test_is_rejected() {
+    let fake = FakeApiServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+    api.patch(
+        "cfg",
+        &PatchParams::apply("m"),
+        &Patch::Apply(apply_cm(json!({}), json!({"x": "1"}))),
+    )
+    .await
+    .unwrap();
+    let ok: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/data/x", "value": "1"},
+        {"op": "replace", "path": "/data/x", "value": "2"}
+    ]))
+    .unwrap();
+    let out = api
+        .patch("cfg", &PatchParams::default(), &Patch::Json::<()>(ok))
+        .await
+        .unwrap();
+    assert_eq!(out.data.unwrap()["x"], "2");
+
+    let failing: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "replace", "path": "/data/x", "value": "3"},
+        {"op": "test", "path": "/data/x", "value": "nope"}
+    ]))
+    .unwrap();
+    let err = api
+        .patch("cfg", &PatchParams::default(), &Patch::Json::<()>(failing))
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(err), (422, "Invalid".to_string()));
+    assert_eq!(
+        api.get("cfg").await.unwrap().data.unwrap()["x"],
+        "2",
+        "nothing was applied"
+    );
+}
