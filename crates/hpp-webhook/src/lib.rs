@@ -28,6 +28,7 @@
 pub mod admission;
 pub mod cluster;
 pub mod conversion;
+pub mod manifests;
 pub mod metrics;
 pub mod names;
 pub mod reply;
