@@ -1,0 +1,269 @@
+//! Node service over a real unix socket with real bind mounts (tests run as root).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+use hpp_csi::csi;
+use tonic::Code;
+
+#[tokio::test]
+async fn publish_bind_mounts_and_unpublish_removes_only_the_empty_target() {
+    let mut h = Harness::start().await;
+    h.create("pvc-n1").await;
+    let target = h.target("n1");
+    h.publish("pvc-n1", &target, false).await.unwrap();
+    assert!(is_mount_point(&target));
+    std::fs::write(target.join("written-through-mount"), b"hello").unwrap();
+    assert_eq!(
+        std::fs::read(h.pool_path().join("pvc-n1/written-through-mount")).unwrap(),
+        b"hello"
+    );
+    // Idempotent: same volume, same mode.
+    h.publish("pvc-n1", &target, false).await.unwrap();
+    // Same target, different mode: AlreadyExists.
+    assert_eq!(code(h.publish("pvc-n1", &target, true).await), Code::AlreadyExists);
+    h.unpublish("pvc-n1", &target).await.unwrap();
+    assert!(!is_mount_point(&target));
+    assert!(!target.exists());
+    // The data is still in the pool: unpublish never deletes volume content.
+    assert!(h.pool_path().join("pvc-n1/written-through-mount").exists());
+    // Idempotent when the target is already gone.
+    h.unpublish("pvc-n1", &target).await.unwrap();
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn read_only_and_mount_flags_are_honoured() {
+    let mut h = Harness::start().await;
+    h.create("pvc-ro").await;
+    std::fs::write(h.pool_path().join("pvc-ro/f"), b"data").unwrap();
+    let target = h.target("ro");
+    h.publish("pvc-ro", &target, true).await.unwrap();
+    let err = std::fs::write(target.join("g"), b"nope").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(30), "EROFS expected, got {err}");
+    assert_eq!(std::fs::read(target.join("f")).unwrap(), b"data");
+    h.unpublish("pvc-ro", &target).await.unwrap();
+
+    let flagged = h.target("flags");
+    let mut req = publish_req("pvc-ro", &flagged, false);
+    req.volume_capability = Some(mount_cap_flags(&["nosuid", "nodev,noexec"]));
+    h.node.node_publish_volume(req).await.unwrap();
+    let table = hpp_csi::mountinfo::MountTable::read().unwrap();
+    let m = table.mount_at(&flagged).unwrap();
+    for f in ["nosuid", "nodev", "noexec"] {
+        assert!(m.options.iter().any(|o| o == f), "{f} missing from {:?}", m.options);
+    }
+    assert!(!m.read_only());
+    h.unpublish("pvc-ro", &flagged).await.unwrap();
+
+    let mut bad = publish_req("pvc-ro", &h.target("bad-flags"), false);
+    bad.volume_capability = Some(mount_cap_flags(&["uid=1000"]));
+    assert_eq!(code(h.node.node_publish_volume(bad).await), Code::InvalidArgument);
+    assert!(!h.target("bad-flags").exists());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn publish_rejects_bad_requests() {
+    let mut h = Harness::start().await;
+    h.create("pvc-p").await;
+    let t = h.target("p");
+    assert_eq!(code(h.publish("pvc-missing", &t, false).await), Code::NotFound);
+    let mut no_cap = publish_req("pvc-p", &t, false);
+    no_cap.volume_capability = None;
+    assert_eq!(code(h.node.node_publish_volume(no_cap).await), Code::InvalidArgument);
+    let mut block = publish_req("pvc-p", &t, false);
+    block.volume_capability = Some(block_cap());
+    assert_eq!(code(h.node.node_publish_volume(block).await), Code::InvalidArgument);
+    let mut no_target = publish_req("pvc-p", &t, false);
+    no_target.target_path = String::new();
+    assert_eq!(code(h.node.node_publish_volume(no_target).await), Code::InvalidArgument);
+    // Parent of the target missing: kubelet's job, reported as a precondition.
+    let orphan = h.root.join("no-such-parent/target");
+    assert_eq!(code(h.publish("pvc-p", &orphan, false).await), Code::FailedPrecondition);
+    // A target inside a pool would shadow volumes.
+    let inside = h.pool_path().join("pvc-other");
+    assert_eq!(code(h.publish("pvc-p", &inside, false).await), Code::InvalidArgument);
+    assert!(!inside.exists());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn unpublish_never_deletes_a_non_empty_target() {
+    let mut h = Harness::start().await;
+    let target = h.target("full");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("someone-elses-data"), b"keep").unwrap();
+    assert_eq!(code(h.unpublish("pvc-x", &target).await), Code::FailedPrecondition);
+    assert!(target.join("someone-elses-data").exists());
+    assert_eq!(code(h.unpublish("", &target).await), Code::InvalidArgument);
+    assert_eq!(
+        code(h.unpublish("pvc-x", std::path::Path::new("")).await),
+        Code::InvalidArgument
+    );
+    // The "csi" prefix heuristic of KubeVirt is gone: a persistent volume called csi-* survives.
+    h.create("csi-persistent").await;
+    let t2 = h.target("csi");
+    h.publish("csi-persistent", &t2, false).await.unwrap();
+    h.unpublish("csi-persistent", &t2).await.unwrap();
+    assert!(h.pool_path().join("csi-persistent").is_dir());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn ephemeral_inline_volumes_live_as_long_as_the_mount() {
+    let mut h = Harness::start().await;
+    let target = h.target("eph");
+    let mut req = publish_req("csi-0123abcd", &target, false);
+    req.volume_context = HashMap::from([("csi.storage.k8s.io/ephemeral".into(), "true".into())]);
+    h.node.node_publish_volume(req).await.unwrap();
+    assert!(h.pool_path().join("csi-0123abcd").is_dir());
+    assert!(is_mount_point(&target));
+    // Not listed as a volume: the marker directory is internal.
+    let all = h
+        .controller
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(all.entries.len(), 1);
+    h.unpublish("csi-0123abcd", &target).await.unwrap();
+    assert!(!h.pool_path().join("csi-0123abcd").exists());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn stats_report_usage_and_condition() {
+    let mut h = Harness::start().await;
+    h.create("pvc-s").await;
+    let target = h.target("s");
+    h.publish("pvc-s", &target, false).await.unwrap();
+    std::fs::write(target.join("blob"), vec![1u8; 1 << 20]).unwrap();
+    let stats = h
+        .node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: "pvc-s".into(),
+            volume_path: target.to_string_lossy().into_owned(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let bytes = stats
+        .usage
+        .iter()
+        .find(|u| u.unit == csi::volume_usage::Unit::Bytes as i32)
+        .unwrap();
+    let inodes = stats
+        .usage
+        .iter()
+        .find(|u| u.unit == csi::volume_usage::Unit::Inodes as i32)
+        .unwrap();
+    assert!(bytes.used >= 1 << 20, "used {}", bytes.used);
+    assert!(bytes.total > 0 && bytes.available > 0);
+    assert_eq!(inodes.used, 2);
+    assert!(!stats.volume_condition.unwrap().abnormal);
+    h.unpublish("pvc-s", &target).await.unwrap();
+
+    // Path exists but nothing is mounted there: abnormal with KubeVirt's message.
+    std::fs::create_dir_all(&target).unwrap();
+    let unmounted = h
+        .node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: "pvc-s".into(),
+            volume_path: target.to_string_lossy().into_owned(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let c = unmounted.volume_condition.unwrap();
+    assert!(c.abnormal);
+    assert_eq!(c.message, "The volume isn't mounted");
+    // Volume directory gone from every pool.
+    let gone = h
+        .node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: "pvc-never".into(),
+            volume_path: target.to_string_lossy().into_owned(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        gone.volume_condition
+            .unwrap()
+            .message
+            .contains("not found in any storage pool")
+    );
+    let missing = h
+        .node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: "pvc-s".into(),
+            volume_path: h.target("nowhere").to_string_lossy().into_owned(),
+            staging_target_path: String::new(),
+        })
+        .await;
+    assert_eq!(code(missing), Code::NotFound);
+    let invalid = h
+        .node
+        .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
+            volume_id: "pvc-s".into(),
+            volume_path: "relative".into(),
+            staging_target_path: String::new(),
+        })
+        .await;
+    assert_eq!(code(invalid), Code::InvalidArgument);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn node_info_and_capabilities() {
+    let mut h = Harness::start().await;
+    let info = h
+        .node
+        .node_get_info(csi::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.node_id, NODE);
+    assert_eq!(
+        info.accessible_topology
+            .unwrap()
+            .segments
+            .get("topology.hostpath.csi/node")
+            .map(String::as_str),
+        Some(NODE)
+    );
+    let caps = h
+        .node
+        .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let mut types: Vec<i32> = caps
+        .capabilities
+        .into_iter()
+        .map(|c| match c.r#type.unwrap() {
+            csi::node_service_capability::Type::Rpc(r) => r.r#type,
+        })
+        .collect();
+    types.sort();
+    use csi::node_service_capability::rpc::Type;
+    assert_eq!(types, vec![Type::GetVolumeStats as i32, Type::VolumeCondition as i32]);
+    let mut grpc = tonic::client::Grpc::new(hpp_csi::client::connect(&h.endpoint).await.unwrap());
+    grpc.ready().await.unwrap();
+    let r: Result<tonic::Response<()>, tonic::Status> = grpc
+        .unary(
+            tonic::Request::new(()),
+            tonic::codegen::http::uri::PathAndQuery::from_static("/csi.v1.Node/NodeStageVolume"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await;
+    assert_eq!(r.unwrap_err().code(), Code::Unimplemented);
+    h.stop().await;
+}
