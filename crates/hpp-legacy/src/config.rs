@@ -10,6 +10,9 @@ use hpp_api::constants::LEGACY_PROVISIONER_NAME;
 pub const ANNOTATION_BASE_DIR: &str = "hostpathprovisioner.kubevirt.io/legacy-base-dir";
 /// PV annotation: `"true"` when the directory is to be renamed to `archived-…` instead of removed.
 pub const ANNOTATION_ARCHIVE_ON_DELETE: &str = "hostpathprovisioner.kubevirt.io/archive-on-delete";
+/// PV annotation the classic shared-filesystem provisioner (`torchbox.com/hostpath`) used for
+/// its identity instead of `hostPathProvisionerIdentity`; read on deletion, written in shared mode.
+pub const ANNOTATION_TORCHBOX_IDENTITY: &str = "torchbox.com/hostpath-provisioner-id";
 /// Prefix of archived directories.
 pub const ARCHIVE_PREFIX: &str = "archived-";
 /// Provisioner name the classic shared-filesystem provisioner used.

@@ -10,7 +10,9 @@ use hpp_api::constants::{
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
-use crate::config::{ANNOTATION_ARCHIVE_ON_DELETE, ANNOTATION_BASE_DIR, Mode, ProvisionerConfig};
+use crate::config::{
+    ANNOTATION_ARCHIVE_ON_DELETE, ANNOTATION_BASE_DIR, ANNOTATION_TORCHBOX_IDENTITY, Mode, ProvisionerConfig,
+};
 use crate::params::ClassParams;
 use crate::quantity::parse_bytes;
 use crate::template::{self, TemplateInput};
@@ -118,6 +120,8 @@ pub struct ProvisionPlan {
     pub gid: Option<u32>,
     /// Rename instead of remove on delete.
     pub archive_on_delete: bool,
+    /// Set the CephFS quota xattr to the request.
+    pub cephfs_quota: bool,
     /// Node whose disk holds the volume (node-local modes).
     pub node: Option<String>,
     /// StorageClass parameters (the mount guard needs them).
@@ -247,6 +251,12 @@ fn plan(
         .ok_or_else(|| Refusal::new(R::BadRequest, format!("cannot read storage request {quantity:?}")))?;
     let params =
         ClassParams::parse(class.parameters.as_ref()).map_err(|e| Refusal::new(R::BadParameters, e.to_string()))?;
+    if cfg.mode.is_node_local() && params.pv_dir.is_some() {
+        return Err(Refusal::new(
+            R::BadParameters,
+            "StorageClass parameter pvDir is only used in shared mode; node-local volumes go under PV_DIR",
+        ));
+    }
     let base_dir = match cfg.mode {
         Mode::Shared => params.pv_dir.clone().or_else(|| cfg.pv_dir.clone()),
         _ => cfg.pv_dir.clone(),
@@ -284,6 +294,7 @@ fn plan(
         uid: params.uid,
         gid: params.gid,
         archive_on_delete: params.archive_on_delete,
+        cephfs_quota: params.cephfs_quota,
         node: if cfg.mode.is_node_local() {
             cfg.node_name.clone()
         } else {
@@ -342,7 +353,10 @@ pub fn decide_volume(
     if spec.persistent_volume_reclaim_policy.as_deref() != Some("Delete") {
         return Ignore("reclaim policy keeps the directory");
     }
-    let Some(identity) = ann.get(ANNOTATION_PROVISIONER_IDENTITY) else {
+    let Some(identity) = ann
+        .get(ANNOTATION_PROVISIONER_IDENTITY)
+        .or_else(|| ann.get(ANNOTATION_TORCHBOX_IDENTITY))
+    else {
         return Refuse(format!("PV has no {ANNOTATION_PROVISIONER_IDENTITY} annotation"));
     };
     if !cfg.owns_identity(identity) {

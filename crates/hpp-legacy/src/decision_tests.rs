@@ -220,9 +220,14 @@ fn refusals() {
         refusal_of(decide_claim(&c, &nosize, Some(&sc))),
         RefusalReason::BadRequest
     );
-    let typo = class("sc", "hostpath", false, &[("pvdir", "/x")]);
+    let typo = class("sc", "hostpath", false, &[("pvDirectory", "/x")]);
     assert_eq!(
         refusal_of(decide_claim(&c, &claim(&[]), Some(&typo))),
+        RefusalReason::BadParameters
+    );
+    let shared_only = class("sc", "hostpath", false, &[("pvDir", "/x")]);
+    assert_eq!(
+        refusal_of(decide_claim(&c, &claim(&[]), Some(&shared_only))),
         RefusalReason::BadParameters
     );
     let evil = class("sc", "hostpath", false, &[("pathTemplate", "../{pv}")]);
@@ -320,9 +325,10 @@ fn kubevirt_volume_deletion_rules() {
 fn shared_volume_base_dir_from_annotation_or_class() {
     let c = cfg(Mode::Shared);
     let name = "torchbox.com/hostpath";
+    // PVs of the original shared provisioner carry its own identity annotation.
     let base = [
         (ANNOTATION_PROVISIONED_BY, name),
-        (ANNOTATION_PROVISIONER_IDENTITY, name),
+        (crate::config::ANNOTATION_TORCHBOX_IDENTITY, name),
     ];
     let old = pv("Released", "Delete", &base, "/mnt/ceph/pvc-u-1");
     assert!(matches!(decide_volume(&c, &old, None), VolumeDecision::Refuse(_)));

@@ -26,7 +26,12 @@ pub struct DirSpec {
     pub uid: Option<u32>,
     /// Group, if set.
     pub gid: Option<u32>,
+    /// CephFS quota in bytes (`ceph.quota.max_bytes`), if requested.
+    pub ceph_quota_bytes: Option<u64>,
 }
+
+/// Extended attribute CephFS reads a directory quota from.
+pub const CEPH_QUOTA_XATTR: &str = "ceph.quota.max_bytes";
 
 /// What creating a directory did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,21 +125,42 @@ pub fn create_volume_dir(base: &Path, rel: &Path, spec: DirSpec, labeler: &Label
         Err(Errno::EXIST) => false,
         Err(e) => return Err(Error::fs("mkdir", &path, e)),
     };
-    let dir = open_child(&parent, leaf, &path)?;
+    let result = open_child(&parent, leaf, &path).and_then(|dir| set_up(&parent, &dir, &path, spec, labeler));
+    match result {
+        Ok(selinux_context) => Ok(Created {
+            newly_created,
+            selinux_context,
+        }),
+        Err(e) => {
+            if newly_created {
+                // Leave nothing half-configured behind; the next attempt starts clean.
+                let _ = rustix::fs::unlinkat(&parent, *leaf, AtFlags::REMOVEDIR);
+            }
+            Err(e)
+        }
+    }
+}
+
+fn set_up(parent: &OwnedFd, dir: &OwnedFd, path: &Path, spec: DirSpec, labeler: &Labeler) -> Result<Option<String>> {
     if spec.uid.is_some() || spec.gid.is_some() {
         rustix::fs::fchown(
-            &dir,
+            dir,
             spec.uid.map(rustix::fs::Uid::from_raw),
             spec.gid.map(rustix::fs::Gid::from_raw),
         )
-        .map_err(|e| Error::fs("chown", &path, e))?;
+        .map_err(|e| Error::fs("chown", path, e))?;
     }
-    rustix::fs::fchmod(&dir, Mode::from_raw_mode(spec.mode)).map_err(|e| Error::fs("chmod", &path, e))?;
-    let selinux_context = labeler.label(&parent, &dir, &path)?;
-    Ok(Created {
-        newly_created,
-        selinux_context,
-    })
+    rustix::fs::fchmod(dir, Mode::from_raw_mode(spec.mode)).map_err(|e| Error::fs("chmod", path, e))?;
+    if let Some(bytes) = spec.ceph_quota_bytes {
+        rustix::fs::fsetxattr(
+            dir,
+            CEPH_QUOTA_XATTR,
+            bytes.to_string().as_bytes(),
+            rustix::fs::XattrFlags::empty(),
+        )
+        .map_err(|e| Error::fs("setxattr ceph.quota.max_bytes", path, e))?;
+    }
+    labeler.label(parent, dir, path)
 }
 
 /// Removes `base/rel` if it is an empty directory (undo of a create whose PV failed).

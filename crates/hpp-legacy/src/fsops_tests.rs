@@ -8,6 +8,7 @@ fn spec(mode: u32) -> DirSpec {
         mode,
         uid: None,
         gid: None,
+        ceph_quota_bytes: None,
     }
 }
 
@@ -27,6 +28,7 @@ fn creates_with_mode_owner_and_is_idempotent() {
             mode: 0o2770,
             uid: Some(107),
             gid: Some(108),
+            ceph_quota_bytes: None,
         },
         &l,
     )
@@ -139,6 +141,19 @@ fn remove_stops_at_mount_points() {
     // The volume directory itself being a mount point is refused too.
     let err = remove_volume_dir(&vol, &inner, false).unwrap_err();
     assert!(matches!(err, Error::UnsafeDelete { .. }), "{err}");
+}
+
+#[test]
+fn failed_set_up_removes_the_new_directory() {
+    let base = tempfile::tempdir().unwrap();
+    let l = labeler(base.path());
+    // Not a CephFS: the quota xattr cannot be set, and the half-made directory goes away.
+    let quota = DirSpec {
+        ceph_quota_bytes: Some(1 << 20),
+        ..spec(0o770)
+    };
+    assert!(create_volume_dir(base.path(), Path::new("q"), quota, &l).is_err());
+    assert!(!base.path().join("q").exists());
 }
 
 #[test]

@@ -22,6 +22,9 @@ pub const PARAM_EXPECTED_MOUNT: &str = "expectedMount";
 pub const PARAM_EXPECTED_FS_TYPE: &str = "expectedFsType";
 /// File name that must exist in the base directory (opt-in marker of a healthy mount).
 pub const PARAM_MOUNT_MARKER: &str = "mountMarker";
+/// `"true"`: set the CephFS quota xattr `ceph.quota.max_bytes` to the request (as the classic
+/// shared provisioner did; enforced by CephFS clients).
+pub const PARAM_CEPHFS_QUOTA: &str = "cephFSQuota";
 
 const KNOWN: &[&str] = &[
     PARAM_PV_DIR,
@@ -33,6 +36,7 @@ const KNOWN: &[&str] = &[
     PARAM_EXPECTED_MOUNT,
     PARAM_EXPECTED_FS_TYPE,
     PARAM_MOUNT_MARKER,
+    PARAM_CEPHFS_QUOTA,
 ];
 
 /// The parsed parameters of one StorageClass.
@@ -56,6 +60,8 @@ pub struct ClassParams {
     pub expected_fs_types: Vec<String>,
     /// `mountMarker`.
     pub mount_marker: Option<String>,
+    /// `cephFSQuota`.
+    pub cephfs_quota: bool,
 }
 
 /// A parameter that cannot be used.
@@ -86,13 +92,27 @@ fn absolute_dir(key: &str, value: &str) -> Result<PathBuf, ParamError> {
     Ok(path)
 }
 
+fn parse_bool(key: &str, value: &str) -> Result<bool, ParamError> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(bad(key, "must be true or false")),
+    }
+}
+
 impl ClassParams {
-    /// Parses StorageClass `parameters`; unknown keys are errors.
+    /// Parses StorageClass `parameters`; unknown keys are errors. Keys are matched without
+    /// regard to case, as the classic shared provisioner did (`pvdir` = `pvDir`).
     pub fn parse(params: Option<&BTreeMap<String, String>>) -> Result<Self, ParamError> {
         let mut out = ClassParams::default();
         let Some(params) = params else { return Ok(out) };
         for (key, value) in params {
-            match key.as_str() {
+            let canonical = KNOWN
+                .iter()
+                .find(|k| k.eq_ignore_ascii_case(key))
+                .copied()
+                .unwrap_or("");
+            match canonical {
                 PARAM_PV_DIR => out.pv_dir = Some(absolute_dir(key, value)?),
                 PARAM_EXPECTED_MOUNT => out.expected_mount = Some(absolute_dir(key, value)?),
                 PARAM_PATH_TEMPLATE => out.path_template = Some(value.clone()),
@@ -115,13 +135,8 @@ impl ClassParams {
                         out.gid = Some(id);
                     }
                 }
-                PARAM_ARCHIVE_ON_DELETE => {
-                    out.archive_on_delete = match value.to_ascii_lowercase().as_str() {
-                        "true" => true,
-                        "false" => false,
-                        _ => return Err(bad(key, "must be true or false")),
-                    }
-                }
+                PARAM_ARCHIVE_ON_DELETE => out.archive_on_delete = parse_bool(key, value)?,
+                PARAM_CEPHFS_QUOTA => out.cephfs_quota = parse_bool(key, value)?,
                 PARAM_EXPECTED_FS_TYPE => {
                     out.expected_fs_types = value
                         .split(',')
@@ -174,6 +189,11 @@ mod tests {
         assert_eq!(p.expected_fs_types, vec!["ceph", "fuse.ceph-fuse"]);
         assert_eq!(p.mount_marker.as_deref(), Some(".hpp-mounted"));
         assert_eq!(ClassParams::parse(None).unwrap(), ClassParams::default());
+        // Classic torchbox.com/hostpath classes spell keys in any case.
+        let old = map(&[("pvdir", "/mnt/ceph"), ("CEPHFSQUOTA", "true")]);
+        let p = ClassParams::parse(Some(&old)).unwrap();
+        assert_eq!(p.pv_dir, Some(PathBuf::from("/mnt/ceph")));
+        assert!(p.cephfs_quota);
     }
 
     #[test]

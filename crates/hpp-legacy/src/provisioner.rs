@@ -170,6 +170,12 @@ impl Provisioner {
                         category: e.category(),
                     })
                     .inc();
+                // The API being down is not the user's business; anything else is.
+                if !matches!(e, Error::Kube(_)) {
+                    let note = format!("{}: will retry: {e}", self.cfg.provisioner_name);
+                    self.event(true, "ProvisioningFailed", note, "Provision", claim.object_ref(&()))
+                        .await;
+                }
             }
             Ok(_) => {}
         }
@@ -216,6 +222,7 @@ impl Provisioner {
             mode: plan.dir_mode,
             uid: plan.uid,
             gid: plan.gid,
+            ceph_quota_bytes: plan.cephfs_quota.then_some(plan.request_bytes),
         };
         let labeler = self.labeler.clone();
         let created = blocking(move || fsops::create_volume_dir(&base, &rel, spec, &labeler)).await??;

@@ -10,7 +10,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::config::{ANNOTATION_ARCHIVE_ON_DELETE, ANNOTATION_BASE_DIR, ProvisionerConfig};
+use crate::config::{
+    ANNOTATION_ARCHIVE_ON_DELETE, ANNOTATION_BASE_DIR, ANNOTATION_TORCHBOX_IDENTITY, Mode, ProvisionerConfig,
+};
 use crate::decision::ProvisionPlan;
 
 /// Node label PV node affinity uses.
@@ -31,6 +33,10 @@ pub fn build_pv(
     ]);
     if let Some(node) = &plan.node {
         annotations.insert(ANNOTATION_PROVISION_ON_NODE.to_owned(), node.clone());
+    }
+    if cfg.mode == Mode::Shared {
+        // Lets a rollback to the original shared provisioner still recognise its volumes.
+        annotations.insert(ANNOTATION_TORCHBOX_IDENTITY.to_owned(), cfg.identity.clone());
     }
     if plan.archive_on_delete {
         annotations.insert(ANNOTATION_ARCHIVE_ON_DELETE.to_owned(), "true".to_owned());
@@ -104,6 +110,7 @@ mod tests {
             uid: None,
             gid: None,
             archive_on_delete: archive,
+            cephfs_quota: false,
             node: node.map(str::to_owned),
             params: ClassParams::default(),
         }
@@ -153,6 +160,7 @@ mod tests {
         let pv = build_pv(&cfg, &plan(None, true), &claim(), None);
         let ann = pv.metadata.annotations.as_ref().unwrap();
         assert_eq!(ann[ANNOTATION_ARCHIVE_ON_DELETE], "true");
+        assert_eq!(ann[ANNOTATION_TORCHBOX_IDENTITY], crate::config::SHARED_DEFAULT_NAME);
         assert!(!ann.contains_key(ANNOTATION_PROVISION_ON_NODE));
         assert!(pv.spec.unwrap().node_affinity.is_none());
     }
