@@ -1,0 +1,314 @@
+//! Identity, readiness, the mount guard, endpoints, socket lifecycle and metrics.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
+mod common;
+
+use common::*;
+use hpp_csi::csi::{self, controller_client::ControllerClient, identity_client::IdentityClient};
+use hpp_csi::{Driver, Endpoint, PoolConfig, ServeError};
+use tonic::Code;
+
+#[tokio::test]
+async fn identity_reports_name_version_capabilities_and_readiness() {
+    let mut h = Harness::start().await;
+    let info = h
+        .identity
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "kubevirt.io.hostpath-provisioner");
+    assert_eq!(info.vendor_version, "test");
+    let caps = h
+        .identity
+        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(caps.capabilities.len(), 2);
+    let probe = h.identity.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(true));
+    // Pool directory removed behind the driver's back: not ready, and say so.
+    std::fs::remove_dir(h.pool_path()).unwrap();
+    let probe = h.identity.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(false));
+    assert_eq!(
+        code(h.controller.create_volume(create_req("pvc-x")).await),
+        Code::Unavailable
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn mount_guard_refuses_an_unmounted_pool_and_serves_a_mounted_one() {
+    let mut h = Harness::with(|root, b| {
+        b.pool(legacy_pool(root))
+            .pool(PoolConfig::new("guarded", root.join("disk")).require_mount_point(true))
+    })
+    .await;
+    let guarded = h.root.join("disk");
+    let mut req = create_req("pvc-g");
+    req.parameters = params("guarded");
+    let err = h.controller.create_volume(req.clone()).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.message().contains("mount point"), "{}", err.message());
+    assert!(!guarded.join("pvc-g").exists(), "nothing may land on the root disk");
+    let cap = h
+        .controller
+        .get_capacity(csi::GetCapacityRequest {
+            parameters: params("guarded"),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(cap.available_capacity, 0);
+    assert_eq!(cap.maximum_volume_size, Some(0));
+    assert_eq!(
+        h.identity.probe(csi::ProbeRequest {}).await.unwrap().into_inner().ready,
+        Some(false)
+    );
+    let metrics = h.metrics_text();
+    assert!(metrics.contains("hpp_pool_usable{pool=\"guarded\"} 0"), "{metrics}");
+
+    // Mount a tmpfs there: the guard is satisfied.
+    rustix::mount::mount("tmpfs", &guarded, "tmpfs", rustix::mount::MountFlags::empty(), None).unwrap();
+    let v = h
+        .controller
+        .create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(v.volume_id, "pvc-g");
+    assert!(guarded.join("pvc-g").is_dir());
+    let cap = h
+        .controller
+        .get_capacity(csi::GetCapacityRequest {
+            parameters: params("guarded"),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(cap.available_capacity > 0);
+    assert_eq!(
+        h.identity.probe(csi::ProbeRequest {}).await.unwrap().into_inner().ready,
+        Some(true)
+    );
+    let got = h
+        .controller
+        .controller_get_volume(csi::ControllerGetVolumeRequest {
+            volume_id: "pvc-g".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!got.status.unwrap().volume_condition.unwrap().abnormal);
+
+    // A bind mount counts as a mount point too; unmounting flips the condition to abnormal.
+    rustix::mount::unmount(&guarded, rustix::mount::UnmountFlags::empty()).unwrap();
+    let side = h.root.join("side");
+    std::fs::create_dir_all(side.join("pvc-g")).unwrap();
+    let got = h
+        .controller
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(got.entries.is_empty(), "the tmpfs volume is gone with the mount");
+    rustix::mount::mount_bind(&side, &guarded).unwrap();
+    let got = h
+        .controller
+        .controller_get_volume(csi::ControllerGetVolumeRequest {
+            volume_id: "pvc-g".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!got.status.unwrap().volume_condition.unwrap().abnormal);
+    rustix::mount::unmount(&guarded, rustix::mount::UnmountFlags::empty()).unwrap();
+    std::fs::create_dir_all(guarded.join("pvc-g")).unwrap(); // shadow dir on the root disk
+    let got = h
+        .controller
+        .controller_get_volume(csi::ControllerGetVolumeRequest {
+            volume_id: "pvc-g".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let cond = got.status.unwrap().volume_condition.unwrap();
+    assert!(cond.abnormal);
+    assert!(cond.message.contains("mount point"), "{}", cond.message);
+    // Deleting while the pool is unmounted cannot confirm anything: Unavailable, nothing removed.
+    let del = h
+        .controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: "pvc-g".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(code(del), Code::Unavailable);
+    assert!(guarded.join("pvc-g").exists());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn shared_with_os_metric_and_rpc_metrics() {
+    let h = Harness::with(|root, b| b.pool(legacy_pool(root)).os_reference_path(root)).await;
+    let mut id = h.identity.clone();
+    id.probe(csi::ProbeRequest {}).await.unwrap();
+    let mut c = h.controller.clone();
+    let _ = c
+        .controller_get_volume(csi::ControllerGetVolumeRequest {
+            volume_id: "nope".into(),
+        })
+        .await;
+    let text = h.metrics_text();
+    assert!(text.contains("kubevirt_hpp_pool_path_shared_with_os 1"), "{text}");
+    assert!(
+        text.contains("hpp_pool_path_shared_with_os{pool=\"legacy\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("hpp_csi_rpc_requests_total{service=\"Identity\",method=\"Probe\",code=\"Ok\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "hpp_csi_rpc_requests_total{service=\"Controller\",method=\"ControllerGetVolume\",code=\"NotFound\"} 1"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("hpp_csi_rpc_duration_seconds_bucket"), "{text}");
+    assert!(text.contains("hpp_pool_capacity_bytes{pool=\"legacy\"}"), "{text}");
+    h.stop().await;
+
+    // A pool on its own tmpfs does not share the OS device.
+    let dir = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(dir.path()).unwrap();
+    let pool = root.join("own");
+    std::fs::create_dir_all(&pool).unwrap();
+    rustix::mount::mount("tmpfs", &pool, "tmpfs", rustix::mount::MountFlags::empty(), None).unwrap();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = std::sync::Arc::new(hpp_csi::DriverMetrics::register(&mut registry));
+    let driver = Driver::builder()
+        .node_id(NODE)
+        .pool(PoolConfig::new("own", &pool))
+        .os_reference_path(&root)
+        .metrics(metrics)
+        .build()
+        .unwrap();
+    let d = driver.clone();
+    let report = tokio::task::spawn_blocking(move || d.pools_report()).await.unwrap();
+    assert!(!report.pools[0].2);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(text.contains("kubevirt_hpp_pool_path_shared_with_os 0"), "{text}");
+    unmount_below(&root);
+}
+
+#[tokio::test]
+async fn tcp_endpoint_really_listens_on_tcp() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Driver::builder()
+        .node_id(NODE)
+        .pool(PoolConfig::new("legacy", dir.path().join("pool")))
+        .endpoint("tcp://127.0.0.1:0".parse().unwrap())
+        .build()
+        .unwrap();
+    let bound = driver.bind().await.unwrap();
+    let ep = bound.endpoint().clone();
+    let Endpoint::Tcp(addr) = &ep else {
+        panic!("expected tcp, got {ep}")
+    };
+    assert!(!addr.ends_with(":0"));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(bound.serve(async {
+        let _ = rx.await;
+    }));
+    let ch = hpp_csi::client::connect(&ep).await.unwrap();
+    let info = IdentityClient::new(ch.clone())
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .unwrap();
+    assert_eq!(info.into_inner().name, "kubevirt.io.hostpath-provisioner");
+    ControllerClient::new(ch)
+        .create_volume(create_req("pvc-tcp"))
+        .await
+        .unwrap();
+    assert!(dir.path().join("pool/pvc-tcp").is_dir());
+    tx.send(()).unwrap();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn socket_lifecycle_stale_live_and_removal() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("run/csi.sock");
+    let build = || {
+        Driver::builder()
+            .node_id(NODE)
+            .pool(PoolConfig::new("legacy", dir.path().join("pool")))
+            .endpoint(Endpoint::Unix(sock.clone()))
+            .build()
+            .unwrap()
+    };
+    // A stale socket from a crashed driver is replaced.
+    std::fs::create_dir_all(sock.parent().unwrap()).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let bound = build().bind().await.unwrap();
+    // A second driver on the same live socket is refused.
+    assert!(matches!(build().bind().await, Err(ServeError::InUse(_))));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(bound.serve(async {
+        let _ = rx.await;
+    }));
+    assert!(sock.exists());
+    tx.send(()).unwrap();
+    task.await.unwrap().unwrap();
+    assert!(!sock.exists(), "socket removed on shutdown");
+    // A regular file is never deleted to make room for the socket.
+    std::fs::write(&sock, b"not a socket").unwrap();
+    assert!(matches!(build().bind().await, Err(ServeError::NotASocket(_))));
+    assert!(sock.exists());
+    // Building without a node id or pools fails with a clear error.
+    assert!(
+        Driver::builder()
+            .pool(PoolConfig::new("a", dir.path()))
+            .build()
+            .is_err()
+    );
+    assert!(Driver::builder().node_id("n").build().is_err());
+}
+
+#[tokio::test]
+async fn services_compose_into_a_custom_tonic_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = Driver::builder()
+        .node_id(NODE)
+        .pool(PoolConfig::new("legacy", dir.path().join("pool")))
+        .build()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Only Identity and Node: a node-only deployment.
+    let server = tonic::transport::Server::builder()
+        .layer(driver.rpc_layer())
+        .add_service(driver.identity_service())
+        .add_service(driver.node_service())
+        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
+    let task = tokio::spawn(server);
+    let ch = hpp_csi::client::connect(&Endpoint::Tcp(addr.to_string()))
+        .await
+        .unwrap();
+    let info = hpp_csi::csi::node_client::NodeClient::new(ch.clone())
+        .node_get_info(csi::NodeGetInfoRequest {})
+        .await
+        .unwrap();
+    assert_eq!(info.into_inner().node_id, NODE);
+    let r = ControllerClient::new(ch).create_volume(create_req("pvc-x")).await;
+    assert_eq!(code(r), Code::Unimplemented);
+    task.abort();
+}

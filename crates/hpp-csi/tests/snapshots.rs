@@ -1,0 +1,347 @@
+//! Snapshots, restore and clone over a real unix socket; copy-on-write on a loop-mounted XFS
+//! image with reflink=1 when mkfs.xfs and loop devices are available.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use hpp_csi::PoolConfig;
+use hpp_csi::csi::{self, volume_content_source};
+use tonic::Code;
+
+fn snap_req(src: &str, name: &str) -> csi::CreateSnapshotRequest {
+    csi::CreateSnapshotRequest {
+        source_volume_id: src.into(),
+        name: name.into(),
+        ..Default::default()
+    }
+}
+
+fn from_snapshot(name: &str, snap: &str) -> csi::CreateVolumeRequest {
+    let mut req = create_req(name);
+    req.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(volume_content_source::Type::Snapshot(
+            volume_content_source::SnapshotSource {
+                snapshot_id: snap.into(),
+            },
+        )),
+    });
+    req
+}
+
+fn from_volume(name: &str, src: &str) -> csi::CreateVolumeRequest {
+    let mut req = create_req(name);
+    req.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(volume_content_source::Type::Volume(
+            volume_content_source::VolumeSource { volume_id: src.into() },
+        )),
+    });
+    req
+}
+
+#[tokio::test]
+async fn snapshot_restore_and_clone_copy_contents() {
+    let mut h = Harness::start().await;
+    h.create("pvc-src").await;
+    populate(&h.pool_path().join("pvc-src"));
+    let snap = h
+        .controller
+        .create_snapshot(snap_req("pvc-src", "snap-1"))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(snap.snapshot_id, "snap-1");
+    assert_eq!(snap.source_volume_id, "pvc-src");
+    assert!(snap.ready_to_use);
+    assert!(snap.creation_time.unwrap().seconds > 0);
+    // KubeVirt layout: <snapshotPath>/<name>/data + <snapshotPath>/<name>/<source>.
+    assert_populated(&h.snap_path().join("snap-1/data"));
+    assert!(h.snap_path().join("snap-1/pvc-src").is_dir());
+    // Same name, same source: the same snapshot. Same name, other source: AlreadyExists.
+    let again = h
+        .controller
+        .create_snapshot(snap_req("pvc-src", "snap-1"))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(again, snap);
+    h.create("pvc-other").await;
+    assert_eq!(
+        code(h.controller.create_snapshot(snap_req("pvc-other", "snap-1")).await),
+        Code::AlreadyExists
+    );
+    // The snapshot is a point in time: later writes to the source do not leak in.
+    std::fs::write(h.pool_path().join("pvc-src/top.txt"), b"changed").unwrap();
+    let restored = h
+        .controller
+        .create_volume(from_snapshot("pvc-restored", "snap-1"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(restored.volume.unwrap().content_source.is_some());
+    assert_populated(&h.pool_path().join("pvc-restored"));
+    // Clone copies the current contents.
+    h.controller
+        .create_volume(from_volume("pvc-clone", "pvc-src"))
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(h.pool_path().join("pvc-clone/top.txt")).unwrap(),
+        b"changed"
+    );
+    assert_eq!(
+        std::fs::read(h.pool_path().join("pvc-clone/sub/deeper/blob.bin")).unwrap(),
+        vec![7u8; 256 * 1024]
+    );
+    // Deleting the source keeps the snapshot and the restored copy intact.
+    h.controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: "pvc-src".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_populated(&h.pool_path().join("pvc-restored"));
+    assert_populated(&h.snap_path().join("snap-1/data"));
+    // Delete snapshot, idempotently.
+    let del = csi::DeleteSnapshotRequest {
+        snapshot_id: "snap-1".into(),
+        ..Default::default()
+    };
+    h.controller.delete_snapshot(del.clone()).await.unwrap();
+    h.controller.delete_snapshot(del).await.unwrap();
+    assert!(!h.snap_path().join("snap-1").exists());
+    assert_eq!(
+        code(h.controller.create_volume(from_snapshot("pvc-r2", "snap-1")).await),
+        Code::NotFound
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn snapshot_errors() {
+    let mut h = Harness::with(|root, b| {
+        b.pool(legacy_pool(root))
+            .pool(PoolConfig::new("nosnap", root.join("pools/nosnap")))
+    })
+    .await;
+    assert_eq!(
+        code(h.controller.create_snapshot(snap_req("pvc-none", "s1")).await),
+        Code::NotFound
+    );
+    assert_eq!(
+        code(h.controller.create_snapshot(snap_req("", "s1")).await),
+        Code::InvalidArgument
+    );
+    assert_eq!(
+        code(h.controller.create_snapshot(snap_req("pvc-a", "")).await),
+        Code::InvalidArgument
+    );
+    let mut req = create_req("pvc-n");
+    req.parameters = params("nosnap");
+    h.controller.create_volume(req).await.unwrap();
+    let mut s = snap_req("pvc-n", "s2");
+    s.parameters = params("nosnap");
+    assert_eq!(code(h.controller.create_snapshot(s).await), Code::InvalidArgument);
+    let mut s = snap_req("pvc-n", "s2");
+    s.parameters = params("missing-pool");
+    assert_eq!(code(h.controller.create_snapshot(s).await), Code::NotFound);
+    assert_eq!(
+        code(
+            h.controller
+                .delete_snapshot(csi::DeleteSnapshotRequest::default())
+                .await
+        ),
+        Code::InvalidArgument
+    );
+    // Listing before any snapshot directory exists is an empty list, not an error.
+    let empty = h
+        .controller
+        .list_snapshots(csi::ListSnapshotsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(empty.entries.is_empty());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn list_snapshots_filters_and_paginates() {
+    let mut h = Harness::start().await;
+    h.create("pvc-a").await;
+    h.create("pvc-b").await;
+    for i in 0..12 {
+        let src = if i % 3 == 0 { "pvc-b" } else { "pvc-a" };
+        h.controller
+            .create_snapshot(snap_req(src, &format!("snap-{i:02}")))
+            .await
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    let mut pages = 0;
+    loop {
+        let r = h
+            .controller
+            .list_snapshots(csi::ListSnapshotsRequest {
+                max_entries: 5,
+                starting_token: token.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        pages += 1;
+        seen.extend(r.entries.into_iter().map(|e| e.snapshot.unwrap().snapshot_id));
+        if r.next_token.is_empty() {
+            break;
+        }
+        token = r.next_token;
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(seen, (0..12).map(|i| format!("snap-{i:02}")).collect::<Vec<_>>());
+    let by_source = h
+        .controller
+        .list_snapshots(csi::ListSnapshotsRequest {
+            source_volume_id: "pvc-b".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(by_source.entries.len(), 4);
+    let by_id = h
+        .controller
+        .list_snapshots(csi::ListSnapshotsRequest {
+            snapshot_id: "snap-03".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(by_id.entries.len(), 1);
+    assert_eq!(by_id.entries[0].snapshot.as_ref().unwrap().source_volume_id, "pvc-b");
+    for missing in ["snap-99", "../etc"] {
+        let r = h
+            .controller
+            .list_snapshots(csi::ListSnapshotsRequest {
+                snapshot_id: missing.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.entries.is_empty());
+    }
+    let bad = h
+        .controller
+        .list_snapshots(csi::ListSnapshotsRequest {
+            max_entries: 2,
+            starting_token: "garbage".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(code(bad), Code::Aborted);
+    h.stop().await;
+}
+
+/// Mounts a fresh XFS image with reflink=1 at `mnt`, or says why it cannot.
+fn mount_xfs(dir: &Path, mnt: &Path) -> Result<(), String> {
+    if Command::new("mkfs.xfs").arg("-V").output().is_err() {
+        return Err("mkfs.xfs not installed (apt-get install xfsprogs)".into());
+    }
+    let img = dir.join("xfs.img");
+    let f = std::fs::File::create(&img).map_err(|e| e.to_string())?;
+    f.set_len(512 << 20).map_err(|e| e.to_string())?;
+    let out = Command::new("mkfs.xfs")
+        .args(["-q", "-m", "reflink=1"])
+        .arg(&img)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("mkfs.xfs failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    std::fs::create_dir_all(mnt).map_err(|e| e.to_string())?;
+    let out = Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&img)
+        .arg(mnt)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("loop mount failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(())
+}
+
+fn available(p: &Path) -> u64 {
+    let st = rustix::fs::statvfs(p).unwrap();
+    st.f_bavail * st.f_frsize
+}
+
+#[tokio::test]
+async fn reflink_on_xfs_shares_extents() {
+    let scratch = tempfile::tempdir().unwrap();
+    let mnt = std::fs::canonicalize(scratch.path()).unwrap().join("xfs");
+    if let Err(why) = mount_xfs(scratch.path(), &mnt) {
+        println!("SKIPPED reflink_on_xfs_shares_extents: {why}");
+        return;
+    }
+    let result = std::panic::AssertUnwindSafe(async {
+        let mut h = Harness::with(|_, b| {
+            b.pool(
+                PoolConfig::new("xfs", mnt.join("pool"))
+                    .with_snapshots(mnt.join("snapshots"))
+                    .require_mount_point(false),
+            )
+        })
+        .await;
+        let mut req = create_req("pvc-big");
+        req.parameters = params("xfs");
+        h.controller.create_volume(req).await.unwrap();
+        let big = vec![0xA5u8; 96 << 20];
+        std::fs::write(mnt.join("pool/pvc-big/disk.img"), &big).unwrap();
+        rustix::fs::sync();
+        let before = available(&mnt);
+        let mut s = snap_req("pvc-big", "snap-big");
+        s.parameters = params("xfs");
+        h.controller.create_snapshot(s).await.unwrap();
+        let mut r = from_snapshot("pvc-restored", "snap-big");
+        r.parameters = params("xfs");
+        h.controller.create_volume(r).await.unwrap();
+        let mut c = from_volume("pvc-cloned", "pvc-big");
+        c.parameters = params("xfs");
+        h.controller.create_volume(c).await.unwrap();
+        rustix::fs::sync();
+        let after = available(&mnt);
+        // Three full copies would take 288 MiB of a 512 MiB filesystem; reflinks take ~nothing.
+        let used = before.saturating_sub(after);
+        assert!(used < 16 << 20, "reflink copies used {used} bytes");
+        for p in [
+            "snapshots/snap-big/data/disk.img",
+            "pool/pvc-restored/disk.img",
+            "pool/pvc-cloned/disk.img",
+        ] {
+            assert_eq!(std::fs::read(mnt.join(p)).unwrap(), big, "{p}");
+        }
+        // Copy-on-write: modifying the clone leaves the source intact.
+        std::fs::write(mnt.join("pool/pvc-cloned/disk.img"), b"overwritten").unwrap();
+        assert_eq!(
+            std::fs::read(mnt.join("pool/pvc-big/disk.img")).unwrap().len(),
+            96 << 20
+        );
+        h.stop().await;
+    });
+    let outcome = futures::FutureExt::catch_unwind(result).await;
+    unmount_below(&mnt);
+    if let Err(p) = outcome {
+        std::panic::resume_unwind(p);
+    }
+}
