@@ -2,6 +2,7 @@
 //! `hpp-provisioner`): logging, telemetry, the metrics/health server and signal handling.
 
 pub mod admin;
+pub mod operator;
 pub mod provisioner;
 pub mod telemetry;
 pub mod webhook_cmd;

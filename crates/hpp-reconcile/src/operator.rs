@@ -44,6 +44,9 @@ pub struct Context {
     pub base_backoff: Duration,
     /// Longest retry delay.
     pub max_backoff: Duration,
+    /// Source of the CSI DaemonSet's `--metrics-tls-version` (the cluster TLS policy), read
+    /// every pass; `None` keeps `config.metrics_tls_version`.
+    pub metrics_tls_version: Option<Arc<dyn Fn() -> String + Send + Sync>>,
     failures: Mutex<HashMap<String, u32>>,
     now: fn() -> String,
 }
@@ -69,9 +72,25 @@ impl Context {
             metrics,
             base_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(300),
+            metrics_tls_version: None,
             failures: Mutex::new(HashMap::new()),
             now: rfc3339_now,
         }
+    }
+
+    /// Reads `--metrics-tls-version` for the CSI driver from `source` on every pass.
+    pub fn with_metrics_tls_version(mut self, source: Arc<dyn Fn() -> String + Send + Sync>) -> Self {
+        self.metrics_tls_version = Some(source);
+        self
+    }
+
+    /// The configuration for this pass (with the current TLS policy applied).
+    pub fn pass_config(&self) -> OperatorConfig {
+        let mut cfg = self.config.clone();
+        if let Some(source) = &self.metrics_tls_version {
+            cfg.metrics_tls_version = source();
+        }
+        cfg
     }
 
     /// Replaces the retry delays (tests use milliseconds).
@@ -182,7 +201,7 @@ async fn refuse_second(
 
 async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
     let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
-    let cfg = &ctx.config;
+    let cfg = &ctx.pass_config();
     let prev = hpp.status.clone().unwrap_or_default();
     if let Some(observed) = prev
         .observed_version
@@ -216,7 +235,7 @@ async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
 
 async fn cleanup(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
     info!(hpp = %hpp.name_any(), "cleaning up");
-    let cfg = &ctx.config;
+    let cfg = &ctx.pass_config();
     let facts = gather::gather(&ctx.client, &cfg.namespace).await?;
     ctx.pipeline.cleanup(&ctx.applier(), &hpp, cfg, &facts).await?;
     Ok(Action::await_change())

@@ -42,3 +42,19 @@ pub fn render_yaml(
     }
     Ok(out)
 }
+
+/// Facts for rendering offline: the named nodes are Ready and match the CR's `workload`
+/// nodeSelector (they are the nodes the operator would prepare).
+pub fn offline_facts(hpp: &HostPathProvisioner, nodes: &[String], has_scc: bool, has_prometheus: bool) -> ClusterFacts {
+    let mut facts = ClusterFacts::offline(nodes, has_scc, has_prometheus);
+    let selector = hpp
+        .spec
+        .workload
+        .as_ref()
+        .and_then(|w| w.node_selector.clone())
+        .unwrap_or_default();
+    for node in &mut facts.nodes {
+        node.labels.extend(selector.clone());
+    }
+    facts
+}

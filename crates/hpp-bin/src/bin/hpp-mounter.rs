@@ -1,0 +1,10 @@
+//! The `hpp-mounter` executable: keeps a pvcTemplate storage pool mounted on the host.
+
+use clap::Parser;
+use hpp_bin::operator::mounter::{self, MounterArgs};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let _telemetry = hpp_bin::telemetry::init("hpp-mounter", hpp_bin::telemetry::LogFormat::Text)?;
+    mounter::main(MounterArgs::parse()).await
+}

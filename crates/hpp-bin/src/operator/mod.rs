@@ -1,0 +1,69 @@
+//! The `hpp-operator` executable's command line and its subcommands: `run` (default), `render`,
+//! `crd`; plus the pool `mounter` used by the `hpp-mounter` executable.
+
+pub mod leader;
+pub mod mounter;
+pub mod render;
+pub mod run;
+
+use clap::{Parser, Subcommand};
+
+/// The hpp operator: deploys and manages the hostpath provisioner for a HostPathProvisioner CR.
+#[derive(Parser, Debug)]
+#[command(name = "hpp-operator", version, about, args_conflicts_with_subcommands = true)]
+pub struct Args {
+    /// What to do (default: run).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Options of `run` when no subcommand is given.
+    #[command(flatten)]
+    pub run: run::RunArgs,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the operator: leader election, the controller, health and metrics endpoints.
+    Run(run::RunArgs),
+    /// Print, offline, every object the operator would own for a CR, as a YAML stream.
+    Render(render::RenderArgs),
+    /// Print the HostPathProvisioner CustomResourceDefinition (both versions, v1beta1 stored).
+    Crd,
+    /// Serve only the admission webhook (no controller).
+    Webhook(WebhookCommand),
+}
+
+/// Arguments of `webhook`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct WebhookCommand {
+    /// Log line format.
+    #[arg(long, env = "HPP_LOG_FORMAT", value_enum, default_value_t = crate::telemetry::LogFormat::Text)]
+    pub log_format: crate::telemetry::LogFormat,
+    /// Webhook flags.
+    #[command(flatten)]
+    pub webhook: crate::webhook_cmd::WebhookArgs,
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is a normal end, not an error.
+pub fn print_stdout(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}
+
+/// Dispatches the parsed command line.
+pub async fn main(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        None => run::run(args.run).await,
+        Some(Command::Run(a)) => run::run(a).await,
+        Some(Command::Render(a)) => print_stdout(&render::render(&a)?),
+        Some(Command::Crd) => print_stdout(&hpp_api::crd::crd_yaml()?),
+        Some(Command::Webhook(w)) => {
+            let _telemetry = crate::telemetry::init("hpp-operator-webhook", w.log_format)?;
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            crate::webhook_cmd::run(w.webhook, crate::admin::shutdown_signal()).await
+        }
+    }
+}

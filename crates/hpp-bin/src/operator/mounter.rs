@@ -1,0 +1,235 @@
+//! The pool mounter (`hpp-mounter`): mounts a pvcTemplate pool's PVC onto the host at
+//! `<pool path>/csi` (formatting an empty block PVC with `mkfs.xfs` first), keeps it mounted,
+//! and with `--unmount` removes the mount. Flag names match KubeVirt's `mounter`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use tracing::{info, warn};
+
+/// Arguments of `hpp-mounter`.
+#[derive(clap::Parser, Debug, Clone)]
+#[command(
+    name = "hpp-mounter",
+    version,
+    about = "Mounts an hpp storage pool PVC onto the host"
+)]
+pub struct MounterArgs {
+    /// The PVC inside this pod: a directory (filesystem PVC) or a block device.
+    #[arg(long = "storagePoolPath")]
+    pub storage_pool_path: Option<PathBuf>,
+    /// Host directory to mount it on (`<pool path>/csi`).
+    #[arg(long = "mountPath")]
+    pub mount_path: PathBuf,
+    /// Where the host's `/` is mounted in this pod.
+    #[arg(long = "hostPath", default_value = "/host")]
+    pub host_path: PathBuf,
+    /// Remove the mount instead of creating it.
+    #[arg(long)]
+    pub unmount: bool,
+    /// Check once and exit instead of re-checking forever.
+    #[arg(long)]
+    pub once: bool,
+    /// Re-check interval in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub interval_ms: u64,
+}
+
+/// The mount target as seen from this pod: `<hostPath>/<mountPath>`.
+pub fn target(args: &MounterArgs) -> PathBuf {
+    let rel = args.mount_path.strip_prefix("/").unwrap_or(&args.mount_path);
+    args.host_path.join(rel)
+}
+
+/// Decodes the octal escapes (`\040`) of a mountinfo field.
+pub fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
+            let n = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(n);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Mount points listed in a mountinfo text.
+pub fn mount_points(mountinfo: &str) -> Vec<String> {
+    mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape)
+        .collect()
+}
+
+/// Whether `path` is a mount point in this mount namespace.
+pub fn is_mount_point(path: &Path) -> anyhow::Result<bool> {
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let info = std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    Ok(mount_points(&info).iter().any(|m| Path::new(m) == canonical))
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<std::process::Output> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    Ok(out)
+}
+
+fn check(cmd: &mut Command) -> anyhow::Result<()> {
+    let out = run(cmd)?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+fn is_block_device(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
+}
+
+/// Whether a block device already carries a filesystem (blkid exits 2 when it finds nothing).
+fn has_filesystem(device: &Path) -> anyhow::Result<bool> {
+    let out = run(Command::new("blkid")
+        .args(["-p", "-s", "TYPE", "-o", "value"])
+        .arg(device))?;
+    match out.status.code() {
+        Some(0) => Ok(!out.stdout.is_empty()),
+        Some(2) => Ok(false),
+        _ => bail!(
+            "blkid {} failed: {}",
+            device.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    }
+}
+
+/// Makes sure the pool is mounted; returns whether a mount was made now.
+pub fn ensure_mounted(args: &MounterArgs) -> anyhow::Result<bool> {
+    let source = args
+        .storage_pool_path
+        .as_deref()
+        .context("--storagePoolPath is required unless --unmount")?;
+    let target = target(args);
+    std::fs::create_dir_all(&target).with_context(|| format!("creating {}", target.display()))?;
+    if is_mount_point(&target)? {
+        return Ok(false);
+    }
+    if is_block_device(source) {
+        if !has_filesystem(source)? {
+            info!(device = %source.display(), "empty block device, creating an xfs filesystem");
+            check(Command::new("mkfs.xfs").arg(source))?;
+        }
+        check(Command::new("mount").arg(source).arg(&target))?;
+    } else {
+        check(Command::new("mount").arg("--bind").arg(source).arg(&target))?;
+    }
+    info!(source = %source.display(), target = %target.display(), "mounted storage pool");
+    Ok(true)
+}
+
+/// Removes every mount stacked on the target; returns how many were removed.
+pub fn unmount(args: &MounterArgs) -> anyhow::Result<usize> {
+    let target = target(args);
+    let mut removed = 0;
+    while target.exists() && is_mount_point(&target)? {
+        check(Command::new("umount").arg(&target))?;
+        removed += 1;
+        if removed > 64 {
+            bail!("{} is still mounted after {removed} unmounts", target.display());
+        }
+    }
+    Ok(removed)
+}
+
+/// Runs the mounter until SIGTERM (or once with `--once` / `--unmount`).
+pub async fn main(args: MounterArgs) -> anyhow::Result<()> {
+    if args.unmount {
+        let n = unmount(&args)?;
+        info!(target = %target(&args).display(), removed = n, "unmounted storage pool");
+        return Ok(());
+    }
+    ensure_mounted(&args)?;
+    if args.once {
+        return Ok(());
+    }
+    let shutdown = crate::admin::shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            () = tokio::time::sleep(Duration::from_millis(args.interval_ms)) => {
+                if let Err(e) = ensure_mounted(&args) {
+                    warn!(error = %e, "re-mounting the storage pool failed");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn parses_kubevirt_flags_and_targets_the_host_path() {
+        let args = MounterArgs::parse_from([
+            "mounter",
+            "--storagePoolPath",
+            "/source",
+            "--mountPath",
+            "/var/hpvolumes/csi",
+            "--hostPath",
+            "/host",
+        ]);
+        assert_eq!(target(&args), PathBuf::from("/host/var/hpvolumes/csi"));
+        assert!(!args.unmount);
+        assert_eq!(unescape(r"/mnt/with\040space"), "/mnt/with space");
+        let info = "36 35 98:0 /mnt1 /mnt/a\\040b rw,noatime master:1 - ext3 /dev/root rw\n";
+        assert_eq!(mount_points(info), ["/mnt/a b"]);
+    }
+
+    #[test]
+    fn bind_mounts_a_directory_and_unmounts_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("source");
+        let host = dir.path().join("host");
+        std::fs::create_dir_all(&source).unwrap();
+        std::fs::write(source.join("marker"), b"pool").unwrap();
+        let args = MounterArgs::parse_from([
+            "mounter".as_ref(),
+            "--storagePoolPath".as_ref(),
+            source.as_os_str(),
+            "--mountPath".as_ref(),
+            "/var/hpvolumes/csi".as_ref(),
+            "--hostPath".as_ref(),
+            host.as_os_str(),
+            "--once".as_ref(),
+        ]);
+        let mounted = match ensure_mounted(&args) {
+            Ok(m) => m,
+            Err(e) if e.to_string().contains("permission") || e.to_string().contains("only root") => return,
+            Err(e) => panic!("{e:#}"),
+        };
+        assert!(mounted);
+        let target = target(&args);
+        assert_eq!(std::fs::read(target.join("marker")).unwrap(), b"pool");
+        assert!(
+            !ensure_mounted(&args).unwrap(),
+            "a second pass finds it mounted and does nothing"
+        );
+        let unmount_args = MounterArgs { unmount: true, ..args };
+        assert_eq!(unmount(&unmount_args).unwrap(), 1);
+        assert!(!target.join("marker").exists());
+        assert_eq!(unmount(&unmount_args).unwrap(), 0, "unmount is idempotent");
+    }
+}
