@@ -215,6 +215,22 @@ mod tests {
         Args::try_parse_from(v).unwrap()
     }
 
+    #[tokio::test]
+    async fn out_of_cluster_client_from_kubeconfig() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: k\n  cluster:\n    server: https://127.0.0.1:6443\n\
+             contexts:\n- name: c\n  context:\n    cluster: k\n    user: u\n    namespace: storage\nusers:\n- name: u\n  user:\n    token: t\n",
+        )
+        .unwrap();
+        let built = client(Some(&path)).await.unwrap();
+        assert_eq!(built.default_namespace(), "storage");
+        assert!(client(Some(&dir.path().join("missing"))).await.is_err());
+    }
+
     #[test]
     fn kubevirt_flags() {
         let a = parse(&[
