@@ -1,0 +1,134 @@
+//! Shared set-up for the end-to-end operator tests against the fake API server.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hpp_api::HostPathProvisioner;
+use hpp_reconcile::metrics::Metrics;
+use hpp_reconcile::operator::{Context, reconcile};
+use hpp_reconcile::testkit::FakeApiServer;
+use hpp_reconcile::{Error, OperatorConfig, Pipeline};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use kube::api::ObjectMeta;
+use kube::runtime::controller::Action;
+use serde_json::json;
+
+pub const NS: &str = "hostpath-provisioner";
+pub const CR: &str = "hostpath-provisioner";
+
+pub fn example(name: &str) -> HostPathProvisioner {
+    let path = format!("{}/../../deploy/examples/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+    serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+pub fn config(version: &str) -> OperatorConfig {
+    OperatorConfig::from_env([("OPERATOR_VERSION", version), ("POD_NAMESPACE", NS)])
+}
+
+pub fn node(name: &str, ready: bool) -> Node {
+    serde_json::from_value(json!({
+        "metadata": { "name": name, "labels": { "kubernetes.io/os": "linux", "kubernetes.io/hostname": name } },
+        "status": { "conditions": [{ "type": "Ready", "status": if ready { "True" } else { "False" } }] },
+    }))
+    .unwrap()
+}
+
+pub struct Env {
+    pub fake: FakeApiServer,
+    pub ctx: Arc<Context>,
+}
+
+impl Env {
+    /// A fake cluster with the CRD, the given Ready nodes and one example CR.
+    pub fn new(example_name: &str, nodes: &[&str]) -> Self {
+        Self::with_version(example_name, nodes, "v1.0.0")
+    }
+
+    pub fn with_version(example_name: &str, nodes: &[&str], version: &str) -> Self {
+        let fake = FakeApiServer::new();
+        fake.register::<HostPathProvisioner>(false, true);
+        for n in nodes {
+            fake.seed(&node(n, true));
+        }
+        fake.seed(&example(example_name));
+        let ctx = Context::new(fake.client(), config(version), Pipeline::standard(), Metrics::default())
+            .with_backoff(Duration::from_millis(20), Duration::from_millis(200));
+        Env {
+            fake,
+            ctx: Arc::new(ctx),
+        }
+    }
+
+    pub fn hpp(&self) -> HostPathProvisioner {
+        self.fake.get::<HostPathProvisioner>(None, CR).expect("the CR exists")
+    }
+
+    /// One reconcile of the current CR, as the controller would run it.
+    pub async fn pass(&self) -> Result<Action, Error> {
+        reconcile(Arc::new(self.hpp()), self.ctx.clone()).await
+    }
+
+    /// Reconciles until a pass succeeds without writing (at most 10 passes).
+    pub async fn converge(&self) {
+        for _ in 0..10 {
+            self.fake.clear_requests();
+            let result = self.pass().await;
+            if result.is_ok() && self.fake.write_requests().is_empty() {
+                return;
+            }
+        }
+        panic!(
+            "no steady state after 10 passes: last writes {:#?}",
+            self.fake.write_requests()
+        );
+    }
+
+    /// Marks a DaemonSet ready on every node, as the DaemonSet controller would.
+    pub fn daemonset_ready(&self, name: &str, nodes: i64) {
+        assert!(self.fake.set_status::<DaemonSet>(
+            Some(NS),
+            name,
+            json!({ "numberReady": nodes, "desiredNumberScheduled": nodes, "numberAvailable": nodes }),
+        ));
+    }
+
+    /// Binds every pool PVC, as a provisioner would.
+    pub fn bind_claims(&self) {
+        for pvc in self.fake.list::<PersistentVolumeClaim>() {
+            let name = pvc.metadata.name.clone().unwrap();
+            self.fake
+                .set_status::<PersistentVolumeClaim>(Some(NS), &name, json!({ "phase": "Bound" }));
+        }
+    }
+
+    pub fn condition(&self, ty: &str) -> (String, Option<String>, Option<String>) {
+        let status = self.hpp().status.unwrap_or_default();
+        let c = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == ty)
+            .expect("condition present");
+        (c.status.clone(), c.reason.clone(), c.message.clone())
+    }
+
+    /// Names of the stored objects of a kind.
+    pub fn names<K>(&self) -> Vec<String>
+    where
+        K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
+    {
+        self.fake
+            .list::<K>()
+            .into_iter()
+            .map(|o| o.meta().name.clone().unwrap_or_default())
+            .collect()
+    }
+}
+
+pub fn meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        ..Default::default()
+    }
+}
