@@ -198,13 +198,14 @@ fn invalid(req: &AdmissionRequest<DynamicObject>, obj: &HostPathProvisioner, err
         .boxed()
 }
 
-fn forbidden(name: &str, message: String, field: Option<&str>) -> Box<Status> {
-    let causes = field
-        .map(|f| {
+/// 403 Forbidden; `cause` is a (field, what to do about it) pair.
+fn forbidden(name: &str, message: String, cause: Option<(String, String)>) -> Box<Status> {
+    let causes = cause
+        .map(|(field, message)| {
             vec![StatusCause {
                 reason: "FieldValueForbidden".into(),
-                message: message.clone(),
-                field: f.to_string(),
+                message,
+                field,
             }]
         })
         .unwrap_or_default();
@@ -316,8 +317,11 @@ async fn admit_delete(req: &AdmissionRequest<DynamicObject>, cluster: Option<&dy
     Verdict::Deny(forbidden(
         name,
         format!(
-            "{KIND} {name:?} cannot be deleted: {volumes}, and deleting it removes the CSI driver they need to be mounted and cleaned up. Delete those volumes first, or force it with: kubectl annotate hostpathprovisioner {name} {ANNOTATION_FORCE_DELETE}=true"
+            "{KIND} {name:?} cannot be deleted: {volumes}, and deleting the {KIND} removes the CSI driver that mounts and cleans up those volumes. Delete the volumes first, or force it with: kubectl annotate hostpathprovisioner {name} {ANNOTATION_FORCE_DELETE}=true"
         ),
-        Some(&format!("metadata.annotations[{ANNOTATION_FORCE_DELETE}]")),
+        Some((
+            format!("metadata.annotations[{ANNOTATION_FORCE_DELETE}]"),
+            "set to \"true\" to delete while hpp volumes exist".to_string(),
+        )),
     ))
 }

@@ -20,6 +20,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use serde_json::Value;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tracing::{debug, error, info, warn};
 
 use crate::cluster::ClusterState;
@@ -42,6 +43,8 @@ pub struct ServerOptions {
     pub max_body_bytes: usize,
     /// How long open connections may finish after shutdown starts.
     pub drain_timeout: Duration,
+    /// Connections served at once; further clients wait in the listen backlog.
+    pub max_connections: usize,
 }
 
 /// Default [`ServerOptions::max_body_bytes`]: the API server caps objects at 3 MiB, and a review
@@ -56,6 +59,7 @@ impl Default for ServerOptions {
             request_timeout: Duration::from_secs(25),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             drain_timeout: Duration::from_secs(10),
+            max_connections: 1024,
         }
     }
 }
@@ -95,11 +99,19 @@ impl Webhook {
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
         let router = self.router();
         let graceful = GracefulShutdown::new();
+        let connections = Arc::new(Semaphore::new(self.options.max_connections.max(1)));
         let mut shutdown = std::pin::pin!(shutdown);
         if let Ok(addr) = listener.local_addr() {
             info!(%addr, policy = %self.tls.policy(), "webhook listening (HTTPS, HTTP/1.1)");
         }
         loop {
+            let permit = tokio::select! {
+                permit = connections.clone().acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+                () = &mut shutdown => break,
+            };
             let (tcp, peer) = tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok(a) => a,
@@ -124,6 +136,7 @@ impl Webhook {
             let options = self.options.clone();
             let metrics = self.metrics.clone();
             tokio::spawn(async move {
+                let _permit = permit;
                 let stream = match tokio::time::timeout(options.handshake_timeout, acceptor.accept(tcp)).await {
                     Ok(Ok(s)) => s,
                     Ok(Err(e)) => {

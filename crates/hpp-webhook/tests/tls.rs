@@ -445,3 +445,25 @@ async fn shutdown_drains_and_stops_accepting() {
         Ok(resp) => assert!(resp.into_body().collect().await.is_err()),
     }
 }
+
+#[tokio::test]
+async fn connections_beyond_the_limit_wait_for_a_free_slot() {
+    let options = ServerOptions {
+        max_connections: 1,
+        ..ServerOptions::default()
+    };
+    let server = Server::builder().options(options).start().await;
+    let first = connect_http(server.addr, server.client()).await.unwrap();
+    // The second client is accepted by the kernel but not served while the first is open.
+    let (addr, config) = (server.addr, server.client());
+    let second = tokio::spawn(async move { served_cert(addr, config).await });
+    // Give it a chance to be (wrongly) served; a slow machine can only make this pass vacuously.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !second.is_finished(),
+        "a second connection was served beyond max_connections"
+    );
+    drop(first);
+    second.await.unwrap().unwrap();
+    server.stop().await;
+}

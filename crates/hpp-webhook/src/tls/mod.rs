@@ -19,9 +19,18 @@ pub use policy::{PolicySource, Resolved, TlsPolicy, TlsPolicyError, TlsVersion, 
 /// Where the policy comes from at runtime: fixed, or followed from the cluster.
 pub type PolicyWatch = watch::Receiver<TlsPolicy>;
 
+/// Keeps `tx` open until every receiver is gone, so receivers' `changed()` waits instead of
+/// failing; outside a tokio runtime the sender is simply dropped.
+fn keep_open(tx: watch::Sender<TlsPolicy>) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move { tx.closed().await });
+    }
+}
+
 /// Starts policy resolution. With overrides, those are fixed for the process lifetime; without,
 /// and with a client, the OpenShift profile is followed in a background task (which ends once
-/// every receiver is dropped); otherwise the default policy is used.
+/// every receiver is dropped); otherwise the default policy is used. Following the profile needs
+/// a tokio runtime; without one the default policy stays.
 pub fn start_policy(overrides: Option<Resolved>, client: Option<kube::Client>) -> PolicyWatch {
     let initial = match overrides {
         Some(Resolved { policy, warnings }) => {
@@ -30,20 +39,22 @@ pub fn start_policy(overrides: Option<Resolved>, client: Option<kube::Client>) -
             }
             info!(policy = %policy, "TLS policy from TLS_MIN_VERSION_OVERRIDE / TLS_CIPHERS_OVERRIDE");
             let (tx, rx) = watch::channel(policy);
-            // Keep the sender alive for as long as receivers exist, so `changed()` never errors.
-            tokio::spawn(async move { tx.closed().await });
+            keep_open(tx);
             return rx;
         }
         None => TlsPolicy::default(),
     };
     let (tx, rx) = watch::channel(initial);
-    match client {
-        Some(client) => {
-            tokio::spawn(profile::follow_openshift(client, tx));
+    match (client, tokio::runtime::Handle::try_current()) {
+        (Some(client), Ok(runtime)) => {
+            runtime.spawn(profile::follow_openshift(client, tx));
         }
-        None => {
-            info!(policy = %rx.borrow().clone(), "no cluster: default TLS policy");
-            tokio::spawn(async move { tx.closed().await });
+        (client, _) => {
+            if client.is_some() {
+                warn!("no tokio runtime: cannot follow the OpenShift TLS profile");
+            }
+            info!(policy = %rx.borrow().clone(), "default TLS policy");
+            keep_open(tx);
         }
     }
     rx
