@@ -252,3 +252,48 @@ async fn missing_label_and_rwx_are_refused() {
     );
     assert_eq!(events_for(&fake, "rwx", "AccessModeNotSupported").len(), 1);
 }
+
+#[tokio::test]
+async fn selinux_enforcing_hosts_get_container_file_t_directories() {
+    let fake = FakeApiServer::new();
+    fake.seed(&storage_class(
+        "local",
+        NAME,
+        false,
+        "Delete",
+        &[("pathTemplate", "{namespace}/{pv}")],
+    ));
+    let fs = Tmpfs::new("8m");
+    let base = fs.path().join("volumes");
+    std::fs::create_dir(&base).unwrap();
+    let parent_ctx = b"unconfined_u:object_r:var_lib_t:s0:c1,c2\0";
+    rustix::fs::setxattr(&base, "security.selinux", parent_ctx, rustix::fs::XattrFlags::empty()).unwrap();
+    let flag = fs.path().join("enforce");
+    std::fs::write(&flag, "1\n").unwrap();
+    let p = provisioner(&fake, config(Mode::SingleNode, None, Some(&base)), fs.path())
+        .with_labeler(hpp_legacy::selinux::Labeler::new(&flag));
+    let c = seed_claim(
+        &fake,
+        &claim("apps", "vm", "local", NAME, "1Mi", &["ReadWriteOnce"], &[]),
+    );
+    assert_eq!(
+        p.reconcile_claim(&c).await.unwrap(),
+        ClaimOutcome::Provisioned(pv_name(&c))
+    );
+    let dir = host_path(&pv(&fake, &pv_name(&c)));
+    let mut buf = vec![0u8; 256];
+    let n = rustix::fs::getxattr(&dir, "security.selinux", &mut buf[..]).unwrap();
+    assert_eq!(&buf[..n], b"system_u:object_r:container_file_t:s0\0");
+
+    // Permissive (or no SELinux at all): no label is written.
+    std::fs::write(&flag, "0\n").unwrap();
+    let p = provisioner(&fake, config(Mode::SingleNode, None, Some(&base)), fs.path())
+        .with_labeler(hpp_legacy::selinux::Labeler::new(&flag));
+    let c = seed_claim(
+        &fake,
+        &claim("apps", "vm2", "local", NAME, "1Mi", &["ReadWriteOnce"], &[]),
+    );
+    p.reconcile_claim(&c).await.unwrap();
+    let dir = host_path(&pv(&fake, &pv_name(&c)));
+    assert!(rustix::fs::getxattr(&dir, "security.selinux", &mut buf[..]).is_err());
+}

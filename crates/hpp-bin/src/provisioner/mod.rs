@@ -59,7 +59,11 @@ fn loose_bool(s: &str) -> Result<bool, std::convert::Infallible> {
 
 /// Flags; each is also read from the environment variable shown in `--help`.
 #[derive(Debug, Parser)]
-#[command(name = "hpp-provisioner", version, about)]
+#[command(
+    name = "hpp-provisioner",
+    version,
+    about = "The non-CSI hostPath provisioner: KubeVirt legacy, single-node and shared-filesystem modes"
+)]
 pub struct Args {
     /// Which classic provisioner this instance replaces.
     #[arg(long, env = "HPP_MODE", value_enum, default_value = "kubevirt")]
