@@ -341,3 +341,49 @@ async fn seed_upserts_and_keeps_identity() {
     assert_ne!(second.resource_version(), first.resource_version());
     assert_eq!(fake.list::<ConfigMap>().len(), 1);
 }
+
+#[tokio::test]
+async fn every_registered_version_serves_the_same_objects() {
+    let fake = FakeApiServer::new();
+    fake.register::<hpp_api::v1alpha1::HostPathProvisioner>(false, true);
+    fake.register::<HostPathProvisioner>(false, true);
+    let api: Api<HostPathProvisioner> = Api::all(fake.client());
+    api.create(&PostParams::default(), &hpp("hpp")).await.unwrap();
+    let alpha = kube::core::ApiResource::erase::<hpp_api::v1alpha1::HostPathProvisioner>(&());
+    let old = fake.get_dynamic(&alpha, None, "hpp").unwrap();
+    assert_eq!(old["apiVersion"], "hostpathprovisioner.kubevirt.io/v1alpha1");
+    let alpha_api: Api<kube::api::DynamicObject> = Api::all_with(fake.client(), &alpha);
+    assert_eq!(alpha_api.list(&ListParams::default()).await.unwrap().items.len(), 1);
+}
+
+#[tokio::test]
+async fn metadata_only_requests_get_partial_object_metadata() {
+    use futures::StreamExt;
+    use kube::core::PartialObjectMeta;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let fake = FakeApiServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns1");
+    api.create(&PostParams::default(), &cm("a", &[("app", "hpp")]))
+        .await
+        .unwrap();
+    let meta = api.get_metadata("a").await.unwrap();
+    assert_eq!(meta.metadata.labels.unwrap()["app"], "hpp");
+    let list = api
+        .list_metadata(&ListParams::default().labels("app=hpp"))
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 1);
+    let meta_api: Api<PartialObjectMeta<ConfigMap>> = Api::namespaced(fake.client(), "ns1");
+    let mut stream = watcher(meta_api, watcher::Config::default()).applied_objects().boxed();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(30), stream.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.metadata.name.as_deref(), Some("a"));
+    assert_eq!(
+        first.types.unwrap().kind,
+        "PartialObjectMetadata",
+        "served as metadata only"
+    );
+}

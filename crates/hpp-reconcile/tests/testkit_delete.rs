@@ -288,3 +288,80 @@ async fn delete_preconditions_are_checked() {
     assert!(matches!(err, kube::Error::Api(s) if s.code == 409));
     assert!(fake.get::<ConfigMap>(Some("ns"), "a").is_some());
 }
+
+#[tokio::test]
+async fn deleting_a_namespace_deletes_its_contents() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let fake = FakeApiServer::new();
+    let mut ns = Namespace::default();
+    ns.metadata.name = Some("ns".into());
+    fake.seed(&ns);
+    fake.seed(&cm("a"));
+    let mut elsewhere = cm("b");
+    elsewhere.metadata.namespace = Some("other".into());
+    fake.seed(&elsewhere);
+    let api: Api<Namespace> = Api::all(fake.client());
+    api.delete("ns", &DeleteParams::default()).await.unwrap();
+    assert!(fake.get::<ConfigMap>(Some("ns"), "a").is_none());
+    assert!(fake.get::<ConfigMap>(Some("other"), "b").is_some());
+}
+
+#[tokio::test]
+async fn foreground_deletion_waits_for_blocking_dependents() {
+    let fake = FakeApiServer::new();
+    let mut ds = DaemonSet::default();
+    ds.metadata.name = Some("ds".into());
+    ds.metadata.namespace = Some("ns".into());
+    let ds = fake.seed(&ds);
+    let mut held = owned_by(cm("held"), &[&ds]);
+    held.metadata.owner_references.as_mut().unwrap()[0].block_owner_deletion = Some(true);
+    held.metadata.finalizers = Some(vec!["example.com/f".into()]);
+    fake.seed(&held);
+    // Not blocking: deleted first, but the owner would not wait for it.
+    fake.seed(&owned_by(cm("free"), &[&ds]));
+
+    let api: Api<DaemonSet> = Api::namespaced(fake.client(), "ns");
+    let pending = api
+        .delete("ds", &DeleteParams::foreground())
+        .await
+        .unwrap()
+        .left()
+        .unwrap();
+    assert!(pending.finalizers().contains(&"foregroundDeletion".to_string()));
+    assert!(pending.metadata.deletion_timestamp.is_some());
+    assert!(
+        fake.get::<ConfigMap>(Some("ns"), "free").is_none(),
+        "dependents go first"
+    );
+    assert!(
+        fake.get::<ConfigMap>(Some("ns"), "held")
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+
+    // Releasing the blocking dependent lets the owner go.
+    let cms: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+    cms.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert!(fake.get::<ConfigMap>(Some("ns"), "held").is_none());
+    assert!(fake.get::<DaemonSet>(Some("ns"), "ds").is_none());
+
+    // Without dependents, foreground deletion is immediate.
+    let mut lone = DaemonSet::default();
+    lone.metadata.name = Some("lone".into());
+    lone.metadata.namespace = Some("ns".into());
+    fake.seed(&lone);
+    assert!(
+        api.delete("lone", &DeleteParams::foreground())
+            .await
+            .unwrap()
+            .is_right()
+    );
+}

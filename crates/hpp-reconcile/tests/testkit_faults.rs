@@ -172,3 +172,44 @@ async fn dynamic_kinds_work_through_dynamic_objects() {
     let things: Api<kube::api::DynamicObject> = Api::all_with(fake.client(), &missing);
     assert_eq!(code(things.list(&Default::default()).await.unwrap_err()), 404);
 }
+
+#[tokio::test]
+async fn creating_a_crd_serves_its_kinds_and_deleting_it_stops_them() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let fake = FakeApiServer::new();
+    let client = fake.client();
+    let hpps: Api<HostPathProvisioner> = Api::all(client.clone());
+    assert_eq!(code(hpps.list(&Default::default()).await.unwrap_err()), 404);
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &hpp_api::crd::crd().unwrap())
+        .await
+        .unwrap();
+    assert!(hpps.list(&Default::default()).await.unwrap().items.is_empty());
+    let discovery = Discovery::new(client.clone()).run().await.unwrap();
+    let (_, caps) = discovery
+        .resolve_gvk(&GroupVersionKind::gvk(
+            "hostpathprovisioner.kubevirt.io",
+            "v1beta1",
+            "HostPathProvisioner",
+        ))
+        .unwrap();
+    assert_eq!(caps.scope, Scope::Cluster);
+    assert!(
+        discovery
+            .resolve_gvk(&GroupVersionKind::gvk(
+                "hostpathprovisioner.kubevirt.io",
+                "v1alpha1",
+                "HostPathProvisioner"
+            ))
+            .is_some()
+    );
+
+    crds.delete(
+        "hostpathprovisioners.hostpathprovisioner.kubevirt.io",
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(code(hpps.list(&Default::default()).await.unwrap_err()), 404);
+}

@@ -276,3 +276,50 @@ async fn json_patch_applies_atomically_and_a_failed_test_is_rejected() {
         "nothing was applied"
     );
 }
+
+fn lease_apply(holder: &str) -> serde_json::Value {
+    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "lock"},
+           "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}})
+}
+
+/// The pattern kube-lease-manager relies on: a non-forced apply of another manager's field
+/// conflicts while that manager still owns it, and succeeds once it was released.
+#[tokio::test]
+async fn competing_appliers_conflict_until_the_owner_releases() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let fake = FakeApiServer::new();
+    let api: Api<Lease> = Api::namespaced(fake.client(), "ns");
+    let pp = |m: &str| PatchParams {
+        field_manager: Some(m.into()),
+        ..Default::default()
+    };
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "lock"}, "spec": {}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    api.patch("lock", &pp("a"), &Patch::Apply(lease_apply("a")))
+        .await
+        .unwrap();
+    let err = api
+        .patch("lock", &pp("b"), &Patch::Apply(lease_apply("b")))
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(err), (409, "Conflict".to_string()));
+    assert_eq!(
+        api.get("lock").await.unwrap().spec.unwrap().holder_identity.as_deref(),
+        Some("a")
+    );
+
+    // The holder releases with a strategic merge patch of nulls; the next applier wins.
+    let release = json!({"spec": {"holderIdentity": null, "leaseDurationSeconds": null}});
+    api.patch("lock", &pp("a"), &Patch::Strategic(release)).await.unwrap();
+    api.patch("lock", &pp("b"), &Patch::Apply(lease_apply("b")))
+        .await
+        .unwrap();
+    assert_eq!(
+        api.get("lock").await.unwrap().spec.unwrap().holder_identity.as_deref(),
+        Some("b")
+    );
+}

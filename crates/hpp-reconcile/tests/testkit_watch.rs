@@ -179,6 +179,38 @@ async fn kube_runtime_watcher_lists_then_follows_changes() {
 }
 
 #[tokio::test]
+async fn kube_runtime_watcher_supports_streaming_lists() {
+    let fake = FakeApiServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+    api.create(&PostParams::default(), &cm("existing", "hpp"))
+        .await
+        .unwrap();
+    let mut objects = watcher(api.clone(), watcher::Config::default().streaming_lists()).boxed();
+    let mut initial = Vec::new();
+    loop {
+        match next(&mut objects).await.unwrap() {
+            watcher::Event::Init => {}
+            watcher::Event::InitApply(o) => initial.push(o.name_any()),
+            watcher::Event::InitDone => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(initial, ["existing"]);
+    api.create(&PostParams::default(), &cm("new", "hpp")).await.unwrap();
+    match next(&mut objects).await.unwrap() {
+        watcher::Event::Apply(o) => assert_eq!(o.name_any(), "new"),
+        other => panic!("unexpected {other:?}"),
+    }
+    let gets: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == http::Method::GET)
+        .collect();
+    assert!(gets.iter().all(|r| r.is_watch()), "no list request was needed");
+    assert_eq!(gets[0].query_param("sendInitialEvents").as_deref(), Some("true"));
+}
+
+#[tokio::test]
 async fn kube_runtime_watcher_relists_after_410_gone() {
     let fake = FakeApiServer::new();
     let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");

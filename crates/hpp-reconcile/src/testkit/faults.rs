@@ -89,10 +89,11 @@ pub(crate) fn injected(
     path: &str,
     query: &str,
 ) -> Option<ApiError> {
+    rules.retain(|r| r.remaining != Some(0));
     let idx = rules.iter().position(|r| r.rule.matches(method, path, query))?;
     let status = rules[idx].rule.status;
     if let Some(n) = rules[idx].remaining.as_mut() {
-        *n = n.saturating_sub(1);
+        *n -= 1;
         if *n == 0 {
             rules.remove(idx);
         }

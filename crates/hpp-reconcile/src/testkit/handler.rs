@@ -99,6 +99,7 @@ fn respond(inner: &Mutex<State>, parts: &http::request::Parts, bytes: &[u8]) -> 
     };
     let response = result.unwrap_or_else(|e| json_response(e.code, &e.to_status()));
     record.status = response.status().as_u16();
+    tracing::debug!(method = %record.method, path = %record.path, query = %record.query, status = record.status, "fake API request");
     state.requests.push(record);
     Ok(response)
 }
@@ -124,6 +125,32 @@ fn json_response(code: u16, body: &Value) -> Response<FakeBody> {
 
 fn ok(body: &Value) -> Result<Response<FakeBody>, ApiError> {
     Ok(json_response(200, body))
+}
+
+/// The `PartialObjectMetadata` form of an object (for `Accept: ...;as=PartialObjectMetadata`,
+/// as `Api::get_metadata`, `list_metadata`, `watch_metadata` and `metadata_watcher` send).
+pub(crate) fn as_metadata(obj: &Value) -> Value {
+    json!({
+        "apiVersion": "meta.k8s.io/v1",
+        "kind": "PartialObjectMetadata",
+        "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
+    })
+}
+
+/// Reduces an object or a list response to metadata when the client asked for it.
+fn shape(body: Value, metadata_only: bool) -> Value {
+    if !metadata_only {
+        return body;
+    }
+    match body.get("items").and_then(Value::as_array) {
+        Some(items) => json!({
+            "apiVersion": "meta.k8s.io/v1",
+            "kind": "PartialObjectMetadataList",
+            "metadata": body.get("metadata").cloned().unwrap_or_else(|| json!({})),
+            "items": items.iter().map(as_metadata).collect::<Vec<_>>(),
+        }),
+        None => as_metadata(&body),
+    }
 }
 
 fn dispatch(state: &mut State, path: &str, req: Incoming<'_>) -> Result<Response<FakeBody>, ApiError> {
@@ -168,16 +195,19 @@ fn object_request(state: &mut State, p: ObjectPath, req: Incoming<'_>) -> Result
     }
     let ns = p.namespace.as_deref();
     let dry_run = req.query.get("dryRun").is_some_and(|d| d == "All");
+    let meta = req.accept.contains("as=PartialObjectMetadata");
     let method = req.method.clone();
     match (method, p.name.as_deref(), part) {
         (Method::GET, None, Part::Main) => {
             if req.query.get("watch").is_some_and(|w| w == "true" || w == "1") {
-                watch_request(state, kind, ns, &req.query)
+                watch_request(state, kind, ns, &req.query, meta)
             } else {
                 list(state, &kind, ns, &req.query)
+                    .map(|l| shape(l, meta))
+                    .and_then(|l| ok(&l))
             }
         }
-        (Method::GET, Some(name), _) => ok(&state.get(&kind, ns, name)?),
+        (Method::GET, Some(name), _) => ok(&shape(state.get(&kind, ns, name)?, meta)),
         (Method::POST, None, Part::Main) => {
             let created = state.create(&kind, ns, req.body, Part::Main, dry_run)?;
             Ok(json_response(201, &present(&kind, &created)))
@@ -187,14 +217,15 @@ fn object_request(state: &mut State, p: ObjectPath, req: Incoming<'_>) -> Result
             if !body.is_object() {
                 return Err(ApiError::bad_request("the request body must be a JSON object"));
             }
-            ok(&state.update(&kind, ns, name, part, dry_run, |o| {
+            let updated = state.update(&kind, ns, name, part, dry_run, |o| {
                 *o = body;
                 Ok(())
-            })?)
+            })?;
+            ok(&shape(updated, meta))
         }
         (Method::PATCH, Some(name), part) => {
             let body = patch_body(&kind, &req)?;
-            ok(&state.patch(&kind, ns, name, part, body, dry_run)?)
+            ok(&shape(state.patch(&kind, ns, name, part, body, dry_run)?, meta))
         }
         (Method::DELETE, Some(name), Part::Main) => {
             let (policy, preconditions, body_dry_run) = delete_options(&req)?;
@@ -222,12 +253,7 @@ fn selectors(query: &BTreeMap<String, String>) -> Result<(LabelSelector, FieldSe
     Ok((labels, fields))
 }
 
-fn list(
-    state: &State,
-    kind: &KindInfo,
-    ns: Option<&str>,
-    query: &BTreeMap<String, String>,
-) -> Result<Response<FakeBody>, ApiError> {
+fn list(state: &State, kind: &KindInfo, ns: Option<&str>, query: &BTreeMap<String, String>) -> Result<Value, ApiError> {
     let (labels, fields) = selectors(query)?;
     let after = query
         .get("continue")
@@ -262,7 +288,7 @@ fn list(
         metadata["remainingItemCount"] = json!(remaining);
     }
     let items: Vec<Value> = page.drain(..).map(|(_, o)| o).collect();
-    ok(&json!({
+    Ok(json!({
         "apiVersion": kind.ar.api_version,
         "kind": format!("{}List", kind.ar.kind),
         "metadata": metadata,
@@ -275,6 +301,7 @@ fn watch_request(
     kind: KindInfo,
     ns: Option<&str>,
     query: &BTreeMap<String, String>,
+    metadata_only: bool,
 ) -> Result<Response<FakeBody>, ApiError> {
     let (labels, fields) = selectors(query)?;
     let resource_version = match query.get("resourceVersion").map(String::as_str) {
@@ -294,6 +321,7 @@ fn watch_request(
             namespace: ns.map(str::to_string),
             labels,
             fields,
+            metadata_only,
         },
         resource_version,
         timeout,

@@ -15,17 +15,23 @@
 //! - the `/status` split for kinds with a status subresource, `metadata.generation` bumped on
 //!   spec changes only, no-op writes that keep the `resourceVersion` and emit no event;
 //! - delete with finalizers (`deletionTimestamp`, removal when the last finalizer goes),
-//!   delete-collection, and synchronous owner-reference garbage collection
-//!   (Background/Foreground delete dependents, Orphan strips the reference);
-//! - discovery (`/api`, `/apis`, aggregated discovery) listing exactly the registered kinds,
-//!   `/version`; fault injection ([`FailureRule`]) and an outage switch
-//!   ([`FakeApiServer::set_unavailable`]); a log of every request ([`RecordedRequest`]).
+//!   delete-collection, preconditions, and synchronous owner-reference garbage collection
+//!   (Background deletes dependents whose owners are all gone, Foreground deletes dependents
+//!   first and holds the owner with `foregroundDeletion` while `blockOwnerDeletion` dependents
+//!   remain, Orphan strips the reference); deleting a Namespace deletes its contents;
+//! - metadata-only requests (`get_metadata`, `list_metadata`, `metadata_watcher`);
+//! - discovery (`/api`, `/apis`, aggregated discovery) listing exactly the served kinds,
+//!   `/version`; creating a CustomResourceDefinition serves its kinds, deleting it stops them;
+//! - fault injection ([`FailureRule`]), an outage switch ([`FakeApiServer::set_unavailable`])
+//!   and a log of every request ([`RecordedRequest`]).
 //!
-//! Known simplifications: server-side apply treats lists as atomic and keeps no
-//! `managedFields`; strategic merge knows the merge keys of the common lists (containers, env,
-//! volumes, volumeMounts, ports, conditions, ownerReferences) and the `$patch` directive only;
-//! Foreground deletion behaves like Background; pods are deleted at once (no kubelet); garbage
-//! collection runs when an owner is removed, not for objects created with an absent owner.
+//! Known simplifications: server-side apply treats lists as atomic, keeps no `managedFields`
+//! and only tracks apply managers (a non-apply write takes ownership away from the applier but
+//! does not itself cause apply conflicts); strategic merge knows the merge keys of the common
+//! lists (containers, env, volumes, volumeMounts, ports, conditions, ownerReferences) and the
+//! `$patch` directive only; pods are deleted at once (no kubelet); garbage collection runs when
+//! an owner is removed, not for objects created with an absent owner; no scale/eviction/log
+//! subresources; objects of every version of a kind are served as-is (no conversion).
 //!
 //! ```
 //! use hpp_reconcile::testkit::FakeApiServer;
@@ -55,6 +61,7 @@ mod body;
 mod discovery;
 mod error;
 mod faults;
+mod gc;
 mod handler;
 mod kinds;
 mod ops;
@@ -83,9 +90,21 @@ use ops::{Part, present};
 use store::{ObjKey, Propagation, State};
 
 /// The fake API server. Cheap to clone; clones share the same objects, history and request log.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct FakeApiServer {
     inner: Arc<Mutex<State>>,
+}
+
+impl std::fmt::Debug for FakeApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = lock(&self.inner);
+        f.debug_struct("FakeApiServer")
+            .field("resource_version", &state.rv)
+            .field("objects", &state.objects.len())
+            .field("requests", &state.requests.len())
+            .field("down", &state.down)
+            .finish()
+    }
 }
 
 impl Default for FakeApiServer {

@@ -298,7 +298,9 @@ impl State {
                 let managers = self.applied.get(&slot).cloned().unwrap_or_default();
                 let others = managers.iter().filter(|(m, _)| **m != manager);
                 if !force {
-                    let conflicts = patch::apply_conflicts(&config, others.clone().map(|(m, v)| (m.as_str(), v)));
+                    let live = self.objects.get(&key).cloned().unwrap_or_default();
+                    let conflicts =
+                        patch::apply_conflicts(&live, &config, others.clone().map(|(m, v)| (m.as_str(), v)));
                     if !conflicts.is_empty() {
                         return Err(ApiError::conflict(
                             kind,
@@ -361,7 +363,7 @@ impl State {
                 Deleted::Gone(present(kind, obj))
             });
         }
-        match self.begin_delete(&key, policy) {
+        match self.delete_with(&key, policy) {
             Some((obj, true)) => Ok(Deleted::Gone(present(kind, &obj))),
             Some((obj, false)) => Ok(Deleted::Pending(present(kind, &obj))),
             None => Err(ApiError::not_found(kind, name)),

@@ -201,18 +201,26 @@ fn remove_path(v: &mut Value, path: &[String]) {
     }
 }
 
-/// Fields another manager applied with a different value: a server-side apply conflict
-/// unless `force` is set. Returns the conflicting managers and paths.
+/// Fields another manager applied and still owns (the live value is still the one it applied)
+/// that this configuration would change: a server-side apply conflict unless `force` is set.
+///
+/// A field someone changed since with a non-apply write is no longer owned by its applier, as
+/// in the real server (the fake does not track non-apply managers, so it conflicts less often).
 pub(crate) fn apply_conflicts<'a>(
+    live: &Value,
     config: &Value,
     others: impl Iterator<Item = (&'a str, &'a Value)> + Clone,
 ) -> Vec<String> {
     let mut conflicts = Vec::new();
     for (path, value) in leaves(config) {
+        let current = lookup(live, &path);
+        if current == Some(&value) {
+            continue;
+        }
         for (manager, other) in others.clone() {
             if let Some(theirs) = lookup(&strip_identity(other), &path)
-                && *theirs != value
                 && !theirs.is_object()
+                && current == Some(theirs)
             {
                 conflicts.push(format!("conflict with \"{manager}\": .{}", path.join(".")));
             }
@@ -221,8 +229,9 @@ pub(crate) fn apply_conflicts<'a>(
     conflicts
 }
 
-/// Server-side apply over `live`: removes fields this manager applied last time but no longer
-/// sends (unless another manager still applies them), then merges the new configuration.
+/// Server-side apply over `live`: removes fields this manager applied last time, still owns
+/// (unchanged since) and no longer sends, unless another manager applies them too; then merges
+/// the new configuration.
 ///
 /// Lists are atomic (replaced as a whole), as for `listType=atomic` in the real server.
 pub(crate) fn server_side_apply<'a>(
@@ -233,10 +242,11 @@ pub(crate) fn server_side_apply<'a>(
 ) {
     if let Some(previous) = previous {
         let new_config = strip_identity(config);
-        for (path, _) in leaves(previous) {
+        for (path, applied) in leaves(previous) {
             let still_sent = lookup(&new_config, &path).is_some();
+            let still_owned = lookup(live, &path) == Some(&applied);
             let kept_by_other = others.clone().any(|o| lookup(&strip_identity(o), &path).is_some());
-            if !still_sent && !kept_by_other {
+            if !still_sent && still_owned && !kept_by_other {
                 remove_path(live, &path);
             }
         }
@@ -300,9 +310,18 @@ mod tests {
             json!({"metadata": {"name": "x", "labels": {"a": "9", "b": "2", "c": "3"}}})
         );
         let conflicts = apply_conflicts(
+            &live,
             &json!({"metadata": {"labels": {"b": "7"}}}),
             [("o", &other)].into_iter(),
         );
         assert_eq!(conflicts.len(), 1);
+        // Once someone else changed the field, the applier no longer owns it.
+        live["metadata"]["labels"]["b"] = json!("changed");
+        let conflicts = apply_conflicts(
+            &live,
+            &json!({"metadata": {"labels": {"b": "7"}}}),
+            [("o", &other)].into_iter(),
+        );
+        assert!(conflicts.is_empty());
     }
 }

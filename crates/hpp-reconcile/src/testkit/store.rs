@@ -1,7 +1,7 @@
 //! The object store: objects keyed by group/plural/namespace/name, the global resourceVersion
 //! counter, the watch event history and owner-reference garbage collection.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -224,6 +224,7 @@ impl State {
         self.rv += 1;
         set_meta(&mut new, "resourceVersion", json!(self.rv.to_string()));
         self.objects.insert(key.clone(), new.clone());
+        self.sync_crd(key, &new, true);
         self.record_event(StoredEvent {
             rv: self.rv,
             key: key.clone(),
@@ -256,6 +257,13 @@ impl State {
             self.pending_policy.remove(&uid);
             self.collect_garbage(&uid, policy);
         }
+        if key.group.is_empty() && key.plural == "namespaces" {
+            self.empty_namespace(&key.name);
+        }
+        for owner in owner_uids(&obj) {
+            self.release_foreground(&owner);
+        }
+        self.sync_crd(key, &obj, false);
         Some(obj)
     }
 
@@ -277,38 +285,15 @@ impl State {
         Some((self.commit(key, deleting), false))
     }
 
-    /// Garbage-collects dependents of the removed owner `uid`: with Orphan the owner reference
-    /// is stripped; otherwise a dependent whose owners are all gone is deleted (finalizers
-    /// honoured), recursively.
-    fn collect_garbage(&mut self, uid: &str, policy: Propagation) {
-        let dependents: Vec<ObjKey> = self
-            .objects
-            .iter()
-            .filter(|(_, o)| owner_uids(o).iter().any(|u| u == uid))
-            .map(|(k, _)| k.clone())
-            .collect();
-        if dependents.is_empty() {
-            return;
+    /// Starts deleting with a propagation policy: Foreground first deletes the dependents
+    /// (the owner waits under the `foregroundDeletion` finalizer for those that block it).
+    pub(crate) fn delete_with(&mut self, key: &ObjKey, policy: Propagation) -> Option<(Value, bool)> {
+        if policy == Propagation::Foreground
+            && let Some(outcome) = self.begin_foreground(key)
+        {
+            return Some(outcome);
         }
-        let live: HashSet<String> = self
-            .objects
-            .values()
-            .filter_map(|o| meta_str(o, "uid").map(str::to_string))
-            .collect();
-        for key in dependents {
-            let Some(obj) = self.objects.get(&key).cloned() else {
-                continue;
-            };
-            if policy == Propagation::Orphan {
-                let mut orphan = obj;
-                if let Some(Value::Array(refs)) = orphan.pointer_mut("/metadata/ownerReferences") {
-                    refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid));
-                }
-                self.commit(&key, orphan);
-            } else if owner_uids(&obj).iter().all(|u| !live.contains(u)) {
-                self.begin_delete(&key, Propagation::Background);
-            }
-        }
+        self.begin_delete(key, policy)
     }
 
     /// Objects of (group, plural), optionally in one namespace, in key order.

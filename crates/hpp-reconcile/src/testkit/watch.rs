@@ -11,6 +11,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 
 use super::body::FakeBody;
 use super::error::ApiError;
+use super::handler::as_metadata;
 use super::kinds::KindInfo;
 use super::ops::present;
 use super::selectors::{FieldSelector, LabelSelector};
@@ -23,6 +24,8 @@ pub(crate) struct WatchFilter {
     pub namespace: Option<String>,
     pub labels: LabelSelector,
     pub fields: FieldSelector,
+    /// Send `PartialObjectMetadata` objects (a metadata watch).
+    pub metadata_only: bool,
 }
 
 impl WatchFilter {
@@ -51,7 +54,16 @@ impl WatchFilter {
             (EventType::Modified, true, false) => "DELETED",
             _ => return None,
         };
-        Some(json!({"type": kind, "object": present(&self.kind, &ev.object)}))
+        Some(json!({"type": kind, "object": self.shape(&ev.object)}))
+    }
+
+    /// The object as this watch sends it.
+    fn shape(&self, obj: &Value) -> Value {
+        if self.metadata_only {
+            as_metadata(obj)
+        } else {
+            present(&self.kind, obj)
+        }
     }
 }
 
@@ -89,7 +101,7 @@ pub(crate) fn start(state: &State, req: WatchRequest) -> FakeBody {
             state
                 .objects_of(&kind.ar.group, &kind.ar.plural, req.filter.namespace.as_deref())
                 .filter(|(_, o)| req.filter.selects(o))
-                .map(|(_, o)| json!({"type": "ADDED", "object": present(kind, o)})),
+                .map(|(_, o)| json!({"type": "ADDED", "object": req.filter.shape(o)})),
         );
     }
     if req.send_initial_events {
