@@ -30,5 +30,14 @@ pub use object::{ApplyStrategy, DesiredObject, Kind};
 pub use pipeline::Pipeline;
 pub use subreconciler::{Readiness, SubReconciler};
 
+/// The crates a custom sub-reconciler needs, re-exported so an embedder depends on one crate
+/// and always gets the versions this library was built with.
+pub mod deps {
+    pub use async_trait::async_trait;
+    pub use k8s_openapi;
+    pub use kube;
+    pub use serde_json;
+}
+
 #[cfg(feature = "testkit")]
 pub mod testkit;
