@@ -31,11 +31,8 @@ async fn provision_on_named_node_bind_release_delete() {
     let fake = FakeApiServer::new();
     setup(&fake, false);
     let disk = Tmpfs::new("64m");
-    let a = provisioner(
-        &fake,
-        config(Mode::Kubevirt, Some("node-a"), Some(disk.path())),
-        disk.path(),
-    );
+    let cfg = config(Mode::Kubevirt, Some("node-a"), Some(disk.path()));
+    let (a, registry) = provisioner_with_registry(&fake, cfg, disk.path(), "node-a");
     let b = provisioner(
         &fake,
         config(Mode::Kubevirt, Some("node-b"), Some(disk.path())),
@@ -111,6 +108,19 @@ async fn provision_on_named_node_bind_release_delete() {
     );
     assert!(!dir.exists());
     assert!(fake.get::<PersistentVolume>(None, &name).is_none());
+    let text = metrics_text(&registry);
+    assert!(
+        text.contains("hpp_provisioner_volumes_provisioned_total{mode=\"kubevirt\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("hpp_provisioner_volumes_deleted_total{action=\"deleted\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("hpp_provisioner_operation_duration_seconds_count{operation=\"delete\"} 1"),
+        "{text}"
+    );
 }
 
 #[tokio::test]

@@ -108,10 +108,28 @@ pub fn provisioner(fake: &FakeApiServer, cfg: ProvisionerConfig, scratch: &Path)
 }
 
 pub fn provisioner_named(fake: &FakeApiServer, cfg: ProvisionerConfig, scratch: &Path, instance: &str) -> Provisioner {
+    provisioner_with_registry(fake, cfg, scratch, instance).0
+}
+
+/// A provisioner and the registry its metrics live in.
+pub fn provisioner_with_registry(
+    fake: &FakeApiServer,
+    cfg: ProvisionerConfig,
+    scratch: &Path,
+    instance: &str,
+) -> (Provisioner, Registry) {
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::register(&mut registry));
-    Provisioner::new(fake.client(), cfg, metrics, Some(instance.into()))
-        .with_labeler(Labeler::new(scratch.join("no-selinux-enforce")))
+    let p = Provisioner::new(fake.client(), cfg, metrics, Some(instance.into()))
+        .with_labeler(Labeler::new(scratch.join("no-selinux-enforce")));
+    (p, registry)
+}
+
+/// The registry in OpenMetrics text.
+pub fn metrics_text(registry: &Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+    out
 }
 
 pub fn config(mode: Mode, node: Option<&str>, pv_dir: Option<&Path>) -> ProvisionerConfig {
