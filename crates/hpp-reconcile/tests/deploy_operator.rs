@@ -1,0 +1,119 @@
+//! `deploy/operator/`: the manifests parse into their types, and the operator's RBAC grants
+//! every call the operator makes on the kinds its pipeline manages, and no wildcard.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
+use hpp_reconcile::Pipeline;
+use hpp_reconcile::facts::ClusterFacts;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
+use serde_json::Value;
+
+fn docs(file: &str) -> Vec<Value> {
+    let path = format!("{}/../../deploy/operator/{file}", env!("CARGO_MANIFEST_DIR"));
+    serde_saphyr::from_str_multiple(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn of_kind<T: serde::de::DeserializeOwned>(docs: &[Value], kind: &str) -> T {
+    let doc = docs
+        .iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind}"));
+    serde_json::from_value(doc.clone()).unwrap()
+}
+
+fn allows(rules: &[PolicyRule], group: &str, resource: &str, verb: &str) -> bool {
+    rules.iter().any(|r| {
+        r.resource_names.as_ref().is_none_or(|n| n.is_empty())
+            && r.api_groups.as_ref().is_some_and(|g| g.iter().any(|x| x == group))
+            && r.resources.as_ref().is_some_and(|x| x.iter().any(|x| x == resource))
+            && r.verbs.iter().any(|v| v == verb)
+    })
+}
+
+#[test]
+fn rbac_covers_every_managed_kind_without_wildcards() {
+    let rbac = docs("rbac.yaml");
+    let cluster: ClusterRole = of_kind(&rbac, "ClusterRole");
+    let role: Role = of_kind(&rbac, "Role");
+    let cluster_rules = cluster.rules.unwrap();
+    let role_rules = role.rules.unwrap();
+    for r in cluster_rules.iter().chain(&role_rules) {
+        assert!(!r.verbs.iter().any(|v| v == "*"), "wildcard verb in {r:?}");
+        assert!(
+            !r.resources.iter().flatten().any(|x| x == "*"),
+            "wildcard resource in {r:?}"
+        );
+    }
+    let facts = ClusterFacts {
+        has_scc: true,
+        has_prometheus: true,
+        ..Default::default()
+    };
+    let kinds = Pipeline::standard().kinds(&facts);
+    assert!(kinds.len() >= 14, "{kinds:?}");
+    for kind in kinds {
+        let rules = if kind.namespaced { &role_rules } else { &cluster_rules };
+        let create_only = matches!(kind.kind.as_str(), "PersistentVolumeClaim" | "Job" | "StorageClass");
+        let mut verbs = vec!["get", "list", "watch", "create", "delete"];
+        if !create_only {
+            verbs.push("patch");
+        }
+        for verb in verbs {
+            assert!(
+                allows(rules, &kind.group, &kind.plural, verb),
+                "{verb} {}/{} not granted",
+                kind.group,
+                kind.plural
+            );
+        }
+    }
+    for (group, resource, verb) in [
+        ("hostpathprovisioner.kubevirt.io", "hostpathprovisioners", "patch"),
+        (
+            "hostpathprovisioner.kubevirt.io",
+            "hostpathprovisioners/status",
+            "patch",
+        ),
+        ("", "nodes", "watch"),
+        ("events.k8s.io", "events", "create"),
+    ] {
+        assert!(
+            allows(&cluster_rules, group, resource, verb),
+            "{verb} {group}/{resource}"
+        );
+    }
+    assert!(allows(&role_rules, "coordination.k8s.io", "leases", "patch"));
+    // The operator never holds the driver's PersistentVolume write permissions itself.
+    assert!(!allows(&cluster_rules, "", "persistentvolumes", "create"));
+}
+
+#[test]
+fn deployment_runs_the_operator_with_an_optional_webhook_secret() {
+    let dep: Deployment = of_kind(&docs("deployment.yaml"), "Deployment");
+    let pod = dep.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        Some("hostpath-provisioner-operator")
+    );
+    let c = &pod.containers[0];
+    assert_eq!(c.command.as_ref().unwrap()[..2], ["/usr/bin/hpp-operator", "run"]);
+    let env: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    for var in [
+        "CSI_PROVISIONER_IMAGE",
+        "NODE_DRIVER_REG_IMAGE",
+        "LIVENESS_PROBE_IMAGE",
+        "CSI_SIG_STORAGE_PROVISIONER_IMAGE",
+        "CSI_SNAPSHOT_IMAGE",
+        "PROVISIONER_IMAGE",
+        "OPERATOR_IMAGE",
+        "POD_NAMESPACE",
+    ] {
+        assert!(env.contains(&var), "{var}");
+    }
+    let secret = pod.volumes.unwrap()[0].secret.clone().unwrap();
+    assert_eq!(secret.optional, Some(true));
+    assert_eq!(
+        secret.secret_name.as_deref(),
+        Some("hostpath-provisioner-operator-webhook-service-cert")
+    );
+}
