@@ -1,5 +1,8 @@
-//! The `hpp-csi-driver` executable.
+//! The `hpp-csi-driver` executable: a thin main over [`hpp_bin::csi_driver`].
 
-fn main() {
-    println!("hpp-csi-driver: not built yet");
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    hpp_bin::csi_driver::main(hpp_bin::csi_driver::Args::parse()).await
 }

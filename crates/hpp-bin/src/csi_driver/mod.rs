@@ -1,0 +1,276 @@
+//! `hpp-csi-driver`: flags, start-up and shutdown around the `hpp-csi` library.
+//!
+//! Flags are KubeVirt's (`--endpoint`, `--drivername`, `--nodeid`, `--version`, `--datadir`,
+//! `--metrics-*`), so the DaemonSet args carry over. `--datadir-root DIR` is the zero-config
+//! mode: one pool and the socket under `DIR`, node id from the host name.
+
+mod call;
+mod http;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use hpp_api::constants::DRIVER_NAME;
+use hpp_csi::{Driver, DriverMetrics, Endpoint, PoolConfig, parse_pools};
+use prometheus_client::registry::Registry;
+use tracing::info;
+
+use crate::telemetry::LogFormat;
+
+pub use call::CallArgs;
+
+/// KubeVirt's default `--datadir`.
+const KUBEVIRT_DEFAULT_DATADIR: &str =
+    r#"[{"name":"legacy","path":"/csi-data-dir","snapshotPath":"/snap-dir","snapshotProvider":"reflink"}]"#;
+/// KubeVirt's default `--endpoint`.
+const KUBEVIRT_DEFAULT_ENDPOINT: &str = "unix://tmp/csi.sock";
+
+/// Command line of `hpp-csi-driver`.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "hpp-csi-driver",
+    about = "hpp CSI driver: serves hostpath storage pools over the Container Storage Interface",
+    disable_version_flag = true,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Args {
+    /// Talk to a running driver instead of serving.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Serving flags.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+/// Subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Call a running driver: `call --endpoint unix:///tmp/hpp-demo/csi.sock info`.
+    Call(CallArgs),
+}
+
+/// Flags of the serving mode.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Zero-config mode: pool `legacy` at DIR/pools/legacy (snapshots in DIR/snapshots/legacy),
+    /// socket DIR/csi.sock, node id from the host name, metrics on 127.0.0.1 (random port).
+    #[arg(long = "datadir-root", value_name = "DIR")]
+    pub datadir_root: Option<PathBuf>,
+    /// CSI endpoint: unix:///path, a plain path, or tcp://host:port
+    /// [default: unix://tmp/csi.sock, or DIR/csi.sock with --datadir-root].
+    #[arg(long, env = "CSI_ENDPOINT")]
+    pub endpoint: Option<String>,
+    /// CSI driver name.
+    #[arg(long, default_value = DRIVER_NAME)]
+    pub drivername: String,
+    /// Node id (the Kubernetes node name) [default with --datadir-root: the host name].
+    #[arg(long, env = "NODE_NAME")]
+    pub nodeid: Option<String>,
+    /// Vendor version reported by GetPluginInfo [default: the hpp version].
+    #[arg(long = "version", value_name = "VERSION")]
+    pub vendor_version: Option<String>,
+    /// Storage pools as a JSON list: name, path, snapshotPath, snapshotProvider, shared,
+    /// requireMountPoint [default: KubeVirt's, or one pool under --datadir-root].
+    #[arg(long)]
+    pub datadir: Option<String>,
+    /// Address of the /metrics and /healthz listener [default: [::]:8443, or 127.0.0.1:0 with
+    /// --datadir-root].
+    #[arg(long = "metrics-address", env = "HPP_METRICS_ADDRESS")]
+    pub metrics_address: Option<SocketAddr>,
+    /// PEM certificate for HTTPS metrics; with --metrics-key-file, /metrics is served over TLS.
+    #[arg(long = "metrics-cert-file")]
+    pub metrics_cert_file: Option<PathBuf>,
+    /// PEM private key for HTTPS metrics.
+    #[arg(long = "metrics-key-file")]
+    pub metrics_key_file: Option<PathBuf>,
+    /// Minimum TLS version of the metrics listener (VersionTLS12 or VersionTLS13; 1.0 and 1.1
+    /// are raised to 1.2).
+    #[arg(long = "metrics-tls-version", default_value = "VersionTLS13")]
+    pub metrics_tls_version: String,
+    /// A path on the OS disk, to detect pools sharing its device [default: the socket directory].
+    #[arg(long = "os-reference-path")]
+    pub os_reference_path: Option<PathBuf>,
+    /// Log line format.
+    #[arg(long = "log-format", value_enum, default_value = "text", env = "HPP_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// klog verbosity, accepted for compatibility with KubeVirt manifests (use RUST_LOG).
+    #[arg(long = "v", hide = true)]
+    pub klog_verbosity: Option<String>,
+}
+
+/// Resolved configuration of a serving driver.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    /// Where CSI is served.
+    pub endpoint: Endpoint,
+    /// Node id.
+    pub node_id: String,
+    /// Pools.
+    pub pools: Vec<PoolConfig>,
+    /// Metrics listener.
+    pub metrics_address: SocketAddr,
+}
+
+impl ServeArgs {
+    /// Applies the defaults (KubeVirt's, or the `--datadir-root` ones). Pure, for tests.
+    pub fn resolve(&self, hostname: impl FnOnce() -> Option<String>) -> anyhow::Result<Resolved> {
+        let root = self.datadir_root.as_ref();
+        let endpoint: Endpoint = match (&self.endpoint, root) {
+            (Some(e), _) => e.parse()?,
+            (None, Some(r)) => Endpoint::Unix(r.join("csi.sock")),
+            (None, None) => KUBEVIRT_DEFAULT_ENDPOINT.parse()?,
+        };
+        let pools = match (&self.datadir, root) {
+            (Some(json), _) => parse_pools(json)?,
+            (None, Some(r)) => vec![
+                PoolConfig::new(hpp_api::constants::DEFAULT_POOL_NAME, r.join("pools/legacy"))
+                    .with_snapshots(r.join("snapshots/legacy")),
+            ],
+            (None, None) => parse_pools(KUBEVIRT_DEFAULT_DATADIR)?,
+        };
+        let node_id = match (self.nodeid.as_ref().filter(|n| !n.is_empty()), root) {
+            (Some(n), _) => n.clone(),
+            (None, Some(_)) => hostname().context("cannot read the host name; pass --nodeid")?,
+            (None, None) => anyhow::bail!("--nodeid (or NODE_NAME) is required"),
+        };
+        let metrics_address = match (self.metrics_address, root) {
+            (Some(a), _) => a,
+            (None, Some(_)) => SocketAddr::from(([127, 0, 0, 1], 0)),
+            (None, None) => SocketAddr::from(([0u16; 8], 8443)),
+        };
+        Ok(Resolved {
+            endpoint,
+            node_id,
+            pools,
+            metrics_address,
+        })
+    }
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+/// Entry point of the executable.
+pub async fn main(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        Some(Command::Call(call)) => call::run(call).await,
+        None => {
+            let _telemetry = crate::telemetry::init("hpp-csi-driver", args.serve.log_format)?;
+            serve(args.serve, crate::admin::shutdown_signal()).await
+        }
+    }
+}
+
+/// Serves the driver and its metrics/health listener until `shutdown` resolves.
+pub async fn serve(
+    args: ServeArgs,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    start(args).await?.run_until(shutdown).await
+}
+
+/// A driver whose CSI endpoint and metrics listener are bound and serving.
+pub struct Running {
+    endpoint: Endpoint,
+    metrics_url: String,
+    stop: tokio::sync::watch::Sender<bool>,
+    serving: tokio::task::JoinHandle<Result<(), hpp_csi::ServeError>>,
+}
+
+impl Running {
+    /// The CSI endpoint actually listened on.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// Base URL of the metrics/health listener (`http://` or `https://`).
+    pub fn metrics_url(&self) -> &str {
+        &self.metrics_url
+    }
+
+    /// Serves until `shutdown` resolves, then stops both listeners and removes the socket.
+    pub async fn run_until(self, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+        shutdown.await;
+        let _ = self.stop.send(true);
+        self.serving.await??;
+        info!("hpp-csi-driver stopped");
+        Ok(())
+    }
+}
+
+/// Prepares the pools, binds the CSI endpoint and the metrics listener, and starts serving.
+pub async fn start(args: ServeArgs) -> anyhow::Result<Running> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cfg = args.resolve(hostname)?;
+    let mut registry = Registry::default();
+    let metrics = Arc::new(DriverMetrics::register(&mut registry));
+    let mut builder = Driver::builder()
+        .driver_name(&args.drivername)
+        .vendor_version(
+            args.vendor_version
+                .clone()
+                .unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_owned()),
+        )
+        .node_id(&cfg.node_id)
+        .pools(cfg.pools.clone())
+        .endpoint(cfg.endpoint.clone())
+        .metrics(metrics);
+    if let Some(p) = &args.os_reference_path {
+        builder = builder.os_reference_path(p);
+    }
+    let driver = builder.build()?;
+    let report = {
+        let d = driver.clone();
+        tokio::task::spawn_blocking(move || d.pools_report()).await?
+    };
+    for (name, h, shared) in &report.pools {
+        match &h.reason {
+            None => {
+                info!(pool = %name, path = %driver.state().pools.iter().find(|p| &p.name == name).map(|p| p.path.display().to_string()).unwrap_or_default(),
+                total_bytes = h.total_bytes, available_bytes = h.available_bytes, shared_with_os = shared, "storage pool ready")
+            }
+            Some(reason) => tracing::warn!(pool = %name, %reason, "storage pool not usable"),
+        }
+    }
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    // Metrics first: a bad TLS flag must fail before the CSI socket exists.
+    let metrics_url = http::start(
+        &args,
+        cfg.metrics_address,
+        Arc::new(registry),
+        driver.clone(),
+        wait_stop(stop_rx.clone()),
+    )
+    .await?;
+    let bound = driver.bind().await?;
+    let endpoint = bound.endpoint().clone();
+    info!(
+        endpoint = %endpoint,
+        node_id = %cfg.node_id,
+        driver = %args.drivername,
+        metrics = %metrics_url,
+        "hpp-csi-driver serving CSI on {endpoint}; talk to it with: \
+         cargo run -p hpp-bin --bin hpp-csi-driver -- call --endpoint {endpoint} info \
+         (or probe, capacity, create-volume NAME, list-volumes, snapshot SRC NAME, publish ID DIR); \
+         metrics at {metrics_url}/metrics, health at {metrics_url}/healthz"
+    );
+    let serving = tokio::spawn(bound.serve(wait_stop(stop_rx)));
+    Ok(Running {
+        endpoint,
+        metrics_url,
+        stop,
+        serving,
+    })
+}
+
+#[cfg(test)]
+mod tests;
