@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Api;
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::watch;
@@ -45,6 +47,16 @@ pub fn volume_action(outcome: &VolumeOutcome) -> Action {
     }
 }
 
+/// Pending claims of a StorageClass, to be re-checked when the class changes.
+pub fn claims_of_class(claims: &[Arc<PersistentVolumeClaim>], class: &str) -> Vec<ObjectRef<PersistentVolumeClaim>> {
+    claims
+        .iter()
+        .filter(|c| c.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()) == Some(class))
+        .filter(|c| c.spec.as_ref().is_none_or(|s| s.volume_name.is_none()))
+        .map(|c| ObjectRef::from_obj(c.as_ref()))
+        .collect()
+}
+
 async fn stopped(mut stop: watch::Receiver<bool>) {
     // An error means the sender is gone, which also means stop.
     let _ = stop.wait_for(|s| *s).await;
@@ -56,19 +68,27 @@ pub async fn run_controllers(prov: Arc<Provisioner>, stop: watch::Receiver<bool>
     let claims = Controller::new(
         Api::<PersistentVolumeClaim>::all(client.clone()),
         watcher::Config::default(),
-    )
-    .graceful_shutdown_on(stopped(stop.clone()))
-    .run(
-        |claim: Arc<PersistentVolumeClaim>, prov: Arc<Provisioner>| async move {
-            prov.reconcile_claim(&claim).await.map(|o| claim_action(&o))
-        },
-        |_claim, err: &Error, _prov| {
-            warn!(error = %err, "claim reconcile failed");
-            Action::requeue(ERROR_REQUEUE)
-        },
-        prov.clone(),
-    )
-    .for_each(|_| futures::future::ready(()));
+    );
+    // A new or fixed StorageClass re-checks its Pending claims at once instead of at the next requeue.
+    let cache = claims.store();
+    let claims = claims
+        .watches(
+            Api::<StorageClass>::all(client.clone()),
+            watcher::Config::default(),
+            move |class| claims_of_class(&cache.state(), class.metadata.name.as_deref().unwrap_or("")),
+        )
+        .graceful_shutdown_on(stopped(stop.clone()))
+        .run(
+            |claim: Arc<PersistentVolumeClaim>, prov: Arc<Provisioner>| async move {
+                prov.reconcile_claim(&claim).await.map(|o| claim_action(&o))
+            },
+            |_claim, err: &Error, _prov| {
+                warn!(error = %err, "claim reconcile failed");
+                Action::requeue(ERROR_REQUEUE)
+            },
+            prov.clone(),
+        )
+        .for_each(|_| futures::future::ready(()));
     let volumes = Controller::new(Api::<PersistentVolume>::all(client), watcher::Config::default())
         .graceful_shutdown_on(stopped(stop))
         .run(
@@ -167,6 +187,31 @@ pub async fn run_with_leader_election(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn class_changes_map_to_its_unbound_claims() {
+        use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
+        let claim = |name: &str, class: &str, bound: bool| {
+            let mut c = PersistentVolumeClaim::default();
+            c.metadata.name = Some(name.into());
+            c.metadata.namespace = Some("ns".into());
+            c.spec = Some(PersistentVolumeClaimSpec {
+                storage_class_name: Some(class.into()),
+                volume_name: bound.then(|| "pv".to_owned()),
+                ..Default::default()
+            });
+            Arc::new(c)
+        };
+        let all = [
+            claim("a", "fast", false),
+            claim("b", "slow", false),
+            claim("c", "fast", true),
+        ];
+        let refs = claims_of_class(&all, "fast");
+        assert_eq!(refs.len(), 1);
+        assert_eq!(refs[0].name, "a");
+        assert!(claims_of_class(&all, "none").is_empty());
+    }
 
     #[test]
     fn actions() {

@@ -297,3 +297,40 @@ async fn selinux_enforcing_hosts_get_container_file_t_directories() {
     let dir = host_path(&pv(&fake, &pv_name(&c)));
     assert!(rustix::fs::getxattr(&dir, "security.selinux", &mut buf[..]).is_err());
 }
+
+#[tokio::test]
+async fn fixing_the_storage_class_unblocks_refused_claims() {
+    let fake = FakeApiServer::new();
+    fake.seed(&storage_class("local", NAME, false, "Delete", &[("dirmod", "0770")]));
+    let base = tempfile::tempdir().unwrap();
+    let p = std::sync::Arc::new(provisioner(
+        &fake,
+        config(Mode::SingleNode, None, Some(base.path())),
+        base.path(),
+    ));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let loops = tokio::spawn(hpp_legacy::controller::run_controllers(p, stop_rx));
+    let c = seed_claim(
+        &fake,
+        &claim("ns", "typo", "local", NAME, "1Mi", &["ReadWriteOnce"], &[]),
+    );
+    let wait = std::time::Duration::from_secs(120);
+    tokio::time::timeout(
+        wait,
+        fake.wait_until(|f| !events_for(f, "typo", "InvalidStorageClassParameters").is_empty()),
+    )
+    .await
+    .expect("refusal reported");
+    assert!(fake.list::<PersistentVolume>().is_empty());
+    // The admin fixes the class; its watch re-checks the claim (the refusal requeue is 10 min).
+    fake.seed(&storage_class("local", NAME, false, "Delete", &[("dirMode", "0770")]));
+    let name = pv_name(&c);
+    tokio::time::timeout(
+        wait,
+        fake.wait_until(|f| f.get::<PersistentVolume>(None, &name).is_some()),
+    )
+    .await
+    .expect("provisioned after the class was fixed");
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(wait, loops).await.unwrap().unwrap();
+}
