@@ -307,3 +307,86 @@ async fn leader_election_lets_one_instance_provision() {
     }
     assert_eq!(successful_pv_creates(&fake), 3);
 }
+
+#[tokio::test]
+async fn standby_takes_over_when_the_leader_stops() {
+    let fake = FakeApiServer::new();
+    let fs = Tmpfs::new("8m");
+    let dir = fs.path().to_str().unwrap().to_owned();
+    fake.seed(&storage_class(
+        "ha",
+        NAME,
+        false,
+        "Delete",
+        &[("pvDir", &dir), ("expectedMount", &dir)],
+    ));
+    let start = |id: &'static str| {
+        let p = Arc::new(provisioner_named(
+            &fake,
+            config(Mode::Shared, None, None),
+            fs.path(),
+            id,
+        ));
+        let lease = LeaseSettings {
+            name: "hpp-ha".into(),
+            namespace: "kube-system".into(),
+            identity: id.into(),
+            duration_seconds: 3,
+            grace_seconds: 1,
+        };
+        let (tx, mut rx) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(run_with_leader_election(p, lease, async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }));
+        (tx, task)
+    };
+    let holder = |f: &FakeApiServer| {
+        f.get::<Lease>(Some("kube-system"), "hpp-ha")
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default()
+    };
+    let wait = Duration::from_secs(120);
+    let (stop_a, task_a) = start("first");
+    tokio::time::timeout(wait, fake.wait_until(|f| holder(f) == "first"))
+        .await
+        .expect("first leads");
+    let (stop_b, task_b) = start("second");
+    let c1 = seed_claim(&fake, &claim("ns", "one", "ha", NAME, "1Mi", &["ReadWriteMany"], &[]));
+    tokio::time::timeout(
+        wait,
+        fake.wait_until(|f| !events_for(f, "one", "ProvisioningSucceeded").is_empty()),
+    )
+    .await
+    .expect("leader provisions");
+    assert_eq!(
+        events_for(&fake, "one", "ProvisioningSucceeded")[0]
+            .reporting_instance
+            .as_deref(),
+        Some("first")
+    );
+
+    stop_a.send(true).unwrap();
+    tokio::time::timeout(wait, task_a).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(wait, fake.wait_until(|f| holder(f) == "second"))
+        .await
+        .expect("standby takes over");
+    let c2 = seed_claim(&fake, &claim("ns", "two", "ha", NAME, "1Mi", &["ReadWriteMany"], &[]));
+    tokio::time::timeout(
+        wait,
+        fake.wait_until(|f| !events_for(f, "two", "ProvisioningSucceeded").is_empty()),
+    )
+    .await
+    .expect("new leader provisions");
+    assert_eq!(
+        events_for(&fake, "two", "ProvisioningSucceeded")[0]
+            .reporting_instance
+            .as_deref(),
+        Some("second")
+    );
+    for c in [&c1, &c2] {
+        assert!(host_path(&pv(&fake, &pv_name(c))).is_dir());
+    }
+    stop_b.send(true).unwrap();
+    tokio::time::timeout(wait, task_b).await.unwrap().unwrap().unwrap();
+}
