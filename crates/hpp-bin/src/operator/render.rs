@@ -51,3 +51,45 @@ pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
         &facts,
     )?)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use clap::Parser;
+
+    fn count(example: &str, extra: &[&str]) -> usize {
+        let file = format!("{}/../../deploy/examples/{example}.yaml", env!("CARGO_MANIFEST_DIR"));
+        let mut argv = vec!["hpp-operator", "render", "-f", file.as_str()];
+        argv.extend_from_slice(extra);
+        let args = crate::operator::Args::parse_from(argv);
+        let Some(crate::operator::Command::Render(r)) = args.command else {
+            panic!("render expected")
+        };
+        let yaml = render(&r).unwrap();
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&yaml).unwrap();
+        assert!(
+            docs.iter()
+                .all(|d| d["metadata"]["name"].is_string() && d["kind"].is_string())
+        );
+        docs.len()
+    }
+
+    #[test]
+    fn renders_every_example_offline() {
+        assert_eq!(count("hostpathprovisioner_cr", &[]), 7);
+        assert_eq!(count("hostpathprovisioner_legacy_cr", &[]), 11);
+        assert_eq!(count("hostpathprovisioner_pvctemplate_cr", &[]), 7);
+        assert_eq!(count("hostpathprovisioner_overlay_csi_cr", &[]), 8);
+        // Per-node pool objects: a claim and a mounter per node, or one shared claim.
+        assert_eq!(count("hostpathprovisioner_pvctemplate_cr", &["--node", "n1,n2"]), 11);
+        assert_eq!(
+            count("hostpathprovisioner_overlay_csi_cr", &["--node", "n1", "--node", "n2"]),
+            11
+        );
+        assert_eq!(
+            count("hostpathprovisioner_legacy_cr", &["--openshift", "--prometheus"]),
+            18
+        );
+    }
+}

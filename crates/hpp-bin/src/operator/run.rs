@@ -145,3 +145,53 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn admin_router_serves_health_and_operator_metrics() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        metrics.observe(0.1, Some("conflict"));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(admin::serve(listener, admin_router(Arc::new(registry)), async move {
+            let _ = rx.await;
+        }));
+        assert!(get(addr, "/livez").await.starts_with("HTTP/1.1 200"));
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+        let body = get(addr, "/metrics").await;
+        assert!(body.contains("kubevirt_hpp_cr_ready -1"), "{body}");
+        assert!(
+            body.contains("hpp_operator_reconcile_errors_total{category=\"conflict\"} 1"),
+            "{body}"
+        );
+        let _ = tx.send(());
+        server.await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn run_is_the_default_and_flags_have_env_names() {
+        use clap::Parser;
+        let args =
+            crate::operator::Args::parse_from(["hpp-operator", "--admin-addr", "127.0.0.1:0", "--disable-webhook"]);
+        assert!(args.command.is_none());
+        assert!(args.run.disable_webhook);
+        assert_eq!(args.run.admin_addr.port(), 0);
+    }
+}
