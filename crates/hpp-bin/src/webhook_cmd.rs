@@ -73,6 +73,13 @@ pub struct WebhookArgs {
         default_value_t = 25
     )]
     pub request_timeout_seconds: u64,
+    /// Connections served at once; more clients wait in the listen backlog.
+    #[arg(
+        long = "webhook-max-connections",
+        env = "HPP_WEBHOOK_MAX_CONNECTIONS",
+        default_value_t = 1024
+    )]
+    pub max_connections: usize,
 }
 
 impl WebhookArgs {
@@ -88,6 +95,7 @@ impl WebhookArgs {
             header_read_timeout: Duration::from_secs(self.header_read_timeout_seconds),
             request_timeout: Duration::from_secs(self.request_timeout_seconds),
             max_body_bytes: self.max_body_bytes,
+            max_connections: self.max_connections,
             ..ServerOptions::default()
         }
     }
@@ -100,7 +108,8 @@ pub struct WebhookDeps {
     pub client: Option<kube::Client>,
     /// The TLS policy source, when the operator shares one with the CSI DaemonSet flag.
     pub policy: Option<PolicyWatch>,
-    /// Metrics registered in the caller's registry.
+    /// Metrics registered in the caller's registry
+    /// (`Metrics::register(registry.sub_registry_with_prefix("webhook"))`).
     pub metrics: Option<Metrics>,
 }
 
