@@ -108,8 +108,8 @@ pub struct WebhookDeps {
     pub client: Option<kube::Client>,
     /// The TLS policy source, when the operator shares one with the CSI DaemonSet flag.
     pub policy: Option<PolicyWatch>,
-    /// Metrics registered in the caller's registry
-    /// (`Metrics::register(registry.sub_registry_with_prefix("webhook"))`).
+    /// Metrics registered in the caller's registry (`Metrics::register(&mut registry)`, named
+    /// `webhook_*`).
     pub metrics: Option<Metrics>,
 }
 

@@ -27,21 +27,22 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Creates the metrics and registers them under `registry` (prefix it, e.g. `hpp_webhook`).
+    /// Creates the metrics and registers them in `registry` as `webhook_*` (so `hpp_webhook_*`
+    /// in a registry prefixed `hpp`).
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
         registry.register(
-            "requests",
+            "webhook_requests",
             "Webhook requests by endpoint (validate, convert) and result (allowed, denied, converted, failed, rejected)",
             m.requests.clone(),
         );
         registry.register(
-            "request_duration_seconds",
+            "webhook_request_duration_seconds",
             "Time to answer a webhook request",
             m.durations.clone(),
         );
         registry.register(
-            "tls_handshake_failures",
+            "webhook_tls_handshake_failures",
             "TLS handshakes that failed or timed out (wrong version, unknown CA, no certificate)",
             m.handshake_failures.clone(),
         );
@@ -71,5 +72,26 @@ impl Metrics {
     /// Handshake failures counted so far.
     pub fn handshake_failure_count(&self) -> u64 {
         self.handshake_failures.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names() {
+        let mut registry = Registry::with_prefix("hpp");
+        let metrics = Metrics::register(&mut registry);
+        metrics.request("validate", "denied", 0.01);
+        metrics.handshake_failed();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(r#"hpp_webhook_requests_total{endpoint="validate",result="denied"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains("hpp_webhook_tls_handshake_failures_total 1"), "{text}");
+        assert!(text.contains("hpp_webhook_request_duration_seconds_bucket"), "{text}");
     }
 }
