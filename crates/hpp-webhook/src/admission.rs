@@ -255,13 +255,36 @@ async fn admit_create(req: &AdmissionRequest<DynamicObject>, cluster: Option<&dy
 }
 
 fn admit_update(req: &AdmissionRequest<DynamicObject>) -> Verdict {
+    // Once deletion has started only the finalizer removal matters; never block it, or a CR the
+    // rules reject (say, from an older release) could never go away.
+    if req
+        .object
+        .as_ref()
+        .is_some_and(|o| o.metadata.deletion_timestamp.is_some())
+    {
+        return Verdict::Allow(Vec::new());
+    }
     let new = match decode(req, req.object.as_ref(), "object") {
         Ok(o) => o,
         Err(s) => return Verdict::Deny(s),
     };
+    if req.old_object.is_none() {
+        return Verdict::Deny(bad_request("AdmissionReview request.oldObject is missing".to_string()));
+    }
     let old = match decode(req, req.old_object.as_ref(), "oldObject") {
         Ok(o) => o,
-        Err(s) => return Verdict::Deny(s),
+        Err(status) => {
+            // The stored object is unreadable as v1beta1 (written by something else): judge the
+            // new object on its own so it can still be repaired.
+            warn!(error = %status.message, "stored object cannot be decoded; applying the create rules");
+            return match new.validate_create() {
+                Ok(()) => Verdict::Allow(vec![format!(
+                    "the stored object could not be read ({}); the new object was checked on its own",
+                    status.message
+                )]),
+                Err(errors) => Verdict::Deny(invalid(req, &new, &errors)),
+            };
+        }
     };
     if let Err(errors) = new.validate_update(&old) {
         return Verdict::Deny(invalid(req, &new, &errors));

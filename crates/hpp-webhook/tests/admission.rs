@@ -283,6 +283,33 @@ async fn update_rules() {
         );
         let response = send(&server, &review(version, "UPDATE", "hpp", Some(new), Some(old))).await;
         assert_invalid(&response, "spec.featureGates[0]", "unknown");
+        // A CR being deleted can always lose its finalizer, whatever its spec.
+        let mut deleting = hpp("hpp", json!({}));
+        deleting["metadata"]["deletionTimestamp"] = "2026-11-21T06:00:00Z".into();
+        deleting["metadata"]["finalizers"] = json!([]);
+        let mut before = deleting.clone();
+        before["metadata"]["finalizers"] = json!(["finalizer.delete.hostpath-provisioner"]);
+        assert_allowed(&send(&server, &review(version, "UPDATE", "hpp", Some(deleting), Some(before))).await);
+        // A stored object that cannot be read: the new object is judged on its own.
+        let unreadable = hpp("hpp", json!({"storagePools": "lots"}));
+        let repaired = hpp("hpp", pools(&[("a", "/x")]));
+        let response = send(
+            &server,
+            &review(version, "UPDATE", "hpp", Some(repaired), Some(unreadable.clone())),
+        )
+        .await;
+        assert_allowed(&response);
+        assert!(
+            response["warnings"][0].as_str().unwrap().contains("could not be read"),
+            "{response}"
+        );
+        let still_bad = hpp("hpp", pools(&[("a", "x")]));
+        let response = send(
+            &server,
+            &review(version, "UPDATE", "hpp", Some(still_bad), Some(unreadable)),
+        )
+        .await;
+        assert_invalid(&response, "spec.storagePools[0].path", "absolute");
         // An update without oldObject cannot be judged.
         let new = hpp("hpp", pools(&[("a", "/b")]));
         let response = send(&server, &review(version, "UPDATE", "hpp", Some(new), None)).await;
