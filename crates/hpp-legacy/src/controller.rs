@@ -8,8 +8,9 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Api;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::watch;
@@ -65,6 +66,14 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
 /// Runs both controllers until `stop` turns true.
 pub async fn run_controllers(prov: Arc<Provisioner>, stop: watch::Receiver<bool>) {
     let client = prov.client().clone();
+    let (class_store, class_writer) = reflector::store::<StorageClass>();
+    prov.set_class_cache(Some(class_store));
+    let classes = reflector::reflector(
+        class_writer,
+        watcher::watcher(Api::<StorageClass>::all(client.clone()), watcher::Config::default()).default_backoff(),
+    )
+    .take_until(stopped(stop.clone()))
+    .for_each(|_| futures::future::ready(()));
     let claims = Controller::new(
         Api::<PersistentVolumeClaim>::all(client.clone()),
         watcher::Config::default(),
@@ -99,10 +108,11 @@ pub async fn run_controllers(prov: Arc<Provisioner>, stop: watch::Receiver<bool>
                 warn!(error = %err, "volume reconcile failed");
                 Action::requeue(ERROR_REQUEUE)
             },
-            prov,
+            prov.clone(),
         )
         .for_each(|_| futures::future::ready(()));
-    tokio::join!(claims, volumes);
+    tokio::join!(classes, claims, volumes);
+    prov.set_class_cache(None);
 }
 
 /// Runs the controllers until `shutdown` resolves (node-local modes: every instance active).

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource};
 use tracing::{Instrument, debug, info, info_span, warn};
 
@@ -59,6 +60,9 @@ pub struct Provisioner {
     metrics: Arc<Metrics>,
     labeler: Labeler,
     mountinfo: PathBuf,
+    /// StorageClasses from a watch, so deciding about a claim costs no API call; a miss
+    /// falls back to a GET (the cache may not have caught up yet).
+    classes: std::sync::RwLock<Option<Store<StorageClass>>>,
 }
 
 impl std::fmt::Debug for Provisioner {
@@ -93,6 +97,7 @@ impl Provisioner {
             metrics,
             labeler: Labeler::default(),
             mountinfo: PathBuf::from(MOUNTINFO_PATH),
+            classes: std::sync::RwLock::new(None),
         }
     }
 
@@ -118,11 +123,39 @@ impl Provisioner {
         &self.client
     }
 
+    /// Serves StorageClass lookups from `store` (kept current by a reflector) from now on.
+    pub fn set_class_cache(&self, store: Option<Store<StorageClass>>) {
+        match self.classes.write() {
+            Ok(mut guard) => *guard = store,
+            Err(poisoned) => *poisoned.into_inner() = store,
+        }
+    }
+
+    fn cached_class(&self, name: Option<&str>) -> Option<StorageClass> {
+        let name = name.filter(|n| !n.is_empty())?;
+        let store = self.classes.read().ok().and_then(|g| g.clone())?;
+        store.get(&ObjectRef::new(name)).map(|c| c.as_ref().clone())
+    }
+
     async fn storage_class(&self, name: Option<&str>) -> Result<Option<StorageClass>> {
         let Some(name) = name.filter(|n| !n.is_empty()) else {
             return Ok(None);
         };
         Ok(Api::<StorageClass>::all(self.client.clone()).get_opt(name).await?)
+    }
+
+    /// Decides from the cached class when possible. Only a claim this instance would act on
+    /// (provision or refuse) costs a GET, so the decision never rests on a stale cache entry
+    /// (a class deleted and re-created with other parameters).
+    async fn decide(&self, claim: &PersistentVolumeClaim, class_name: Option<&str>) -> Result<ClaimDecision> {
+        if let Some(cached) = self.cached_class(class_name) {
+            let decision = decision::decide_claim(&self.cfg, claim, Some(&cached));
+            if matches!(decision, ClaimDecision::Ignore(_)) {
+                return Ok(decision);
+            }
+        }
+        let class = self.storage_class(class_name).await?;
+        Ok(decision::decide_claim(&self.cfg, claim, class.as_ref()))
     }
 
     async fn event(
@@ -194,8 +227,7 @@ impl Provisioner {
                     .as_ref()
                     .and_then(|a| a.get(ANNOTATION_BETA_STORAGE_CLASS).cloned())
             });
-        let class = self.storage_class(class_name.as_deref()).await?;
-        let plan = match decision::decide_claim(&self.cfg, claim, class.as_ref()) {
+        let plan = match self.decide(claim, class_name.as_deref()).await? {
             ClaimDecision::Ignore(reason) => {
                 debug!(?reason, "ignoring claim");
                 return Ok(ClaimOutcome::Ignored(reason));

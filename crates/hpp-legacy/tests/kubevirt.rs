@@ -299,3 +299,74 @@ async fn watch_loop_provisions_and_cleans_up() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test]
+async fn cached_classes_spare_api_calls_for_other_nodes_claims() {
+    use k8s_openapi::api::storage::v1::StorageClass;
+    use kube::runtime::{reflector, watcher};
+    let fake = FakeApiServer::new();
+    setup(&fake, false);
+    let disk = tempfile::tempdir().unwrap();
+    let (store, mut writer) = reflector::store::<StorageClass>();
+    // A stale cache entry: the class was re-created since with a template the cache does not know.
+    writer.apply_watcher_event(&watcher::Event::Apply(storage_class("hpp", KV, false, "Delete", &[])));
+    fake.seed(&storage_class(
+        "hpp",
+        KV,
+        false,
+        "Delete",
+        &[("pathTemplate", "{namespace}-{pv}")],
+    ));
+    let b = provisioner(
+        &fake,
+        config(Mode::Kubevirt, Some("node-b"), Some(disk.path())),
+        disk.path(),
+    );
+    b.set_class_cache(Some(store));
+    let class_gets = |f: &FakeApiServer| {
+        f.requests()
+            .iter()
+            .filter(|r| r.method.as_str() == "GET" && r.path.ends_with("/storageclasses/hpp"))
+            .count()
+    };
+    let elsewhere = seed_claim(
+        &fake,
+        &claim(
+            "ns",
+            "a",
+            "hpp",
+            KV,
+            "1Mi",
+            &["ReadWriteOnce"],
+            &[(ANNOTATION_PROVISION_ON_NODE, "node-a")],
+        ),
+    );
+    fake.clear_requests();
+    assert_eq!(
+        b.reconcile_claim(&elsewhere).await.unwrap(),
+        ClaimOutcome::Ignored(IgnoreReason::OtherNode)
+    );
+    assert_eq!(class_gets(&fake), 0, "another node's claim costs no API call");
+    let here = seed_claim(
+        &fake,
+        &claim(
+            "ns",
+            "b",
+            "hpp",
+            KV,
+            "1Mi",
+            &["ReadWriteOnce"],
+            &[(ANNOTATION_PROVISION_ON_NODE, "node-b")],
+        ),
+    );
+    fake.clear_requests();
+    assert_eq!(
+        b.reconcile_claim(&here).await.unwrap(),
+        ClaimOutcome::Provisioned(pv_name(&here))
+    );
+    assert_eq!(class_gets(&fake), 1, "acting on a claim re-reads its class");
+    assert_eq!(
+        host_path(&pv(&fake, &pv_name(&here))),
+        disk.path().join(format!("ns-{}", pv_name(&here)))
+    );
+}
