@@ -275,7 +275,10 @@ async fn write_status(
         let body = status_patch(&derived.status)?;
         api.patch_status(
             &hpp.name_any(),
-            &PatchParams::default().with_field_manager(STATUS_MANAGER),
+            &PatchParams {
+                field_manager: Some(STATUS_MANAGER.to_owned()),
+                ..Default::default()
+            },
             &Patch::Merge(&body),
         )
         .await
@@ -303,15 +306,4 @@ async fn write_status(
         }
     }
     Ok(derived)
-}
-
-trait PatchParamsExt {
-    fn with_field_manager(self, manager: &str) -> Self;
-}
-
-impl PatchParamsExt for PatchParams {
-    fn with_field_manager(mut self, manager: &str) -> Self {
-        self.field_manager = Some(manager.to_owned());
-        self
-    }
 }
