@@ -133,7 +133,7 @@ pub fn create(pool: &Pool, id: &str, source_id: &str, source: &OwnedFd) -> Resul
         let data =
             fsops::mkdir_exact(tmp_fd.as_fd(), DATA_DIR, 0o750).map_err(|e| Error::io("creating snapshot data", e))?;
         let stats = copy::copy_tree(source.as_fd(), data.as_fd())?;
-        let _ = rustix::fs::fsync(&data);
+        let _ = rustix::fs::syncfs(&data);
         Ok::<_, Error>(stats)
     })();
     drop(tmp_fd);
