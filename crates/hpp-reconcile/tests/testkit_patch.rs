@@ -323,3 +323,31 @@ async fn competing_appliers_conflict_until_the_owner_releases() {
         Some("b")
     );
 }
+
+#[tokio::test]
+async fn immutable_fields_are_refused_like_the_real_server() {
+    use k8s_openapi::api::rbac::v1::RoleBinding;
+    let fake = FakeApiServer::new();
+    let api: Api<RoleBinding> = Api::namespaced(fake.client(), "ns");
+    let binding = |role: &str| {
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "rb"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role}, "subjects": []})
+    };
+    let pp = PatchParams::apply("hpp-operator").force();
+    api.patch("rb", &pp, &Patch::Apply(binding("a"))).await.unwrap();
+    let err = api.patch("rb", &pp, &Patch::Apply(binding("b"))).await.unwrap_err();
+    assert_eq!(api_error(err), (422, "Invalid".to_string()));
+    assert_eq!(api.get("rb").await.unwrap().role_ref.name, "a");
+
+    // A DaemonSet's selector cannot change either; its template can.
+    let dsapi: Api<DaemonSet> = Api::namespaced(fake.client(), "ns");
+    let ds = |app: &str, image: &str| {
+        json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "ds"}, "spec": {
+            "selector": {"matchLabels": {"app": app}},
+            "template": {"metadata": {"labels": {"app": app}}, "spec": {"containers": [{"name": "c", "image": image}]}}}})
+    };
+    dsapi.patch("ds", &pp, &Patch::Apply(ds("a", "i:1"))).await.unwrap();
+    dsapi.patch("ds", &pp, &Patch::Apply(ds("a", "i:2"))).await.unwrap();
+    let err = dsapi.patch("ds", &pp, &Patch::Apply(ds("b", "i:2"))).await.unwrap_err();
+    assert_eq!(api_error(err).0, 422);
+}

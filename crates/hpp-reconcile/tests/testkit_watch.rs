@@ -293,3 +293,49 @@ async fn a_controller_reconciles_objects_served_by_the_fake() {
     assert!(count.load(Ordering::SeqCst) >= 2);
     handle.abort();
 }
+
+#[tokio::test]
+async fn await_condition_and_the_event_recorder_work_against_the_fake() {
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    use kube::runtime::wait::await_condition;
+
+    let fake = FakeApiServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+    let created = api.create(&PostParams::default(), &cm("a", "hpp")).await.unwrap();
+
+    let waiter = tokio::spawn(await_condition(api.clone(), "a", |o: Option<&ConfigMap>| {
+        o.and_then(|c| c.data.as_ref()).is_some_and(|d| d.contains_key("ready"))
+    }));
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"ready": "yes"}})),
+    )
+    .await
+    .unwrap();
+    let done = tokio::time::timeout(GUARD, waiter).await.unwrap().unwrap().unwrap();
+    assert!(done.unwrap().data.unwrap().contains_key("ready"));
+
+    let recorder = Recorder::new(
+        fake.client(),
+        Reporter {
+            controller: "hpp-operator".into(),
+            instance: None,
+        },
+    );
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "DeployStarted".into(),
+        note: Some("deploying".into()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    let reference = created.object_ref(&());
+    recorder.publish(&event, &reference).await.unwrap();
+    recorder.publish(&event, &reference).await.unwrap();
+    let events = fake.list::<K8sEvent>();
+    assert_eq!(events.len(), 1, "the repeat is folded into a series");
+    assert_eq!(events[0].reason.as_deref(), Some("DeployStarted"));
+    assert_eq!(events[0].series.as_ref().map(|s| s.count), Some(2));
+}

@@ -14,6 +14,8 @@
 //!   `force`), `dryRun=All`;
 //! - the `/status` split for kinds with a status subresource, `metadata.generation` bumped on
 //!   spec changes only, no-op writes that keep the `resourceVersion` and emit no event;
+//!   immutable fields refused with 422 (workload selectors, Job templates, StorageClass
+//!   parameters, CSIDriver `attachRequired`, binding `roleRef`, PVC spec, immutable ConfigMaps);
 //! - delete with finalizers (`deletionTimestamp`, removal when the last finalizer goes),
 //!   delete-collection, preconditions, and synchronous owner-reference garbage collection
 //!   (Background deletes dependents whose owners are all gone, Foreground deletes dependents
@@ -63,6 +65,7 @@ mod error;
 mod faults;
 mod gc;
 mod handler;
+mod immutable;
 mod kinds;
 mod ops;
 mod patch;

@@ -5,6 +5,7 @@
 use serde_json::{Value, json};
 
 use super::error::ApiError;
+use super::immutable;
 use super::kinds::KindInfo;
 use super::patch;
 use super::store::{ObjKey, Propagation, State, has_finalizers, meta_str, now, remove_meta, set_meta};
@@ -224,6 +225,20 @@ impl State {
             }
         };
         set_meta(&mut new, "resourceVersion", old["metadata"]["resourceVersion"].clone());
+        if part == Part::Main {
+            let changed = immutable::violations(&kind.ar.group, &kind.ar.plural, &old, &new);
+            if !changed.is_empty() {
+                return Err(ApiError::invalid(
+                    kind,
+                    name,
+                    changed
+                        .iter()
+                        .map(|f| format!("{f}: Invalid value: field is immutable"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                ));
+            }
+        }
         if meta_str(&old, "deletionTimestamp").is_some() {
             let before = finalizers(&old);
             if finalizers(&new).iter().any(|f| !before.contains(f)) {
