@@ -232,4 +232,56 @@ mod tests {
         assert!(!target.join("marker").exists());
         assert_eq!(unmount(&unmount_args).unwrap(), 0, "unmount is idempotent");
     }
+
+    /// Detaches the loop device when the test ends, even on failure.
+    struct Loop(String);
+
+    impl Drop for Loop {
+        fn drop(&mut self) {
+            let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+        }
+    }
+
+    #[test]
+    fn formats_an_empty_block_device_once_and_mounts_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(320 * 1024 * 1024)
+            .unwrap();
+        let out = Command::new("losetup").args(["--find", "--show"]).arg(&image).output();
+        let Some(out) = out.ok().filter(|o| o.status.success()) else {
+            eprintln!("skipping: no loop devices here");
+            return;
+        };
+        let device = Loop(String::from_utf8(out.stdout).unwrap().trim().to_owned());
+        let host = dir.path().join("host");
+        let args = MounterArgs::parse_from([
+            "mounter",
+            "--storagePoolPath",
+            device.0.as_str(),
+            "--mountPath",
+            "/pool/csi",
+            "--hostPath",
+            host.to_str().unwrap(),
+            "--once",
+        ]);
+        assert!(ensure_mounted(&args).unwrap());
+        assert!(
+            has_filesystem(Path::new(&device.0)).unwrap(),
+            "mkfs.xfs ran on the empty device"
+        );
+        let target = target(&args);
+        std::fs::write(target.join("data"), b"kept").unwrap();
+        let unmount_args = MounterArgs {
+            unmount: true,
+            ..args.clone()
+        };
+        assert_eq!(unmount(&unmount_args).unwrap(), 1);
+        // Mounting again must reuse the filesystem, not format it.
+        assert!(ensure_mounted(&args).unwrap());
+        assert_eq!(std::fs::read(target.join("data")).unwrap(), b"kept");
+        assert_eq!(unmount(&unmount_args).unwrap(), 1);
+    }
 }
