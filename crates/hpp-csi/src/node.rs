@@ -357,7 +357,8 @@ impl NodeService {
             ephemeral,
         };
         blocking(move || {
-            if p.ephemeral {
+            // Never publish the shadow directory of an unmounted guarded pool.
+            if p.ephemeral || p.pool.require_mount_point {
                 let h = pool_health(&p.pool);
                 if let Some(reason) = h.reason {
                     return Err(Error::FailedPrecondition(reason));

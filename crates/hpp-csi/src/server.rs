@@ -317,11 +317,12 @@ impl BoundDriver {
             let state = driver.state.clone();
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(HEALTH_INTERVAL);
+                let mut last = Vec::new();
                 loop {
                     tick.tick().await;
                     let s = state.clone();
                     if let Ok(report) = tokio::task::spawn_blocking(move || s.pools_report()).await {
-                        log_report(&report);
+                        log_report(&report, &mut last);
                     }
                 }
             })
@@ -353,22 +354,13 @@ impl BoundDriver {
     }
 }
 
-thread_local! {
-    static LAST_LOGGED: std::cell::RefCell<Vec<(String, bool, bool)>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// Logs pool problems when they change, not every 30 s.
-fn log_report(report: &PoolsReport) {
+fn log_report(report: &PoolsReport, last: &mut Vec<(String, bool, bool)>) {
     let now: Vec<(String, bool, bool)> = report.pools.iter().map(|(n, h, s)| (n.clone(), h.usable, *s)).collect();
-    let changed = LAST_LOGGED.with(|l| {
-        let mut l = l.borrow_mut();
-        let changed = *l != now;
-        *l = now;
-        changed
-    });
-    if !changed {
+    if *last == now {
         return;
     }
+    *last = now;
     for (name, h, shared) in &report.pools {
         match &h.reason {
             Some(reason) => tracing::warn!(pool = %name, %reason, "storage pool is not usable"),

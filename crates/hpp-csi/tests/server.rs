@@ -141,6 +141,14 @@ async fn mount_guard_refuses_an_unmounted_pool_and_serves_a_mounted_one() {
     let cond = got.status.unwrap().volume_condition.unwrap();
     assert!(cond.abnormal);
     assert!(cond.message.contains("mount point"), "{}", cond.message);
+    // Publishing would hand the pod the shadow directory on the root disk: refused.
+    let mut publish = publish_req("pvc-g", &h.target("g"), false);
+    publish.volume_context = params("guarded");
+    assert_eq!(
+        code(h.node.node_publish_volume(publish).await),
+        Code::FailedPrecondition
+    );
+    assert!(!is_mount_point(&h.target("g")));
     // Deleting while the pool is unmounted cannot confirm anything: Unavailable, nothing removed.
     let del = h
         .controller
