@@ -73,6 +73,19 @@ impl Error {
         }
     }
 
+    /// The category as a CamelCase Event reason (`api_unavailable` → `ApiUnavailable`).
+    pub fn event_reason(&self) -> String {
+        self.category()
+            .split('_')
+            .map(|w| {
+                let mut c = w.chars();
+                c.next()
+                    .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
     /// Builds a [`Error::Kube`] from a client error.
     pub fn kube(action: &'static str, what: impl Into<String>, source: kube::Error) -> Self {
         Error::Kube {
@@ -120,6 +133,8 @@ mod tests {
         assert_eq!(down.to_string(), "operator downgraded from 2 to 1, will not reconcile");
         let wrapped: Error = finalizer::Error::CleanupFailed(Error::CleanupPending("jobs".into())).into();
         assert_eq!(wrapped.category(), "cleanup_pending");
+        assert_eq!(wrapped.event_reason(), "CleanupPending");
+        assert_eq!(api_error(500).event_reason(), "ApiUnavailable");
         assert!(wrapped.is_transient());
     }
 }

@@ -225,8 +225,13 @@ async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
             Ok(Action::await_change())
         }
         Err(e) => {
-            if let Err(status_err) = write_status(&api, &hpp, &Outcome::Failed(e.to_string()), ctx).await {
-                warn!(error = %status_err, "could not record the failure in status");
+            match write_status(&api, &hpp, &Outcome::Failed(e.to_string()), ctx).await {
+                // A new failure also gets a Warning Event whose reason is the bounded category.
+                Ok(derived) if derived.transition => {
+                    publish(ctx, &hpp, EventType::Warning, e.event_reason(), e.to_string()).await
+                }
+                Ok(_) => {}
+                Err(status_err) => warn!(error = %status_err, "could not record the failure in status"),
             }
             Err(e)
         }
@@ -287,23 +292,28 @@ async fn write_status(
     if let Some(v) = status::cr_ready_value(&derived.status) {
         ctx.metrics.cr_ready.set(v);
     }
-    if derived.transition
-        && let Some(recorder) = &ctx.recorder
-    {
-        let event = Event {
-            type_: if derived.state.is_warning() {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: derived.reason.clone(),
-            note: Some(derived.message.clone()),
-            action: "Reconcile".into(),
-            secondary: None,
+    if derived.transition {
+        let type_ = if derived.state.is_warning() {
+            EventType::Warning
+        } else {
+            EventType::Normal
         };
-        if let Err(e) = recorder.publish(&event, &hpp.object_ref(&())).await {
-            warn!(error = %e, "could not publish event");
-        }
+        publish(ctx, hpp, type_, derived.reason.clone(), derived.message.clone()).await;
     }
     Ok(derived)
+}
+
+/// Publishes an Event about the CR; failures are logged, never fatal.
+async fn publish(ctx: &Context, hpp: &HostPathProvisioner, type_: EventType, reason: String, note: String) {
+    let Some(recorder) = &ctx.recorder else { return };
+    let event = Event {
+        type_,
+        reason,
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &hpp.object_ref(&())).await {
+        warn!(error = %e, "could not publish event");
+    }
 }
