@@ -95,11 +95,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             metrics: Some(hpp_webhook::metrics::Metrics::register(&mut registry)),
         };
         let shutdown = admin::shutdown_signal();
-        Some(tokio::spawn(webhook_cmd::run_with(
-            args.webhook.clone(),
-            deps,
-            shutdown,
-        )))
+        let webhook = webhook_cmd::run_with(args.webhook.clone(), deps, shutdown);
+        Some(tokio::spawn(async move {
+            if let Err(e) = webhook.await {
+                tracing::error!(error = format!("{e:#}"), "admission webhook stopped");
+            }
+        }))
     };
     let listener = TcpListener::bind(args.admin_addr)
         .await
