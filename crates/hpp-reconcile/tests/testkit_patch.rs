@@ -351,3 +351,49 @@ async fn immutable_fields_are_refused_like_the_real_server() {
     let err = dsapi.patch("ds", &pp, &Patch::Apply(ds("b", "i:2"))).await.unwrap_err();
     assert_eq!(api_error(err).0, 422);
 }
+
+/// Built-in kinds merge associative lists item by item under server-side apply: an item another
+/// writer added survives, an item the manager stops applying goes.
+#[tokio::test]
+async fn server_side_apply_merges_container_lists_by_name() {
+    let fake = FakeApiServer::new();
+    let api: Api<DaemonSet> = Api::namespaced(fake.client(), "ns");
+    let pp = PatchParams::apply("hpp-operator").force();
+    let ds = |containers: serde_json::Value| {
+        json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "ds"}, "spec": {
+            "selector": {"matchLabels": {"app": "a"}},
+            "template": {"metadata": {"labels": {"app": "a"}}, "spec": {"containers": containers}}}})
+    };
+    api.patch(
+        "ds",
+        &pp,
+        &Patch::Apply(ds(
+            json!([{"name": "driver", "image": "d:1"}, {"name": "snapshotter", "image": "s:1"}]),
+        )),
+    )
+    .await
+    .unwrap();
+    // Someone else injects a sidecar and an env var.
+    let injected = json!({"spec": {"template": {"spec": {"containers": [
+        {"name": "driver", "env": [{"name": "INJECTED", "value": "1"}]},
+        {"name": "mesh-proxy", "image": "proxy:1"}
+    ]}}}});
+    api.patch("ds", &PatchParams::default(), &Patch::Strategic(injected))
+        .await
+        .unwrap();
+
+    // The operator drops the snapshotter and bumps the driver image.
+    let out = api
+        .patch(
+            "ds",
+            &pp,
+            &Patch::Apply(ds(json!([{"name": "driver", "image": "d:2"}]))),
+        )
+        .await
+        .unwrap();
+    let containers = out.spec.unwrap().template.spec.unwrap().containers;
+    let names: Vec<_> = containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["driver", "mesh-proxy"]);
+    assert_eq!(containers[0].image.as_deref(), Some("d:2"));
+    assert_eq!(containers[0].env.as_ref().unwrap()[0].name, "INJECTED");
+}

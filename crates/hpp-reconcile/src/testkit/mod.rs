@@ -27,13 +27,15 @@
 //! - fault injection ([`FailureRule`]), an outage switch ([`FakeApiServer::set_unavailable`])
 //!   and a log of every request ([`RecordedRequest`]).
 //!
-//! Known simplifications: server-side apply treats lists as atomic, keeps no `managedFields`
-//! and only tracks apply managers (a non-apply write takes ownership away from the applier but
-//! does not itself cause apply conflicts); strategic merge knows the merge keys of the common
-//! lists (containers, env, volumes, volumeMounts, ports, conditions, ownerReferences) and the
-//! `$patch` directive only; pods are deleted at once (no kubelet); garbage collection runs when
-//! an owner is removed, not for objects created with an absent owner; no scale/eviction/log
-//! subresources; objects of every version of a kind are served as-is (no conversion).
+//! Known simplifications: server-side apply keeps no `managedFields` and only tracks apply
+//! managers (a non-apply write takes ownership away from the applier but does not itself cause
+//! apply conflicts); it merges the common associative lists of built-in kinds by key (see the
+//! `ssa` module) and treats custom resources' lists as atomic; strategic merge knows the merge
+//! keys of the common lists (containers, env, volumes, volumeMounts, ports, conditions,
+//! ownerReferences) and the `$patch` directive only; pods are deleted at once (no kubelet);
+//! garbage collection runs when an owner is removed, not for objects created with an absent
+//! owner; no scale/eviction/log subresources; objects of every version of a kind are served
+//! as-is (no conversion).
 //!
 //! ```
 //! use hpp_reconcile::testkit::FakeApiServer;
@@ -72,6 +74,7 @@ mod patch;
 mod path;
 mod record;
 mod selectors;
+mod ssa;
 mod store;
 mod watch;
 

@@ -8,6 +8,7 @@ use super::error::ApiError;
 use super::immutable;
 use super::kinds::KindInfo;
 use super::patch;
+use super::ssa;
 use super::store::{ObjKey, Propagation, State, has_finalizers, meta_str, now, remove_meta, set_meta};
 
 /// Which part of an object a write addresses.
@@ -314,8 +315,12 @@ impl State {
                 let others = managers.iter().filter(|(m, _)| **m != manager);
                 if !force {
                     let live = self.objects.get(&key).cloned().unwrap_or_default();
-                    let conflicts =
-                        patch::apply_conflicts(&live, &config, others.clone().map(|(m, v)| (m.as_str(), v)));
+                    let conflicts = ssa::apply_conflicts(
+                        &live,
+                        &config,
+                        others.clone().map(|(m, v)| (m.as_str(), v)),
+                        !kind.custom,
+                    );
                     if !conflicts.is_empty() {
                         return Err(ApiError::conflict(
                             kind,
@@ -330,7 +335,7 @@ impl State {
                 }
                 let previous = managers.get(&manager);
                 let result = self.update(kind, namespace, name, part, dry_run, |o| {
-                    patch::server_side_apply(o, previous, &config, others.clone().map(|(_, v)| v));
+                    ssa::server_side_apply(o, previous, &config, others.clone().map(|(_, v)| v), !kind.custom);
                     Ok(())
                 })?;
                 if !dry_run && self.objects.contains_key(&key) {

@@ -1,5 +1,5 @@
 //! The patch flavours the API server accepts: JSON merge patch, strategic merge patch (keyed
-//! list merge for the common Kubernetes lists), JSON patch, and server-side apply bookkeeping.
+//! list merge for the common Kubernetes lists) and JSON patch. Server-side apply is in `ssa`.
 
 use serde_json::{Map, Value};
 
@@ -12,7 +12,7 @@ pub(crate) fn merge(target: &mut Value, patch: &Value) {
 ///
 /// `ports` is keyed by `containerPort` inside containers and by `port` in Services; the first
 /// key present on the patch elements wins.
-fn merge_keys(field: &str) -> &'static [&'static str] {
+pub(crate) fn merge_keys(field: &str) -> &'static [&'static str] {
     match field {
         "containers" | "initContainers" | "ephemeralContainers" | "env" | "volumes" | "imagePullSecrets" => &["name"],
         "volumeMounts" => &["mountPath"],
@@ -27,7 +27,7 @@ fn merge_keys(field: &str) -> &'static [&'static str] {
 }
 
 /// Lists of scalars the real server unions instead of replacing.
-fn is_set_list(field: &str) -> bool {
+pub(crate) fn is_set_list(field: &str) -> bool {
     field == "finalizers"
 }
 
@@ -136,124 +136,6 @@ pub(crate) fn json_patch(target: &mut Value, ops: &json_patch::Patch) -> Result<
     Ok(())
 }
 
-/// Path of a leaf inside an applied configuration (object keys only; lists are atomic).
-pub(crate) type FieldPath = Vec<String>;
-
-/// Identity fields that the SSA bookkeeping never treats as owned.
-fn strip_identity(config: &Value) -> Value {
-    let mut config = config.clone();
-    if let Value::Object(map) = &mut config {
-        map.remove("apiVersion");
-        map.remove("kind");
-        if let Some(Value::Object(meta)) = map.get_mut("metadata") {
-            for field in [
-                "name",
-                "namespace",
-                "resourceVersion",
-                "uid",
-                "creationTimestamp",
-                "generation",
-                "managedFields",
-            ] {
-                meta.remove(field);
-            }
-        }
-    }
-    config
-}
-
-/// The leaf paths of an applied configuration (objects are descended, everything else is a leaf).
-pub(crate) fn leaves(config: &Value) -> Vec<(FieldPath, Value)> {
-    fn walk(v: &Value, path: &mut FieldPath, out: &mut Vec<(FieldPath, Value)>) {
-        match v {
-            Value::Object(map) if !map.is_empty() => {
-                for (k, child) in map {
-                    path.push(k.clone());
-                    walk(child, path, out);
-                    path.pop();
-                }
-            }
-            _ => out.push((path.clone(), v.clone())),
-        }
-    }
-    let mut out = Vec::new();
-    walk(&strip_identity(config), &mut Vec::new(), &mut out);
-    out
-}
-
-fn lookup<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
-    path.iter().try_fold(v, |cur, k| cur.get(k))
-}
-
-fn remove_path(v: &mut Value, path: &[String]) {
-    let Some((last, parents)) = path.split_last() else {
-        return;
-    };
-    let mut cur = v;
-    for k in parents {
-        match cur.get_mut(k) {
-            Some(next) => cur = next,
-            None => return,
-        }
-    }
-    if let Value::Object(map) = cur {
-        map.remove(last);
-    }
-}
-
-/// Fields another manager applied and still owns (the live value is still the one it applied)
-/// that this configuration would change: a server-side apply conflict unless `force` is set.
-///
-/// A field someone changed since with a non-apply write is no longer owned by its applier, as
-/// in the real server (the fake does not track non-apply managers, so it conflicts less often).
-pub(crate) fn apply_conflicts<'a>(
-    live: &Value,
-    config: &Value,
-    others: impl Iterator<Item = (&'a str, &'a Value)> + Clone,
-) -> Vec<String> {
-    let mut conflicts = Vec::new();
-    for (path, value) in leaves(config) {
-        let current = lookup(live, &path);
-        if current == Some(&value) {
-            continue;
-        }
-        for (manager, other) in others.clone() {
-            if let Some(theirs) = lookup(&strip_identity(other), &path)
-                && !theirs.is_object()
-                && current == Some(theirs)
-            {
-                conflicts.push(format!("conflict with \"{manager}\": .{}", path.join(".")));
-            }
-        }
-    }
-    conflicts
-}
-
-/// Server-side apply over `live`: removes fields this manager applied last time, still owns
-/// (unchanged since) and no longer sends, unless another manager applies them too; then merges
-/// the new configuration.
-///
-/// Lists are atomic (replaced as a whole), as for `listType=atomic` in the real server.
-pub(crate) fn server_side_apply<'a>(
-    live: &mut Value,
-    previous: Option<&Value>,
-    config: &Value,
-    others: impl Iterator<Item = &'a Value> + Clone,
-) {
-    if let Some(previous) = previous {
-        let new_config = strip_identity(config);
-        for (path, applied) in leaves(previous) {
-            let still_sent = lookup(&new_config, &path).is_some();
-            let still_owned = lookup(live, &path) == Some(&applied);
-            let kept_by_other = others.clone().any(|o| lookup(&strip_identity(o), &path).is_some());
-            if !still_sent && still_owned && !kept_by_other {
-                remove_path(live, &path);
-            }
-        }
-    }
-    merge(live, config);
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -296,32 +178,5 @@ mod tests {
         let failing: json_patch::Patch =
             serde_json::from_value(json!([{"op": "test", "path": "/metadata/finalizers/0", "value": "x"}])).unwrap();
         assert!(json_patch(&mut doc, &failing).is_err());
-    }
-
-    #[test]
-    fn apply_removes_fields_no_longer_sent() {
-        let mut live = json!({"metadata": {"name": "x", "labels": {"a": "1", "b": "2", "c": "3"}}});
-        let prev = json!({"metadata": {"name": "x", "labels": {"a": "1", "b": "2"}}});
-        let other = json!({"metadata": {"labels": {"b": "2"}}});
-        let next = json!({"metadata": {"name": "x", "labels": {"a": "9"}}});
-        server_side_apply(&mut live, Some(&prev), &next, [&other].into_iter());
-        assert_eq!(
-            live,
-            json!({"metadata": {"name": "x", "labels": {"a": "9", "b": "2", "c": "3"}}})
-        );
-        let conflicts = apply_conflicts(
-            &live,
-            &json!({"metadata": {"labels": {"b": "7"}}}),
-            [("o", &other)].into_iter(),
-        );
-        assert_eq!(conflicts.len(), 1);
-        // Once someone else changed the field, the applier no longer owns it.
-        live["metadata"]["labels"]["b"] = json!("changed");
-        let conflicts = apply_conflicts(
-            &live,
-            &json!({"metadata": {"labels": {"b": "7"}}}),
-            [("o", &other)].into_iter(),
-        );
-        assert!(conflicts.is_empty());
     }
 }
