@@ -213,3 +213,16 @@ async fn creating_a_crd_serves_its_kinds_and_deleting_it_stops_them() {
     .unwrap();
     assert_eq!(code(hpps.list(&Default::default()).await.unwrap_err()), 404);
 }
+
+#[tokio::test]
+async fn a_disconnect_rule_fails_at_the_connection_level_and_dump_lists_objects() {
+    let fake = FakeApiServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+    fake.fail_requests(FailureRule::disconnect().path_contains("/configmaps").times(1));
+    let err = api.create(&PostParams::default(), &cm("a")).await.unwrap_err();
+    assert!(matches!(err, kube::Error::Service(_)), "got {err:?}");
+    api.create(&PostParams::default(), &cm("a")).await.unwrap();
+    assert_eq!(fake.requests().iter().map(|r| r.status).collect::<Vec<_>>(), [0, 201]);
+    let dump = fake.dump();
+    assert!(dump.starts_with("configmaps ns/a rv="), "{dump}");
+}

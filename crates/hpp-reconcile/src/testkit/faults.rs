@@ -19,7 +19,8 @@ pub struct FailureRule {
     pub path_contains: Option<String>,
     /// Only requests whose query contains this substring fail, e.g. `watch=true`.
     pub query_contains: Option<String>,
-    /// HTTP status to answer with.
+    /// HTTP status to answer with; 0 fails at the connection level instead (the client sees
+    /// `kube::Error::Service`, as when the server is unreachable).
     pub status: u16,
     /// How many matching requests fail before the rule expires; `None` = until cleared.
     pub times: Option<usize>,
@@ -35,6 +36,11 @@ impl FailureRule {
             status,
             times: None,
         }
+    }
+
+    /// A rule failing matching requests at the connection level (no HTTP response at all).
+    pub fn disconnect() -> Self {
+        Self::new(0)
     }
 
     /// Restricts the rule to one HTTP method.

@@ -85,6 +85,13 @@ fn respond(inner: &Mutex<State>, parts: &http::request::Parts, bytes: &[u8]) -> 
         )));
     }
     let result = match faults::injected(&mut state.failures, &parts.method, &path, &query) {
+        Some(err) if err.code == 0 => {
+            state.requests.push(record);
+            return Err(Box::new(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "injected connection failure",
+            )));
+        }
         Some(err) => Err(err),
         None => body.map_err(ApiError::bad_request).and_then(|body| {
             let req = Incoming {
@@ -314,6 +321,7 @@ fn watch_request(
     let timeout = query
         .get("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
+        .filter(|t| *t > 0)
         .map_or(DEFAULT_WATCH_TIMEOUT, Duration::from_secs);
     let req = WatchRequest {
         filter: WatchFilter {

@@ -382,6 +382,40 @@ impl FakeApiServer {
         lock(&self.inner).compact();
     }
 
+    /// A one-line-per-object listing of the store (`group/plural ns/name rv=N`, plus
+    /// `deleting` and finalizers when set), for failure messages.
+    pub fn dump(&self) -> String {
+        let state = lock(&self.inner);
+        state
+            .objects
+            .iter()
+            .map(|(k, o)| {
+                let plural = if k.group.is_empty() {
+                    k.plural.clone()
+                } else {
+                    format!("{}/{}", k.group, k.plural)
+                };
+                let mut line = format!(
+                    "{plural} {}/{} rv={}",
+                    k.namespace,
+                    k.name,
+                    store::meta_str(o, "resourceVersion").unwrap_or_default()
+                );
+                if store::meta_str(o, "deletionTimestamp").is_some() {
+                    line.push_str(" deleting");
+                }
+                if let Some(f) = o
+                    .pointer("/metadata/finalizers")
+                    .filter(|f| f.as_array().is_some_and(|a| !a.is_empty()))
+                {
+                    line.push_str(&format!(" finalizers={f}"));
+                }
+                line
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// Resolves once `condition` holds, re-checking after every change to the store.
     /// Wrap it in `tokio::time::timeout` so a test fails instead of hanging.
     pub async fn wait_until(&self, mut condition: impl FnMut(&FakeApiServer) -> bool) {
