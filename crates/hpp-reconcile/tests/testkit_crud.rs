@@ -206,6 +206,10 @@ async fn cluster_scoped_kinds_live_outside_namespaces() {
     let requests = fake.requests();
     assert_eq!(requests[0].path, "/api/v1/nodes");
     assert_eq!(requests[0].status, 201);
+
+    let in_ns: Api<ConfigMap> = Api::default_namespaced(fake.client_in("hpp-ns"));
+    in_ns.create(&PostParams::default(), &cm("c", &[])).await.unwrap();
+    assert!(fake.get::<ConfigMap>(Some("hpp-ns"), "c").is_some());
 }
 
 fn hpp(name: &str) -> HostPathProvisioner {

@@ -158,9 +158,15 @@ impl FakeApiServer {
     ///
     /// Must be called inside a tokio runtime: the client spawns its request buffer there.
     pub fn client(&self) -> kube::Client {
+        self.client_in("default")
+    }
+
+    /// Like [`client`](Self::client) with another default namespace (what
+    /// `Api::default_namespaced` uses), e.g. the operator's own namespace.
+    pub fn client_in(&self, default_namespace: &str) -> kube::Client {
         let inner = self.inner.clone();
         let service = tower::service_fn(move |req| handler::handle(inner.clone(), req));
-        kube::Client::new(service, "default")
+        kube::Client::new(service, default_namespace)
     }
 
     /// Serves a typed kind, such as a custom resource (`HostPathProvisioner`: cluster-scoped,
