@@ -252,6 +252,8 @@ fn legacy_daemonset_only_with_path_config() {
     );
     let c = container(&ds, "hostpath-provisioner");
     assert_eq!(c["image"], "hostpath-provisioner");
+    // The stock image's entrypoint is the CSI driver, so the provisioner is named explicitly.
+    assert_eq!(c["command"], serde_json::json!(["/usr/bin/hpp-provisioner"]));
     assert_eq!(env(c, "PV_DIR")["value"], "/var/hpvolumes");
     assert_eq!(env(c, "USE_NAMING_PREFIX")["value"], "false");
     assert_eq!(

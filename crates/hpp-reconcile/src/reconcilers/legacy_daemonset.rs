@@ -19,6 +19,9 @@ use crate::subreconciler::{Readiness, SubReconciler};
 /// Extra label letting the legacy pods reach cluster services under KubeVirt's NetworkPolicies.
 pub const LABEL_ALLOW_CLUSTER_SERVICES: &str = "np.kubevirt.io/allow-access-cluster-services";
 
+/// Path of the legacy provisioner in the stock `hpp-csi-driver` image.
+pub const LEGACY_PROVISIONER_COMMAND: &str = "/usr/bin/hpp-provisioner";
+
 /// The desired legacy DaemonSet, or `None` when `pathConfig` is not set.
 pub fn desired_legacy_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) -> Result<Option<DesiredObject>> {
     let Some(pc) = &hpp.spec.path_config else {
@@ -43,6 +46,8 @@ pub fn desired_legacy_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig)
             "name": "hostpath-provisioner",
             "image": cfg.images.legacy_provisioner,
             "imagePullPolicy": common::pull_policy(hpp),
+            // The stock image's entrypoint is the CSI driver; the legacy provisioner ships beside it.
+            "command": [LEGACY_PROVISIONER_COMMAND],
             "env": env,
             "volumeMounts": [{ "name": "pv-volume", "mountPath": pc.path }],
         }],

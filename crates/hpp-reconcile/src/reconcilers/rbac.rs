@@ -88,6 +88,8 @@ pub fn legacy_cluster_rules() -> Vec<Value> {
         rule(&[""], &["persistentvolumeclaims"], &["get", "list", "watch", "update"]),
         rule(&["storage.k8s.io"], &["storageclasses"], READ),
         rule(&[""], &["events"], &["list", "watch", "create", "update", "patch"]),
+        // hpp-provisioner records Events through events.k8s.io/v1.
+        rule(&["events.k8s.io"], &["events"], &["create", "patch", "update"]),
         rule(&[""], &["nodes"], &["get"]),
     ]
 }
