@@ -391,3 +391,25 @@ async fn metadata_only_requests_get_partial_object_metadata() {
         "served as metadata only"
     );
 }
+
+#[tokio::test]
+async fn seed_can_backdate_and_start_objects_out_deleting() {
+    let fake = FakeApiServer::new();
+    let mut obj = cm("old", &[]);
+    obj.metadata.namespace = Some("ns".into());
+    obj.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        "2020-01-01T00:00:00Z".parse().unwrap(),
+    ));
+    obj.metadata.deletion_timestamp = obj.metadata.creation_timestamp.clone();
+    obj.metadata.finalizers = Some(vec!["example.com/f".into()]);
+    let seeded = fake.seed(&obj);
+    assert_eq!(seeded.metadata.creation_timestamp, obj.metadata.creation_timestamp);
+    assert!(seeded.metadata.deletion_timestamp.is_some());
+    // The API cannot do either.
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+    let mut posted = obj.clone();
+    posted.metadata.name = Some("new".into());
+    let created = api.create(&PostParams::default(), &posted).await.unwrap();
+    assert_ne!(created.metadata.creation_timestamp, obj.metadata.creation_timestamp);
+    assert!(created.metadata.deletion_timestamp.is_none());
+}

@@ -127,10 +127,16 @@ impl State {
         }
         let uid = self.next_uid();
         set_meta(&mut obj, "uid", json!(uid));
-        set_meta(&mut obj, "creationTimestamp", json!(now()));
         set_meta(&mut obj, "generation", json!(1));
-        for field in ["deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion"] {
-            remove_meta(&mut obj, field);
+        remove_meta(&mut obj, "resourceVersion");
+        // Seeding may backdate an object or start it out deleting (held by its finalizers).
+        let seeded = part == Part::All;
+        if !(seeded && meta_str(&obj, "creationTimestamp").is_some()) {
+            set_meta(&mut obj, "creationTimestamp", json!(now()));
+        }
+        if !(seeded && has_finalizers(&obj)) {
+            remove_meta(&mut obj, "deletionTimestamp");
+            remove_meta(&mut obj, "deletionGracePeriodSeconds");
         }
         if dry_run {
             return Ok(obj);
