@@ -16,6 +16,7 @@ use hpp_reconcile::operator::Context;
 use hpp_reconcile::reconcilers::common::{meta, ssa};
 use hpp_reconcile::{ClusterFacts, DesiredObject, OperatorConfig, Pipeline, SubReconciler};
 
+// ANCHOR: sub_reconciler
 /// One StorageClass `hostpath-<pool>` per pool, owned by the CR and swept when the pool goes.
 pub struct PoolStorageClasses;
 
@@ -56,7 +57,9 @@ impl SubReconciler for PoolStorageClasses {
             .collect()
     }
 }
+// ANCHOR_END: sub_reconciler
 
+// ANCHOR: pipeline
 /// The distribution's pipeline: standard, without monitoring, plus pool StorageClasses.
 pub fn pipeline() -> Pipeline {
     let mut pipeline = Pipeline::standard();
@@ -64,7 +67,9 @@ pub fn pipeline() -> Pipeline {
     pipeline.push(Box::new(PoolStorageClasses));
     pipeline
 }
+// ANCHOR_END: pipeline
 
+// ANCHOR: run
 /// Runs the distribution's controller until `shutdown` resolves.
 pub async fn run(
     client: kube::Client,
@@ -75,6 +80,7 @@ pub async fn run(
     hpp_reconcile::controller::run(Arc::new(ctx), shutdown).await;
     Ok(())
 }
+// ANCHOR_END: run
 
 #[allow(dead_code)] // the test includes this file as a module and never calls main
 #[tokio::main]

@@ -24,6 +24,7 @@ fn mount_capability() -> csi::VolumeCapability {
 /// Serves a driver with one pool under `dir`, provisions `demo`, snapshots it as `demo-snap`,
 /// restores that into `demo-restored`, and stops the server (which removes its socket).
 pub async fn run(dir: &Path) -> anyhow::Result<()> {
+    // ANCHOR: serve
     let endpoint = Endpoint::Unix(dir.join("csi.sock"));
     let driver = Driver::builder()
         .node_id("example-node")
@@ -37,7 +38,9 @@ pub async fn run(dir: &Path) -> anyhow::Result<()> {
     let server = tokio::spawn(bound.serve(async {
         let _ = stopped.await;
     }));
+    // ANCHOR_END: serve
 
+    // ANCHOR: create_volume
     let mut controller = ControllerClient::new(hpp_csi::client::connect(&endpoint).await?);
     let volume = controller
         .create_volume(csi::CreateVolumeRequest {
@@ -50,10 +53,12 @@ pub async fn run(dir: &Path) -> anyhow::Result<()> {
         .volume
         .ok_or_else(|| anyhow::anyhow!("CreateVolume returned no volume"))?;
     println!("created volume {} ({} bytes)", volume.volume_id, volume.capacity_bytes);
+    // ANCHOR_END: create_volume
 
     // A workload writes into the volume directory.
     std::fs::write(dir.join("pool/demo/hello.txt"), b"hello from hpp\n")?;
 
+    // ANCHOR: snapshot_restore
     let snapshot = controller
         .create_snapshot(csi::CreateSnapshotRequest {
             source_volume_id: "demo".into(),
@@ -83,6 +88,7 @@ pub async fn run(dir: &Path) -> anyhow::Result<()> {
             ..Default::default()
         })
         .await?;
+    // ANCHOR_END: snapshot_restore
     println!(
         "restored: {}",
         std::fs::read_to_string(dir.join("pool/demo-restored/hello.txt"))?.trim()

@@ -18,6 +18,7 @@ async fn the_distribution_adds_pool_classes_and_drops_monitoring() {
     assert!(!names.names().contains(&"prometheus"));
     assert_eq!(names.names().last(), Some(&"pool-storage-classes"));
 
+    // ANCHOR: testkit
     let fake = FakeApiServer::new();
     fake.register::<HostPathProvisioner>(false, true);
     let hpp = HostPathProvisioner::new(
@@ -44,6 +45,7 @@ async fn the_distribution_adds_pool_classes_and_drops_monitoring() {
     tokio::time::timeout(Duration::from_secs(60), fake.wait_until(done))
         .await
         .expect("the distribution reconciled");
+    // ANCHOR_END: testkit
     let sc = fake.get::<StorageClass>(None, "hostpath-local").unwrap();
     assert_eq!(sc.volume_binding_mode.as_deref(), Some("WaitForFirstConsumer"));
     assert_eq!(sc.parameters.unwrap()["storagePool"], "local");
