@@ -797,3 +797,26 @@ fn flags_and_env_names_in_prose_exist() {
     }
     assert!(problems.is_empty(), "stale names in the docs:\n{}", problems.join("\n"));
 }
+
+/// The user guide has a runbook for every alert the operator ships.
+#[test]
+fn every_alert_has_a_runbook_in_the_user_guide() {
+    let guide = read("docs/user-guide.md");
+    let groups = hpp_reconcile::reconcilers::prometheus::rule_groups(&hpp_reconcile::OperatorConfig::default());
+    let alerts: Vec<String> = groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap().iter())
+        .filter_map(|r| r.get("alert").and_then(Value::as_str).map(str::to_owned))
+        .collect();
+    assert!(alerts.len() >= 3, "{alerts:?}");
+    let missing: Vec<&String> = alerts
+        .iter()
+        .filter(|a| !guide.contains(&format!("\n#### {a}\n")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/user-guide.md has no runbook (a `#### <alert>` heading under Runbooks) for {missing:?}"
+    );
+}
