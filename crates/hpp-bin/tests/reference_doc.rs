@@ -820,3 +820,43 @@ fn every_alert_has_a_runbook_in_the_user_guide() {
         "docs/user-guide.md has no runbook (a `#### <alert>` heading under Runbooks) for {missing:?}"
     );
 }
+
+/// Variables the code reads with `std::env::var("…")`, outside tests.
+fn process_env_names() -> BTreeSet<String> {
+    fn walk(dir: &Path, out: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+                for after in code.split("env::var(\"").skip(1) {
+                    if let Some((name, _)) = after.split_once('"') {
+                        out.insert(name.to_owned());
+                    }
+                }
+            }
+        }
+    }
+    let mut names = BTreeSet::new();
+    for krate in std::fs::read_dir(repo_root().join("crates")).unwrap().flatten() {
+        let src = krate.path().join("src");
+        if src.is_dir() {
+            walk(&src, &mut names);
+        }
+    }
+    names
+}
+
+#[test]
+fn every_variable_the_code_reads_is_documented() {
+    let doc = read(DOC);
+    let names = process_env_names();
+    assert!(names.contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{names:?}");
+    let missing: Vec<&String> = names.iter().filter(|n| !doc.contains(&format!("`{n}`"))).collect();
+    assert!(
+        missing.is_empty(),
+        "{DOC} does not mention the environment variables {missing:?}, which the code reads with std::env::var"
+    );
+}
