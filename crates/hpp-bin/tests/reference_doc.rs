@@ -860,3 +860,61 @@ fn every_variable_the_code_reads_is_documented() {
         "{DOC} does not mention the environment variables {missing:?}, which the code reads with std::env::var"
     );
 }
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut in_fence = false;
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+        } else if !in_fence && line.starts_with('#') {
+            out.insert(slug(line.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// Links between the docs (`other.md#anchor`, `#anchor`) land on a heading that exists.
+#[test]
+fn links_between_the_docs_resolve() {
+    let docs = repo_root().join("docs");
+    let mut problems = Vec::new();
+    for entry in std::fs::read_dir(&docs).unwrap().flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "md") {
+            continue;
+        }
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&path).unwrap();
+        for link in text
+            .split("](")
+            .skip(1)
+            .filter_map(|l| l.split_once(')').map(|(t, _)| t))
+        {
+            if link.starts_with("http") {
+                continue;
+            }
+            let (file, anchor) = link.split_once('#').unwrap_or((link, ""));
+            let target = if file.is_empty() { path.clone() } else { docs.join(file) };
+            let Ok(target_text) = std::fs::read_to_string(&target) else {
+                problems.push(format!("docs/{name}: link to {link}: no such file"));
+                continue;
+            };
+            if !anchor.is_empty() && !anchors(&target_text).contains(anchor) {
+                problems.push(format!("docs/{name}: link to {link}: no heading with that anchor"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
