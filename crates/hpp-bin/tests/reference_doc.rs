@@ -918,3 +918,42 @@ fn links_between_the_docs_resolve() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// The object names docs/migration.md promises are unchanged are the ones the operator renders
+/// for the example CRs (per-pool objects aside, which the doc writes as patterns).
+#[test]
+fn owned_object_names_in_the_migration_guide_are_the_rendered_ones() {
+    let doc = read("docs/migration.md");
+    let mut missing = BTreeSet::new();
+    let mut seen = 0;
+    for entry in std::fs::read_dir(repo_root().join("deploy/examples"))
+        .unwrap()
+        .flatten()
+    {
+        let text = std::fs::read_to_string(entry.path()).unwrap();
+        let hpp = hpp_bin::operator::render::parse_cr(&text).unwrap();
+        let facts = hpp_reconcile::render::offline_facts(&hpp, &["node-a".to_owned()], true, true);
+        let objects = hpp_reconcile::render::render_objects(
+            &hpp_reconcile::Pipeline::standard(),
+            &hpp,
+            &hpp_reconcile::OperatorConfig::default(),
+            &facts,
+        )
+        .unwrap();
+        for obj in objects {
+            let name = obj.object.metadata.name.clone().unwrap_or_default();
+            if name.starts_with("hpp-pool-") {
+                continue;
+            }
+            seen += 1;
+            if !doc.contains(&format!("`{name}`")) {
+                missing.insert(format!("{} {name}", obj.kind.kind));
+            }
+        }
+    }
+    assert!(seen > 10, "rendered only {seen} objects");
+    assert!(
+        missing.is_empty(),
+        "docs/migration.md (section 1, \"What does not change\") does not name these operator-owned objects: {missing:?}"
+    );
+}
