@@ -271,22 +271,25 @@ impl ControllerService {
 
     async fn list_volumes_inner(&self, req: csi::ListVolumesRequest) -> Result<csi::ListVolumesResponse> {
         let state = self.state.clone();
-        let mut all = blocking(move || {
+        // Ids and pool indexes only: entries are built for the requested page alone.
+        let (mut all, health) = blocking(move || {
             let mounts = MountTable::read().unwrap_or_default();
             let mut all = Vec::new();
-            for pool in &state.pools {
-                let health = pool.health(&mounts);
+            let mut health = Vec::new();
+            for (idx, pool) in state.pools.iter().enumerate() {
+                health.push(pool.health(&mounts));
                 if let Ok(ids) = pool.list_volumes() {
-                    all.extend(ids.into_iter().map(|id| (id, pool.clone(), health.clone())));
+                    all.extend(ids.into_iter().map(|id| (id, idx)));
                 }
             }
-            Ok(all)
+            Ok((all, health))
         })
         .await?;
-        all.sort_by(|a, b| (&a.0, &a.1.name).cmp(&(&b.0, &b.1.name)));
+        let pools = &self.state.pools;
+        all.sort_by(|a, b| (&a.0, &pools[a.1].name).cmp(&(&b.0, &pools[b.1].name)));
         let page = pagination::paginate(
             all,
-            |(id, p, _)| pool_key(id, &p.name),
+            |(id, idx)| pool_key(id, &pools[*idx].name),
             req.max_entries,
             &req.starting_token,
         )?;
@@ -294,18 +297,18 @@ impl ControllerService {
         let entries = page
             .items
             .into_iter()
-            .map(|(id, pool, health)| csi::list_volumes_response::Entry {
+            .map(|(id, idx)| csi::list_volumes_response::Entry {
                 volume: Some(caps::volume(
                     &id,
-                    &pool,
-                    caps::listed_capacity(&health),
+                    &pools[idx],
+                    caps::listed_capacity(&health[idx]),
                     Default::default(),
                     None,
                     &topology,
                 )),
                 status: Some(csi::list_volumes_response::VolumeStatus {
                     published_node_ids: vec![self.state.node_id.clone()],
-                    volume_condition: Some(caps::condition(&health, true)),
+                    volume_condition: Some(caps::condition(&health[idx], true)),
                 }),
             })
             .collect();

@@ -151,6 +151,20 @@ fn remove_tree_on_raw(dir: BorrowedFd<'_>, name: &[u8], dev: u64) -> Result<()> 
     }
 }
 
+/// Whether `path` is the root of a mount, from `statx` (Linux 5.8+) without reading the mount
+/// table (a missing path is no mount point); `None` when the kernel or filesystem cannot say.
+pub fn is_mount_root(path: &std::path::Path) -> Option<bool> {
+    use rustix::fs::{CWD, StatxAttributes, StatxFlags};
+    let st = match rustix::fs::statx(CWD, path, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::BASIC_STATS) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => return Some(false),
+        Err(_) => return None,
+    };
+    st.stx_attributes_mask
+        .contains(StatxAttributes::MOUNT_ROOT)
+        .then(|| st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT))
+}
+
 /// Bytes (allocated blocks) and inodes used by the tree below `dir`, not crossing filesystems.
 pub fn usage(dir: BorrowedFd<'_>) -> rustix::io::Result<(u64, u64)> {
     let root = rustix::fs::fstat(dir)?;
@@ -225,6 +239,14 @@ mod tests {
         assert!(matches!(entry(fd.as_fd(), "d").unwrap(), Entry::Dir { .. }));
         assert_eq!(entry(fd.as_fd(), "nope").unwrap(), Entry::Missing);
         assert!(open_child_dir(fd.as_fd(), "evil").is_err());
+    }
+
+    #[test]
+    fn mount_root_is_detected_without_the_mount_table() {
+        assert_eq!(is_mount_root(std::path::Path::new("/proc")), Some(true));
+        let dir = tempfile::tempdir().unwrap();
+        assert_ne!(is_mount_root(dir.path()), Some(true));
+        assert_eq!(is_mount_root(&dir.path().join("missing")), Some(false));
     }
 
     #[test]

@@ -122,7 +122,12 @@ fn publish(p: &Publish) -> Result<()> {
         }
     }
     let source = volumes::open(&p.pool, &p.id)?;
-    let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
+    // The mount table is only read when the target already is a mount point (a retry).
+    let mounts = if fsops::is_mount_root(&p.target) == Some(false) {
+        MountTable::default()
+    } else {
+        MountTable::read().map_err(|e| Error::io("reading mount table", e))?
+    };
     if let Some(existing) = mounts.mount_at(&p.target) {
         let want = mounts.fs_location(&p.pool.volume_path(&p.id));
         let same = want
@@ -190,8 +195,13 @@ fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
             // Unmount every layer (a crashed retry may have stacked two), then remove the now
             // empty directory. Never a recursive delete: whatever is left is someone's data.
             for _ in 0..16 {
-                let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
-                if !mounts.is_mount_point(target) {
+                let mounted = match fsops::is_mount_root(target) {
+                    Some(m) => m,
+                    None => MountTable::read()
+                        .map_err(|e| Error::io("reading mount table", e))?
+                        .is_mount_point(target),
+                };
+                if !mounted {
                     break;
                 }
                 mount::unmount(target)?;
@@ -267,7 +277,8 @@ fn volume_stats(pool: Option<Pool>, id: &str, path: &Path) -> Result<csi::NodeGe
             }
         }
     }
-    if !condition.abnormal && !mounts.is_mount_point(path) {
+    let mounted = fsops::is_mount_root(path).unwrap_or_else(|| mounts.is_mount_point(path));
+    if !condition.abnormal && !mounted {
         condition = csi::VolumeCondition {
             abnormal: true,
             message: "The volume isn't mounted".into(),
