@@ -220,7 +220,14 @@ fn snapshotting_and_overlay_pools_shape_the_datadir() {
     );
     assert_eq!(
         env(container(&ds, "hostpath-provisioner"), "PV_DIR")["value"],
-        r#"[{"name":"nfs-backend","path":"nfs-backend-data-dir/csi","snapshotPath":"nfs-backend-data-dir/csi/snapshots","snapshotProvider":"reflink","shared":true}]"#
+        r#"[{"name":"nfs-backend","path":"nfs-backend-data-dir/csi","snapshotPath":"nfs-backend-data-dir/csi/snapshots","snapshotProvider":"reflink","shared":true,"requireMountPoint":true}]"#,
+        "a pvcTemplate pool is guarded: the driver waits for the mounter before creating volumes"
+    );
+    let local = example("hostpathprovisioner_cr");
+    let ds = value(&csi_daemonset::desired_csi_daemonset(&local, &cfg()).unwrap());
+    assert_eq!(
+        env(container(&ds, "hostpath-provisioner"), "PV_DIR")["value"],
+        r#"[{"name":"local","path":"local-data-dir/csi","shared":false}]"#
     );
     let legacy = example("hostpathprovisioner_legacy_cr");
     let ds = value(&csi_daemonset::desired_csi_daemonset(&legacy, &cfg()).unwrap());

@@ -10,7 +10,12 @@ use clap::{Parser, Subcommand};
 
 /// The hpp operator: deploys and manages the hostpath provisioner for a HostPathProvisioner CR.
 #[derive(Parser, Debug)]
-#[command(name = "hpp-operator", version, about, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "hpp-operator",
+    version,
+    about = "The hpp operator: deploys and manages the hostpath provisioner for a HostPathProvisioner CR",
+    args_conflicts_with_subcommands = true
+)]
 pub struct Args {
     /// What to do (default: run).
     #[command(subcommand)]

@@ -35,6 +35,13 @@ pub struct DataDirEntry {
     pub snapshot_provider: Option<String>,
     /// Whether the pool is one shared ReadWriteMany PVC.
     pub shared: bool,
+    /// hpp's mount guard: the driver refuses to place volumes in the pool until the pool
+    /// directory is a mount point. Set for pvcTemplate pools, whose `<mountName>/csi` is where the
+    /// mounter mounts the pool PVC, so volumes never land on the node's root disk while the
+    /// mounter is not done (KubeVirt operator PR #278). Omitted (false) otherwise, keeping the
+    /// JSON byte-identical to KubeVirt's for plain pools.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub require_mount_point: bool,
 }
 
 /// A pool as the DaemonSet mounts it: volume name, host path, datadir entry.
@@ -70,6 +77,7 @@ pub fn pool_mounts(hpp: &HostPathProvisioner) -> Vec<PoolMount> {
                 snapshot_path: None,
                 snapshot_provider: None,
                 shared: false,
+                require_mount_point: false,
             },
             mount_name,
         }];
@@ -91,6 +99,7 @@ pub fn pool_mounts(hpp: &HostPathProvisioner) -> Vec<PoolMount> {
                         .map(|_| format!("{mount_name}/csi/snapshots")),
                     snapshot_provider: p.snapshot_provider.clone(),
                     shared: p.is_shared(),
+                    require_mount_point: p.pvc_template.is_some(),
                 },
                 mount_name,
             }
