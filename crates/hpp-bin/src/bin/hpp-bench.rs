@@ -249,6 +249,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let pid = child.0.id();
     let rss_start = rss_kib(pid)?;
+    let controller_channel = channel.clone();
     let controller = ControllerClient::new(channel.clone());
     let node = NodeClient::new(channel);
     let mut rows = Vec::new();
@@ -404,6 +405,30 @@ async fn main() -> anyhow::Result<()> {
     }
     println!();
     print_rows(&rows);
+
+    // The transport floor: an RPC that does no I/O at all.
+    let mut floor = Vec::new();
+    for conc in [1usize, 16] {
+        let id = hpp_csi::csi::identity_client::IdentityClient::new(controller_channel.clone());
+        let st = run_tasks(n, conc, move |_| {
+            let mut id = id.clone();
+            async move {
+                id.get_plugin_info(csi::GetPluginInfoRequest {}).await?;
+                Ok(())
+            }
+        })
+        .await?;
+        floor.push(format!(
+            "conc {conc}: p50 {} p99 {} {:.0} ops/s",
+            fmt_d(st.p50),
+            fmt_d(st.p99),
+            st.ops_per_sec
+        ));
+    }
+    println!(
+        "gRPC-over-unix-socket floor (GetPluginInfo, no I/O): {}",
+        floor.join("; ")
+    );
 
     // Resident memory after many volumes.
     let c = controller.clone();
