@@ -40,6 +40,13 @@ async fn identity_reports_name_version_capabilities_and_readiness() {
 }
 
 #[tokio::test]
+async fn plugin_info_without_a_version_is_unavailable() {
+    let mut h = Harness::with(|root, b| b.pool(legacy_pool(root)).vendor_version("")).await;
+    assert_eq!(code(h.identity.get_plugin_info(csi::GetPluginInfoRequest {}).await), Code::Unavailable);
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn mount_guard_refuses_an_unmounted_pool_and_serves_a_mounted_one() {
     let mut h = Harness::with(|root, b| {
         b.pool(legacy_pool(root))
