@@ -42,7 +42,10 @@ async fn identity_reports_name_version_capabilities_and_readiness() {
 #[tokio::test]
 async fn plugin_info_without_a_version_is_unavailable() {
     let mut h = Harness::with(|root, b| b.pool(legacy_pool(root)).vendor_version("")).await;
-    assert_eq!(code(h.identity.get_plugin_info(csi::GetPluginInfoRequest {}).await), Code::Unavailable);
+    assert_eq!(
+        code(h.identity.get_plugin_info(csi::GetPluginInfoRequest {}).await),
+        Code::Unavailable
+    );
     h.stop().await;
 }
 
