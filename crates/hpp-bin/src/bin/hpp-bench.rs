@@ -26,7 +26,8 @@ use hpp_csi::{Driver, Endpoint, PoolConfig};
 #[derive(Debug, Parser)]
 #[command(name = "hpp-bench", about = "Benchmark the hpp CSI driver against bare syscalls")]
 struct Args {
-    /// Scratch directory (pool, targets, socket). Must not be on tmpfs if you want disk numbers.
+    /// Parent of the scratch directory (a `run-<pid>` subdirectory is created and removed).
+    /// Use a disk-backed filesystem, not tmpfs, for disk numbers.
     #[arg(long, default_value = "/var/tmp/hpp-bench")]
     dir: PathBuf,
     /// Operations per measurement for CreateVolume, DeleteVolume and GetCapacity.
@@ -212,12 +213,9 @@ async fn main() -> anyhow::Result<()> {
     if let Some(dir) = &args.serve_driver {
         return serve_driver(dir).await;
     }
-    let dir = args.dir.clone();
-    if dir.exists() {
-        hpp_bin_bench_cleanup(&dir);
-        std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
-    }
-    std::fs::create_dir_all(dir.join("base"))?;
+    // A fresh run directory of our own: nothing the user already had is ever deleted.
+    let dir = args.dir.join(format!("run-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("base")).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::create_dir_all(dir.join("targets"))?;
     let fs = Command::new("stat").args(["-f", "-c", "%T"]).arg(&dir).output().ok();
     println!(
@@ -483,7 +481,7 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Detaches any mount left under `dir` (an interrupted earlier run) before deleting it.
+/// Detaches any mount left under the run directory before deleting it.
 fn hpp_bin_bench_cleanup(dir: &Path) {
     if let Ok(table) = hpp_csi::mountinfo::MountTable::read() {
         let canon = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
