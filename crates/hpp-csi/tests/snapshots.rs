@@ -345,3 +345,39 @@ async fn reflink_on_xfs_shares_extents() {
         std::panic::resume_unwind(p);
     }
 }
+
+#[tokio::test]
+async fn clone_into_a_full_pool_is_resource_exhausted_and_leaves_nothing() {
+    let scratch = tempfile::tempdir().unwrap();
+    let small = std::fs::canonicalize(scratch.path()).unwrap().join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    rustix::mount::mount("tmpfs", &small, "tmpfs", rustix::mount::MountFlags::empty(), c"size=1m").unwrap();
+    let result = std::panic::AssertUnwindSafe(async {
+        let mut h = Harness::with(|root, b| {
+            b.pool(legacy_pool(root))
+                .pool(PoolConfig::new("small", &small).require_mount_point(true))
+        })
+        .await;
+        h.create("pvc-big").await;
+        std::fs::write(h.pool_path().join("pvc-big/blob"), vec![1u8; 4 << 20]).unwrap();
+        let mut clone = from_volume("pvc-full", "pvc-big");
+        clone.parameters = params("small");
+        let err = h.controller.create_volume(clone).await.unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+        let left: Vec<_> = std::fs::read_dir(&small)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "leftovers: {left:?}");
+        // The pool still works for volumes that fit.
+        let mut ok = create_req("pvc-fits");
+        ok.parameters = params("small");
+        h.controller.create_volume(ok).await.unwrap();
+        h.stop().await;
+    });
+    let outcome = futures::FutureExt::catch_unwind(result).await;
+    unmount_below(&small);
+    if let Err(p) = outcome {
+        std::panic::resume_unwind(p);
+    }
+}
