@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use futures::FutureExt as _;
 use hpp_webhook::cluster::{ClusterState, KubeClusterState};
 use hpp_webhook::metrics::Metrics;
 use hpp_webhook::names::{DEFAULT_CERT_DIR, DEFAULT_LISTEN_ADDR, ENV_TLS_CIPHERS, ENV_TLS_MIN_VERSION};
@@ -19,6 +20,8 @@ use hpp_webhook::tls::{self, AcceptorSource, CertStore, PolicyWatch, Resolved};
 use hpp_webhook::{ServerOptions, Webhook};
 use tokio::net::TcpListener;
 use tracing::{info, warn};
+
+use crate::metrics_tls::{MetricsListenArgs, SelfSignedNames};
 
 /// Whether the webhook talks to the API server (for the singleton rule, the delete guard and the
 /// OpenShift TLS profile).
@@ -143,6 +146,43 @@ pub async fn run(args: WebhookArgs, shutdown: impl Future<Output = ()> + Send + 
     run_with(args, WebhookDeps::default(), shutdown).await
 }
 
+/// `hpp-operator webhook`: the webhook on `--webhook-listen` plus its metrics (`webhook_*`)
+/// over HTTPS on `--metrics-addr`, with the webhook's TLS policy, until `shutdown` resolves.
+pub async fn run_standalone(
+    args: WebhookArgs,
+    metrics: &MetricsListenArgs,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let overrides = args.tls_overrides()?;
+    let client = cluster_client(args.cluster).await?;
+    let policy = tls::start_policy(overrides.clone(), client.clone());
+    let mut registry = prometheus_client::registry::Registry::default();
+    let webhook_metrics = Metrics::register(&mut registry);
+    let shutdown = shutdown.shared();
+    crate::metrics_tls::start_metrics_listener(
+        metrics,
+        policy.clone(),
+        &SelfSignedNames::from_env(),
+        Arc::new(registry),
+        shutdown.clone(),
+    )
+    .await?;
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let deps = WebhookDeps {
+        client,
+        policy: Some(policy),
+        metrics: Some(webhook_metrics),
+    };
+    // The cluster was looked up above; do not look again when there is none.
+    let args = WebhookArgs {
+        cluster: ClusterMode::None,
+        ..args
+    };
+    serve_on(listener, args, deps, overrides, shutdown).await
+}
+
 /// [`run`] with dependencies the caller already has.
 pub async fn run_with(
     args: WebhookArgs,
@@ -240,6 +280,47 @@ mod tests {
             "{error}"
         );
         assert!(parse(&[]).tls_overrides().unwrap().is_none());
+    }
+
+    /// `hpp-operator webhook` exposes its metrics over HTTPS beside the webhook.
+    #[tokio::test]
+    async fn standalone_serves_webhook_metrics_over_https() {
+        use crate::metrics_tls::test_client::{Trust, https_get};
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        // The metrics port is bound first; learn a free one for it.
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let metrics_addr = probe.local_addr().unwrap();
+        drop(probe);
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = parse(&["--webhook-cluster", "none", "--webhook-listen", "127.0.0.1:0"]);
+        args.cert_dir = dir.path().to_path_buf();
+        let metrics = MetricsListenArgs {
+            addr: metrics_addr,
+            cert_file: None,
+            key_file: None,
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            run_standalone(args, &metrics, async move {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        let scrape = loop {
+            match https_get(metrics_addr, "/metrics", Trust::Any, &[&rustls::version::TLS13]).await {
+                Ok(s) => break s,
+                Err(_) if !task.is_finished() => tokio::task::yield_now().await,
+                Err(e) => panic!("metrics listener never came up: {e}"),
+            }
+        };
+        assert!(scrape.response.starts_with("HTTP/1.1 200"), "{}", scrape.response);
+        assert!(
+            scrape.response.contains("webhook_tls_handshake_failures"),
+            "{}",
+            scrape.response
+        );
+        stop.send(()).unwrap();
+        task.await.unwrap().unwrap();
     }
 
     #[tokio::test]

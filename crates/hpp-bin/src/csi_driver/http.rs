@@ -1,24 +1,24 @@
 //! The metrics and health listener: `GET /metrics` (OpenMetrics) and `GET /healthz` (200 when
-//! every pool is usable, 503 with the reasons otherwise). Plain HTTP by default; HTTPS with
-//! `--metrics-cert-file`/`--metrics-key-file`, using the webhook's rustls set-up (certificates
-//! re-read when they change, minimum version from `--metrics-tls-version`).
+//! every pool is usable, 503 with the reasons otherwise). HTTPS as in KubeVirt: the
+//! `--metrics-cert-file`/`--metrics-key-file` certificate (re-read when it changes), else a
+//! self-signed one; minimum version from `--metrics-tls-version`. Plain HTTP only in the
+//! zero-config `--datadir-root` mode without certificate files, or with `--metrics-insecure-http`.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::get;
 use hpp_csi::Driver;
-use hpp_webhook::tls::{self, AcceptorSource, CertStore};
+use hpp_webhook::tls;
 use prometheus_client::registry::Registry;
-use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::server::TlsStream;
+use tokio::net::TcpListener;
 
 use super::ServeArgs;
+use crate::metrics_tls::{self, MetricsTls, SelfSignedNames};
 
 /// Health and metrics routes.
 pub fn router(registry: Arc<Registry>, driver: Driver) -> Router {
@@ -44,6 +44,27 @@ pub fn router(registry: Arc<Registry>, driver: Driver) -> Router {
     )
 }
 
+/// How the metrics listener speaks: KubeVirt's HTTPS (given or self-signed certificate), or
+/// plain HTTP for the zero-config mode and `--metrics-insecure-http`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    /// HTTPS, what the ServiceMonitor scrapes.
+    Https,
+    /// Plain HTTP.
+    Http,
+}
+
+/// The scheme the flags ask for. Pure, for tests.
+pub fn scheme(args: &ServeArgs) -> Scheme {
+    // Any certificate flag asks for TLS; with only one file it is self-signed, as in KubeVirt.
+    let any_file = args.metrics_cert_file.is_some() || args.metrics_key_file.is_some();
+    if args.metrics_insecure_http || (args.datadir_root.is_some() && !any_file) {
+        Scheme::Http
+    } else {
+        Scheme::Https
+    }
+}
+
 /// Binds `addr` and serves in the background; returns the base URL.
 pub async fn start(
     args: &ServeArgs,
@@ -52,80 +73,37 @@ pub async fn start(
     driver: Driver,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<String> {
+    // Checked before binding: a bad TLS flag or certificate fails start-up, not the first scrape.
+    let tls = match scheme(args) {
+        Scheme::Https => {
+            let overrides = tls::resolve_overrides(Some(&args.metrics_tls_version), None)?;
+            let policy = tls::start_policy(overrides, None);
+            Some(Arc::new(MetricsTls::new(
+                policy,
+                args.metrics_cert_file.clone(),
+                args.metrics_key_file.clone(),
+                &SelfSignedNames::from_env(),
+            )?))
+        }
+        Scheme::Http => None,
+    };
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr} for metrics"))?;
     let local = listener.local_addr()?;
     let app = router(registry, driver);
-    match (&args.metrics_cert_file, &args.metrics_key_file) {
-        (Some(cert), Some(key)) => {
-            let overrides = tls::resolve_overrides(Some(&args.metrics_tls_version), None)?;
-            let policy = tls::start_policy(overrides, None);
-            let source = Arc::new(AcceptorSource::new(policy, Arc::new(CertStore::new(cert, key))));
-            // Fail at start-up, not on the first scrape, when the files are unusable.
-            source
-                .certs()
-                .current()
-                .context("loading --metrics-cert-file/--metrics-key-file")?;
-            let tls_listener = TlsListener {
-                inner: listener,
-                source,
-            };
-            tokio::spawn(async move {
-                if let Err(e) = axum::serve(tls_listener, app).with_graceful_shutdown(shutdown).await {
-                    tracing::error!(error = %e, "metrics server failed");
-                }
-            });
-            Ok(format!("https://{local}"))
+    let url = match &tls {
+        Some(_) => format!("https://{local}"),
+        None => format!("http://{local}"),
+    };
+    tokio::spawn(async move {
+        let served = match tls {
+            Some(tls) => metrics_tls::serve(listener, app, tls, shutdown).await,
+            None => crate::admin::serve(listener, app, shutdown).await,
+        };
+        if let Err(e) = served {
+            tracing::error!(error = %e, "metrics server failed");
         }
-        (None, None) => {
-            tokio::spawn(async move {
-                if let Err(e) = crate::admin::serve(listener, app, shutdown).await {
-                    tracing::error!(error = %e, "metrics server failed");
-                }
-            });
-            Ok(format!("http://{local}"))
-        }
-        _ => anyhow::bail!("--metrics-cert-file and --metrics-key-file must be given together"),
-    }
-}
-
-/// TCP listener that completes a TLS handshake before handing the connection to axum.
-struct TlsListener {
-    inner: TcpListener,
-    source: Arc<AcceptorSource>,
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            let (tcp, peer) = match self.inner.accept().await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "metrics accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let acceptor = match self.source.acceptor() {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::error!(error = %e, "metrics TLS configuration unusable");
-                    continue;
-                }
-            };
-            match tokio::time::timeout(Duration::from_secs(5), acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => return (stream, peer),
-                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "metrics TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "metrics TLS handshake timed out"),
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.inner.local_addr()
-    }
+    });
+    Ok(url)
 }

@@ -79,12 +79,22 @@ pub struct ServeArgs {
     /// --datadir-root].
     #[arg(long = "metrics-address", env = "HPP_METRICS_ADDRESS")]
     pub metrics_address: Option<SocketAddr>,
-    /// PEM certificate for HTTPS metrics; with --metrics-key-file, /metrics is served over TLS.
+    /// PEM certificate of the HTTPS metrics listener, re-read when it changes [default: a
+    /// self-signed certificate for POD_IP, POD_NAMESPACE and SERVICE_NAME; also when only one of
+    /// the two files is given].
     #[arg(long = "metrics-cert-file")]
     pub metrics_cert_file: Option<PathBuf>,
-    /// PEM private key for HTTPS metrics.
+    /// PEM private key of the HTTPS metrics listener.
     #[arg(long = "metrics-key-file")]
     pub metrics_key_file: Option<PathBuf>,
+    /// Serve /metrics and /healthz over plain HTTP instead of HTTPS (the default without
+    /// certificate files in --datadir-root mode).
+    #[arg(
+        long = "metrics-insecure-http",
+        env = "HPP_METRICS_INSECURE_HTTP",
+        conflicts_with_all = ["metrics_cert_file", "metrics_key_file"]
+    )]
+    pub metrics_insecure_http: bool,
     /// Minimum TLS version of the metrics listener (VersionTLS12 or VersionTLS13; 1.0 and 1.1
     /// are raised to 1.2).
     #[arg(long = "metrics-tls-version", default_value = "VersionTLS13")]

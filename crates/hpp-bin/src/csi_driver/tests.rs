@@ -160,7 +160,116 @@ async fn metrics_over_https_with_cert_flags() {
     assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
     assert!(metrics.contains("hpp_pool_capacity_bytes"), "{metrics}");
     running.run_until(async {}).await.unwrap();
-    // Only one of the two files: refused at start-up.
+    // Only one of the two files: KubeVirt's self-signed fallback, still HTTPS.
     let only_cert = parse(&["--datadir-root", &root, "--nodeid", "n", "--metrics-cert-file", &cert]);
-    assert!(start(only_cert.serve).await.is_err());
+    assert_eq!(http::scheme(&only_cert.serve), http::Scheme::Https);
+    let running = start(only_cert.serve).await.unwrap();
+    let scrape = metrics_scrape(running.metrics_url()).await;
+    assert!(scrape.response.starts_with("HTTP/1.1 200"), "{}", scrape.response);
+    assert_ne!(
+        scrape.peer_cert,
+        ck.cert.der().clone(),
+        "self-signed, not the lone file"
+    );
+    running.run_until(async {}).await.unwrap();
+    // A certificate that does not parse fails start-up.
+    std::fs::write(dir.path().join("tls.crt"), "garbage").unwrap();
+    let broken = parse(&[
+        "--datadir-root",
+        &root,
+        "--nodeid",
+        "n",
+        "--metrics-cert-file",
+        &cert,
+        "--metrics-key-file",
+        &key,
+    ]);
+    assert!(start(broken.serve).await.is_err());
+}
+
+/// Scrapes like the ServiceMonitor: HTTPS, insecureSkipVerify, TLS 1.3.
+async fn metrics_scrape(base: &str) -> crate::metrics_tls::test_client::Scrape {
+    use crate::metrics_tls::test_client::{Trust, https_get};
+    let addr: SocketAddr = base.strip_prefix("https://").unwrap().parse().unwrap();
+    https_get(addr, "/metrics", Trust::Any, &[&rustls::version::TLS13])
+        .await
+        .unwrap()
+}
+
+#[test]
+fn scheme_follows_the_flags() {
+    let cluster = parse(&["--nodeid=n"]);
+    assert_eq!(http::scheme(&cluster.serve), http::Scheme::Https);
+    let opt_out = parse(&["--nodeid=n", "--metrics-insecure-http"]);
+    assert_eq!(http::scheme(&opt_out.serve), http::Scheme::Http);
+    let demo = parse(&["--datadir-root=/tmp/x"]);
+    assert_eq!(http::scheme(&demo.serve), http::Scheme::Http);
+    let demo_tls = parse(&["--datadir-root=/tmp/x", "--metrics-cert-file=a", "--metrics-key-file=b"]);
+    assert_eq!(http::scheme(&demo_tls.serve), http::Scheme::Https);
+    let both = Args::try_parse_from(["hpp-csi-driver", "--metrics-insecure-http", "--metrics-cert-file=a"]);
+    assert!(both.is_err(), "plain HTTP and a certificate contradict each other");
+}
+
+/// The DaemonSet's flags (no certificate files): HTTPS with a self-signed certificate, so the
+/// ServiceMonitor's scrape works and HPPSharingPoolPathWithOS can fire.
+#[tokio::test]
+async fn kubevirt_flags_serve_self_signed_https_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("pool");
+    std::fs::create_dir(&pool).unwrap();
+    let datadir = format!(r#"--datadir=[{{"name":"legacy","path":"{}"}}]"#, pool.display());
+    let endpoint = format!("--endpoint=unix://{}", dir.path().join("csi.sock").display());
+    let a = parse(&[
+        "--nodeid=node-1",
+        &datadir,
+        &endpoint,
+        "--metrics-address=127.0.0.1:0",
+        "--metrics-tls-version=VersionTLS12",
+    ]);
+    let running = start(a.serve).await.unwrap();
+    let base = running.metrics_url().to_owned();
+    assert!(base.starts_with("https://127.0.0.1:"), "{base}");
+    let scrape = metrics_scrape(&base).await;
+    assert!(scrape.response.starts_with("HTTP/1.1 200"), "{}", scrape.response);
+    assert!(
+        scrape.response.contains("\nkubevirt_hpp_pool_path_shared_with_os 1\n"),
+        "{}",
+        scrape.response
+    );
+    // Plain HTTP is not spoken on the HTTPS port.
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect(base.strip_prefix("https://").unwrap())
+            .await
+            .unwrap();
+        tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        let _ = tcp.read_to_end(&mut answer).await;
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            !answer.contains("kubevirt_hpp"),
+            "metrics leaked over plain HTTP: {answer}"
+        );
+    }
+    running.run_until(async {}).await.unwrap();
+
+    // The opt-out serves plain HTTP.
+    let opt_out = parse(&[
+        "--nodeid=node-1",
+        &datadir,
+        &endpoint,
+        "--metrics-address=127.0.0.1:0",
+        "--metrics-insecure-http",
+    ]);
+    let running = start(opt_out.serve).await.unwrap();
+    let base = running.metrics_url().to_owned();
+    assert!(base.starts_with("http://"), "{base}");
+    assert!(
+        http_get(&base, "/metrics", None)
+            .await
+            .contains("kubevirt_hpp_pool_path_shared_with_os")
+    );
+    running.run_until(async {}).await.unwrap();
 }

@@ -47,6 +47,9 @@ pub struct WebhookCommand {
     /// Webhook flags.
     #[command(flatten)]
     pub webhook: crate::webhook_cmd::WebhookArgs,
+    /// The HTTPS listener for the webhook's metrics.
+    #[command(flatten)]
+    pub metrics: crate::metrics_tls::MetricsListenArgs,
 }
 
 /// Writes to stdout; a closed pipe (`| head`) is a normal end, not an error.
@@ -68,7 +71,7 @@ pub async fn main(args: Args) -> anyhow::Result<()> {
         Some(Command::Webhook(w)) => {
             let _telemetry = crate::telemetry::init("hpp-operator-webhook", w.log_format)?;
             let _ = rustls::crypto::ring::default_provider().install_default();
-            crate::webhook_cmd::run(w.webhook, crate::admin::shutdown_signal()).await
+            crate::webhook_cmd::run_standalone(w.webhook, &w.metrics, crate::admin::shutdown_signal()).await
         }
     }
 }

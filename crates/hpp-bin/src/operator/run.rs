@@ -1,5 +1,6 @@
-//! `hpp-operator run`: telemetry, the admin server (/livez /readyz /metrics), leader election,
-//! then the controller until SIGTERM or lost leadership.
+//! `hpp-operator run`: telemetry, the plain-HTTP admin server for probes (/livez /readyz
+//! /metrics), the HTTPS metrics listener the ServiceMonitor scrapes (port `metrics`), leader
+//! election, then the controller until SIGTERM or lost leadership.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use tracing::{info, warn};
 
 use super::leader;
 use crate::admin;
+use crate::metrics_tls::{self, MetricsListenArgs, SelfSignedNames};
 use crate::telemetry::{self, LogFormat};
 use crate::webhook_cmd::{self, WebhookArgs, WebhookDeps};
 
@@ -26,9 +28,12 @@ const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/n
 /// Arguments of `run`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Address of the admin server (/livez, /readyz, /metrics).
+    /// Address of the plain-HTTP admin server (/livez, /readyz, /metrics), for probes.
     #[arg(long, env = "HPP_ADMIN_ADDR", default_value = "0.0.0.0:6060")]
     pub admin_addr: SocketAddr,
+    /// The HTTPS metrics listener.
+    #[command(flatten)]
+    pub metrics: MetricsListenArgs,
     /// Log line format.
     #[arg(long, env = "HPP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -107,11 +112,21 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.admin_addr))?;
     info!(addr = %listener.local_addr()?, "admin server listening");
     let shutdown = admin::shutdown_signal().shared();
-    let admin_task = tokio::spawn(admin::serve(
-        listener,
-        admin_router(Arc::new(registry)),
+    let registry = Arc::new(registry);
+    // The same registry over HTTPS for Prometheus, with the webhook's TLS policy.
+    let names = SelfSignedNames {
+        namespace: Some(config.namespace.clone()),
+        ..SelfSignedNames::from_env()
+    };
+    metrics_tls::start_metrics_listener(
+        &args.metrics,
+        policy.clone(),
+        &names,
+        registry.clone(),
         shutdown.clone(),
-    ));
+    )
+    .await?;
+    let admin_task = tokio::spawn(admin::serve(listener, admin_router(registry), shutdown.clone()));
 
     let stop: futures::future::BoxFuture<'static, ()> = if args.no_leader_election {
         shutdown.clone().boxed()
@@ -186,6 +201,134 @@ mod tests {
         server.await.unwrap().unwrap();
     }
 
+    /// The listener the ServiceMonitor scrapes: HTTPS, self-signed, the same registry (operator
+    /// and webhook metrics) as the admin port.
+    #[tokio::test]
+    async fn https_metrics_listener_serves_operator_and_webhook_metrics() {
+        use crate::metrics_tls::test_client::{Trust, https_get};
+        use clap::Parser;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let args = crate::operator::Args::parse_from(["hpp-operator", "--metrics-addr", "127.0.0.1:0"]);
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        metrics.observe(0.1, Some("conflict"));
+        let _webhook = hpp_webhook::metrics::Metrics::register(&mut registry);
+        let policy = webhook_cmd::start_tls_policy(&args.run.webhook, None).unwrap();
+        let names = SelfSignedNames {
+            pod_ip: Some("10.0.0.9".into()),
+            namespace: Some("hpp".into()),
+            service: Some("hpp-prometheus-metrics".into()),
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let addr = metrics_tls::start_metrics_listener(&args.run.metrics, policy, &names, Arc::new(registry), async {
+            let _ = rx.await;
+        })
+        .await
+        .unwrap();
+        // As the ServiceMonitor scrapes: insecureSkipVerify, minVersion TLS13.
+        let scrape = https_get(addr, "/metrics", Trust::Any, &[&rustls::version::TLS13])
+            .await
+            .unwrap();
+        let body = &scrape.response;
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        assert!(body.contains("kubevirt_hpp_cr_ready -1"), "{body}");
+        assert!(
+            body.contains("# TYPE webhook_"),
+            "webhook metrics in the same registry: {body}"
+        );
+        // The certificate names the metrics Service.
+        let s = https_get(
+            addr,
+            "/metrics",
+            Trust::Cert(&scrape.peer_cert, "hpp-prometheus-metrics.hpp.svc"),
+            &[&rustls::version::TLS13],
+        )
+        .await
+        .unwrap();
+        assert!(s.response.starts_with("HTTP/1.1 200"), "{}", s.response);
+        let _ = tx.send(());
+    }
+
+    /// The scrape path end to end, from the manifests: the metrics Service's selector picks the
+    /// operator Deployment and the CSI DaemonSet, each exposes the Service's `targetPort` by name
+    /// on the port its HTTPS listener uses by default, no container opts out of HTTPS, and the
+    /// ServiceMonitor asks for nothing the servers refuse (they always accept TLS 1.3).
+    #[test]
+    fn prometheus_objects_reach_an_https_metrics_port_on_every_scraped_pod() {
+        use clap::Parser;
+        use serde_json::Value;
+        let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        let args = crate::operator::Args::parse_from([
+            "hpp-operator",
+            "render",
+            "--prometheus",
+            "-f",
+            &format!("{repo}/deploy/examples/hostpathprovisioner_cr.yaml"),
+        ]);
+        let Some(crate::operator::Command::Render(r)) = args.command else {
+            panic!("render expected")
+        };
+        let rendered: Vec<Value> =
+            serde_saphyr::from_str_multiple(&crate::operator::render::render(&r).unwrap()).unwrap();
+        let operator: Value = serde_saphyr::from_str(
+            &std::fs::read_to_string(format!("{repo}/deploy/operator/deployment.yaml")).unwrap(),
+        )
+        .unwrap();
+        let find = |kind: &str, name: &str| {
+            rendered
+                .iter()
+                .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+                .unwrap_or_else(|| panic!("{kind} {name} not rendered"))
+                .clone()
+        };
+        let service = find("Service", hpp_reconcile::names::METRICS_SERVICE);
+        let port = &service["spec"]["ports"][0];
+        let target = port["targetPort"].as_str().unwrap();
+        let monitor = find("ServiceMonitor", hpp_reconcile::names::SERVICE_MONITOR);
+        let endpoint = &monitor["spec"]["endpoints"][0];
+        assert_eq!(endpoint["port"], port["name"]);
+        assert_eq!(endpoint["scheme"], "https");
+        assert_eq!(endpoint["tlsConfig"]["insecureSkipVerify"], true);
+        assert_eq!(endpoint["tlsConfig"]["minVersion"], "TLS13");
+        let selector = service["spec"]["selector"].as_object().unwrap();
+        let daemonset = rendered
+            .iter()
+            .find(|d| d["kind"] == "DaemonSet" && d["metadata"]["name"] == hpp_reconcile::names::CSI_DAEMONSET)
+            .unwrap()
+            .clone();
+        let defaults = crate::operator::Args::parse_from(["hpp-operator"]).run;
+        for (workload, default_port) in [(&operator, defaults.metrics.addr.port()), (&daemonset, 8443)] {
+            let pod = &workload["spec"]["template"];
+            for (k, v) in selector {
+                assert_eq!(&pod["metadata"]["labels"][k], v, "{}", workload["metadata"]["name"]);
+            }
+            let containers = pod["spec"]["containers"].as_array().unwrap();
+            let exposing: Vec<&Value> = containers
+                .iter()
+                .filter(|c| {
+                    c["ports"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|p| p["name"] == target && p["containerPort"] == default_port)
+                })
+                .collect();
+            assert_eq!(exposing.len(), 1, "{}: port {target}", workload["metadata"]["name"]);
+            let command_line = serde_json::to_string(&exposing[0]["args"]).unwrap();
+            assert!(!command_line.contains("insecure-http"), "{command_line}");
+            assert!(
+                !command_line.contains("--metrics-address"),
+                "keeps the default port: {command_line}"
+            );
+            for env in exposing[0]["env"].as_array().into_iter().flatten() {
+                if env["name"] == "HPP_METRICS_ADDR" {
+                    let addr: SocketAddr = env["value"].as_str().unwrap().parse().unwrap();
+                    assert_eq!(addr.port(), default_port);
+                }
+            }
+        }
+    }
+
     #[test]
     fn run_is_the_default_and_flags_have_env_names() {
         use clap::Parser;
@@ -194,5 +337,6 @@ mod tests {
         assert!(args.command.is_none());
         assert!(args.run.disable_webhook);
         assert_eq!(args.run.admin_addr.port(), 0);
+        assert_eq!(args.run.metrics.addr, "0.0.0.0:8443".parse().unwrap());
     }
 }
