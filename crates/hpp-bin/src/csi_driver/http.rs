@@ -65,6 +65,21 @@ pub fn scheme(args: &ServeArgs) -> Scheme {
     }
 }
 
+/// The policy for `--metrics-tls-version`. As in KubeVirt, a value it does not know is logged and
+/// TLS 1.3 is used, so a DaemonSet that worked there still starts.
+pub fn metrics_tls_policy(flag: &str) -> tls::Resolved {
+    match tls::resolve_overrides(Some(flag), None) {
+        Ok(Some(resolved)) => resolved,
+        Ok(None) | Err(_) => {
+            tracing::warn!(value = flag, "unknown --metrics-tls-version, using VersionTLS13");
+            tls::Resolved {
+                policy: tls::TlsPolicy::modern(tls::PolicySource::Override),
+                warnings: Vec::new(),
+            }
+        }
+    }
+}
+
 /// Binds `addr` and serves in the background; returns the base URL.
 pub async fn start(
     args: &ServeArgs,
@@ -75,16 +90,12 @@ pub async fn start(
 ) -> anyhow::Result<String> {
     // Checked before binding: a bad TLS flag or certificate fails start-up, not the first scrape.
     let tls = match scheme(args) {
-        Scheme::Https => {
-            let overrides = tls::resolve_overrides(Some(&args.metrics_tls_version), None)?;
-            let policy = tls::start_policy(overrides, None);
-            Some(Arc::new(MetricsTls::new(
-                policy,
-                args.metrics_cert_file.clone(),
-                args.metrics_key_file.clone(),
-                &SelfSignedNames::from_env(),
-            )?))
-        }
+        Scheme::Https => Some(Arc::new(MetricsTls::new(
+            tls::start_policy(Some(metrics_tls_policy(&args.metrics_tls_version)), None),
+            args.metrics_cert_file.clone(),
+            args.metrics_key_file.clone(),
+            &SelfSignedNames::from_env(),
+        )?)),
         Scheme::Http => None,
     };
     let listener = TcpListener::bind(addr)

@@ -96,7 +96,7 @@ pub struct ServeArgs {
     )]
     pub metrics_insecure_http: bool,
     /// Minimum TLS version of the metrics listener (VersionTLS12 or VersionTLS13; 1.0 and 1.1
-    /// are raised to 1.2).
+    /// are raised to 1.2, anything else means 1.3, as in KubeVirt).
     #[arg(long = "metrics-tls-version", default_value = "VersionTLS13")]
     pub metrics_tls_version: String,
     /// A path on the OS disk, to detect pools sharing its device [default: the socket directory].

@@ -197,6 +197,18 @@ async fn metrics_scrape(base: &str) -> crate::metrics_tls::test_client::Scrape {
 }
 
 #[test]
+fn metrics_tls_version_is_kubevirts() {
+    use hpp_webhook::tls::TlsVersion;
+    let min = |flag: &str| http::metrics_tls_policy(flag).policy.min_version();
+    assert_eq!(min("VersionTLS12"), TlsVersion::Tls12);
+    assert_eq!(min("VersionTLS13"), TlsVersion::Tls13);
+    // rustls has no TLS 1.0/1.1: raised to 1.2; unknown values fall back to 1.3, not an error.
+    assert_eq!(min("VersionTLS10"), TlsVersion::Tls12);
+    assert_eq!(min("TLS1.9"), TlsVersion::Tls13);
+    assert_eq!(min(""), TlsVersion::Tls13);
+}
+
+#[test]
 fn scheme_follows_the_flags() {
     let cluster = parse(&["--nodeid=n"]);
     assert_eq!(http::scheme(&cluster.serve), http::Scheme::Https);
