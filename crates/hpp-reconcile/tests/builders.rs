@@ -205,6 +205,12 @@ fn csi_daemonset_matches_kubevirt() {
             .any(|v| v["name"] == "local-data-dir" && v["hostPath"]["path"] == "/var/hpvolumes")
     );
     assert_eq!(container(&ds, "liveness-probe")["args"][1], "--health-port=9898");
+    // Liveness of the driver must not fail on Probe ready=false (a guarded pool waiting for its
+    // mount), so it is the driver's own /livez over the metrics port.
+    assert_eq!(
+        container(&ds, "hostpath-provisioner")["livenessProbe"]["httpGet"],
+        serde_json::json!({ "path": "/livez", "port": "metrics", "scheme": "HTTPS" })
+    );
 }
 
 #[test]

@@ -1,18 +1,21 @@
-//! The metrics and health listener: `GET /metrics` (OpenMetrics) and `GET /healthz` (200 when
-//! every pool is usable, 503 with the reasons otherwise). HTTPS as in KubeVirt: the
+//! The metrics and health listener: `GET /metrics` (OpenMetrics), `GET /livez` (200 while the
+//! driver answers its CSI Probe, ready or not) and `GET /healthz` (200 when every pool is usable,
+//! 503 with the reasons otherwise). HTTPS as in KubeVirt: the
 //! `--metrics-cert-file`/`--metrics-key-file` certificate (re-read when it changes), else a
 //! self-signed one; minimum version from `--metrics-tls-version`. Plain HTTP only in the
 //! zero-config `--datadir-root` mode without certificate files, or with `--metrics-insecure-http`.
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::get;
-use hpp_csi::Driver;
+use hpp_csi::csi::{self, identity_client::IdentityClient};
+use hpp_csi::{Driver, Endpoint};
 use hpp_webhook::tls;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -20,28 +23,72 @@ use tokio::net::TcpListener;
 use super::ServeArgs;
 use crate::metrics_tls::{self, MetricsTls, SelfSignedNames};
 
+/// Where the CSI server listens, known once it is bound (after the metrics listener starts).
+pub type CsiEndpoint = Arc<OnceLock<Endpoint>>;
+
+/// How long `/livez` waits for the driver's own Probe answer.
+const LIVENESS_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Health and metrics routes.
-pub fn router(registry: Arc<Registry>, driver: Driver) -> Router {
-    crate::admin::metrics_router(registry).route(
-        "/healthz",
-        get(move || {
-            let driver = driver.clone();
-            async move {
-                match tokio::task::spawn_blocking(move || driver.pools_report()).await {
-                    Ok(report) if report.all_usable() => (StatusCode::OK, "ok".to_owned()),
-                    Ok(report) => {
-                        let reasons: Vec<String> = report
-                            .pools
-                            .iter()
-                            .filter_map(|(n, h, _)| h.reason.as_ref().map(|r| format!("{n}: {r}")))
-                            .collect();
-                        (StatusCode::SERVICE_UNAVAILABLE, reasons.join("\n"))
+///
+/// `/livez` is the liveness check: it calls the driver's CSI Probe over its own endpoint and
+/// answers 200 whenever the driver answers, ready or not. A driver that is waiting for a pool
+/// (a guarded pool not mounted yet) reports `ready: false`, which per the CSI spec means
+/// "initialising, do not restart"; the livenessprobe sidecar treats that as a failure and would
+/// restart the driver in a loop. Only an error or no answer (a wedged server, a removed socket)
+/// fails `/livez`. `/healthz` stays the readiness view: 503 while any pool is unusable.
+pub fn router(registry: Arc<Registry>, driver: Driver, csi_endpoint: CsiEndpoint) -> Router {
+    crate::admin::metrics_router(registry)
+        .route(
+            "/livez",
+            get(move || {
+                let endpoint = csi_endpoint.get().cloned();
+                async move { liveness(endpoint).await }
+            }),
+        )
+        .route(
+            "/healthz",
+            get(move || {
+                let driver = driver.clone();
+                async move {
+                    match tokio::task::spawn_blocking(move || driver.pools_report()).await {
+                        Ok(report) if report.all_usable() => (StatusCode::OK, "ok".to_owned()),
+                        Ok(report) => {
+                            let reasons: Vec<String> = report
+                                .pools
+                                .iter()
+                                .filter_map(|(n, h, _)| h.reason.as_ref().map(|r| format!("{n}: {r}")))
+                                .collect();
+                            (StatusCode::SERVICE_UNAVAILABLE, reasons.join("\n"))
+                        }
+                        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
                     }
-                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
                 }
-            }
-        }),
-    )
+            }),
+        )
+}
+
+async fn liveness(endpoint: Option<Endpoint>) -> (StatusCode, String) {
+    let Some(endpoint) = endpoint else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "CSI server not started yet".to_owned());
+    };
+    let probe = async {
+        let channel = hpp_csi::client::connect(&endpoint).await.map_err(|e| e.to_string())?;
+        IdentityClient::new(channel)
+            .probe(csi::ProbeRequest {})
+            .await
+            .map(|r| r.into_inner().ready.unwrap_or(true))
+            .map_err(|s| s.to_string())
+    };
+    match tokio::time::timeout(LIVENESS_PROBE_TIMEOUT, probe).await {
+        Ok(Ok(true)) => (StatusCode::OK, "ok".to_owned()),
+        Ok(Ok(false)) => (
+            StatusCode::OK,
+            "alive, waiting for storage pools (see /healthz)".to_owned(),
+        ),
+        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("CSI Probe failed: {e}")),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "CSI Probe timed out".to_owned()),
+    }
 }
 
 /// How the metrics listener speaks: KubeVirt's HTTPS (given or self-signed certificate), or
@@ -86,6 +133,7 @@ pub async fn start(
     addr: SocketAddr,
     registry: Arc<Registry>,
     driver: Driver,
+    csi_endpoint: CsiEndpoint,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<String> {
     // Checked before binding: a bad TLS flag or certificate fails start-up, not the first scrape.
@@ -102,7 +150,7 @@ pub async fn start(
         .await
         .with_context(|| format!("cannot listen on {addr} for metrics"))?;
     let local = listener.local_addr()?;
-    let app = router(registry, driver);
+    let app = router(registry, driver, csi_endpoint);
     let url = match &tls {
         Some(_) => format!("https://{local}"),
         None => format!("http://{local}"),

@@ -253,16 +253,20 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<Running> {
         let _ = rx.wait_for(|s| *s).await;
     };
     // Metrics first: a bad TLS flag must fail before the CSI socket exists.
+    let csi_endpoint = http::CsiEndpoint::default();
     let metrics_url = http::start(
         &args,
         cfg.metrics_address,
         Arc::new(registry),
         driver.clone(),
+        Arc::clone(&csi_endpoint),
         wait_stop(stop_rx.clone()),
     )
     .await?;
     let bound = driver.bind().await?;
     let endpoint = bound.endpoint().clone();
+    // Set once, right after binding; a second set cannot happen.
+    let _ = csi_endpoint.set(endpoint.clone());
     info!(
         endpoint = %endpoint,
         node_id = %cfg.node_id,

@@ -117,11 +117,23 @@ async fn serves_csi_metrics_and_health_and_cleans_up() {
         "{metrics}"
     );
     assert!(metrics.contains("kubevirt_hpp_pool_path_shared_with_os"), "{metrics}");
-    // Pool gone: /healthz says why.
+    let live = http_get(&base, "/livez", None).await;
+    assert!(live.starts_with("HTTP/1.1 200") && live.ends_with("ok"), "{live}");
+    // Pool gone: /healthz says why; /livez still passes (the driver answers Probe with
+    // ready=false, which must not get it restarted).
     std::fs::remove_dir_all(dir.path().join("pools/legacy")).unwrap();
     let health = http_get(&base, "/healthz", None).await;
     assert!(health.starts_with("HTTP/1.1 503"), "{health}");
     assert!(health.contains("legacy"), "{health}");
+    let live = http_get(&base, "/livez", None).await;
+    assert!(
+        live.starts_with("HTTP/1.1 200") && live.contains("waiting for storage pools"),
+        "{live}"
+    );
+    // CSI socket gone: the driver can no longer be reached, so /livez fails.
+    std::fs::remove_file(dir.path().join("csi.sock")).unwrap();
+    let live = http_get(&base, "/livez", None).await;
+    assert!(live.starts_with("HTTP/1.1 500"), "{live}");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let stopper = tokio::spawn(running.run_until(async {
         let _ = rx.await;

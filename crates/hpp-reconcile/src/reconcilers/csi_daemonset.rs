@@ -173,8 +173,11 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
                 { "name": "healthz", "containerPort": 9898, "protocol": "TCP" },
                 { "name": "metrics", "containerPort": 8443, "protocol": "TCP" },
             ],
+            // The driver's own /livez, not the livenessprobe sidecar on 9898: the sidecar fails
+            // on Probe `ready: false`, which the driver answers while a guarded pool waits for
+            // its mount, and a restart loop would not bring the mount any sooner.
             "livenessProbe": {
-                "httpGet": { "path": "/healthz", "port": "healthz" },
+                "httpGet": { "path": "/livez", "port": "metrics", "scheme": "HTTPS" },
                 "failureThreshold": 5, "initialDelaySeconds": 10, "timeoutSeconds": 3, "periodSeconds": 2,
             },
             "securityContext": privileged,
