@@ -44,7 +44,7 @@ pub fn render_yaml(
 }
 
 /// Facts for rendering offline: the named nodes are Ready and match the CR's `workload`
-/// nodeSelector (they are the nodes the operator would prepare).
+/// nodeSelector and required node affinity (they are the nodes the operator would prepare).
 pub fn offline_facts(hpp: &HostPathProvisioner, nodes: &[String], has_scc: bool, has_prometheus: bool) -> ClusterFacts {
     let mut facts = ClusterFacts::offline(nodes, has_scc, has_prometheus);
     let selector = hpp
@@ -53,8 +53,11 @@ pub fn offline_facts(hpp: &HostPathProvisioner, nodes: &[String], has_scc: bool,
         .as_ref()
         .and_then(|w| w.node_selector.clone())
         .unwrap_or_default();
+    let affinity = hpp.spec.workload.as_ref().and_then(|w| w.affinity.as_ref());
+    let affinity_labels = crate::reconcilers::node_affinity::labels_satisfying(affinity);
     for node in &mut facts.nodes {
         node.labels.extend(selector.clone());
+        node.labels.extend(affinity_labels.iter().cloned());
     }
     facts
 }

@@ -608,3 +608,29 @@ fn long_pool_and_node_names_are_hashed() {
         format!("{}-data-dir", "p".repeat(50))
     );
 }
+
+#[test]
+fn pool_nodes_follow_the_required_node_affinity_of_the_workload() {
+    let mut hpp = example("hostpathprovisioner_pvctemplate_cr");
+    let workload: hpp_api::v1beta1::NodePlacement = serde_json::from_value(serde_json::json!({
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}]
+        }}}
+    }))
+    .unwrap();
+    hpp.spec.workload = Some(workload);
+    let mut f = facts(&["plain"]);
+    let mut ssd = linux_node("fast");
+    ssd.labels.insert("disk".into(), "ssd".into());
+    f.nodes.push(ssd);
+    let names: Vec<String> = pool_objs(&hpp, &f).iter().map(|(k, n, _)| format!("{k}:{n}")).collect();
+    assert!(
+        names.contains(&"Deployment:hpp-pool-local-fast".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        !names.iter().any(|n| n.ends_with("-plain")),
+        "the CSI DaemonSet does not run on a node outside the affinity, so no pool objects there: {names:?}"
+    );
+}

@@ -5,6 +5,7 @@ pub mod common;
 pub mod csi_daemonset;
 pub mod csi_driver;
 pub mod legacy_daemonset;
+pub mod node_affinity;
 pub mod pool_objects;
 pub mod prometheus;
 pub mod rbac;

@@ -35,8 +35,8 @@ fn tolerates(tolerations: &[Toleration], taint: &k8s_openapi::api::core::v1::Tai
     })
 }
 
-/// Whether the CSI DaemonSet would run on this node (nodeSelector and NoSchedule/NoExecute taints;
-/// affinity is not evaluated).
+/// Whether the CSI DaemonSet would run on this node: nodeSelector, required node affinity and
+/// NoSchedule/NoExecute taints, as the scheduler decides.
 pub fn runs_on(hpp: &HostPathProvisioner, node: &NodeFact) -> bool {
     let w = hpp.spec.workload.as_ref();
     let selector_ok = w
@@ -48,7 +48,8 @@ pub fn runs_on(hpp: &HostPathProvisioner, node: &NodeFact) -> bool {
         .iter()
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
         .all(|t| tolerates(&tolerations, t));
-    selector_ok && taints_ok
+    let affinity_ok = super::node_affinity::required_affinity_matches(w.and_then(|w| w.affinity.as_ref()), node);
+    selector_ok && taints_ok && affinity_ok
 }
 
 /// Nodes the pools are prepared on, sorted by name.
