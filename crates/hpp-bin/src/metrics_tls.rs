@@ -8,13 +8,12 @@
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
-use hpp_webhook::tls::{CertStore, PolicyWatch, TlsPolicy};
-use rustls::ServerConfig;
+use hpp_webhook::tls::{self, CertStore, PolicyWatch};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -109,7 +108,7 @@ pub struct MetricsTls {
     policy: PolicyWatch,
     certs: Arc<dyn ResolvesServerCert>,
     self_signed: Option<CertificateDer<'static>>,
-    cached: Mutex<Option<(TlsPolicy, Arc<ServerConfig>)>>,
+    cache: tls::ServerConfigCache,
 }
 
 impl MetricsTls {
@@ -143,7 +142,7 @@ impl MetricsTls {
             policy,
             certs,
             self_signed,
-            cached: Mutex::new(None),
+            cache: tls::ServerConfigCache::default(),
         };
         // A policy that cannot build a config fails now rather than on every scrape.
         tls.acceptor().context("building the metrics TLS configuration")?;
@@ -158,19 +157,11 @@ impl MetricsTls {
     /// An acceptor for the next connection, from the policy in force now.
     pub fn acceptor(&self) -> Result<TlsAcceptor, rustls::Error> {
         let policy = self.policy.borrow().clone();
-        let mut cached = match self.cached.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        if let Some((p, config)) = cached.as_ref()
-            && *p == policy
-        {
-            return Ok(TlsAcceptor::from(config.clone()));
+        let (acceptor, rebuilt) = self.cache.acceptor(policy.clone(), self.certs.clone())?;
+        if rebuilt {
+            debug!(policy = %policy, "metrics TLS configuration built");
         }
-        let config = Arc::new(policy.server_config(self.certs.clone())?);
-        debug!(policy = %policy, "metrics TLS configuration built");
-        *cached = Some((policy, config.clone()));
-        Ok(TlsAcceptor::from(config))
+        Ok(acceptor)
     }
 }
 

@@ -9,6 +9,7 @@ pub mod profile;
 use std::sync::{Arc, Mutex};
 
 use rustls::ServerConfig;
+use rustls::server::ResolvesServerCert;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tracing::{info, warn};
@@ -60,12 +61,41 @@ pub fn start_policy(overrides: Option<Resolved>, client: Option<kube::Client>) -
     rx
 }
 
+/// The rustls config of a listener, rebuilt only when the TLS policy changes. Shared by the
+/// webhook and the metrics listeners so both follow policy changes the same way.
+#[derive(Default)]
+pub struct ServerConfigCache {
+    cached: Mutex<Option<(TlsPolicy, Arc<ServerConfig>)>>,
+}
+
+impl ServerConfigCache {
+    /// An acceptor for `policy` and `certs`, and whether the config had to be (re)built.
+    pub fn acceptor(
+        &self,
+        policy: TlsPolicy,
+        certs: Arc<dyn ResolvesServerCert>,
+    ) -> Result<(TlsAcceptor, bool), rustls::Error> {
+        let mut cached = match self.cached.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some((p, config)) = cached.as_ref()
+            && *p == policy
+        {
+            return Ok((TlsAcceptor::from(config.clone()), false));
+        }
+        let config = Arc::new(policy.server_config(certs)?);
+        *cached = Some((policy, config.clone()));
+        Ok((TlsAcceptor::from(config), true))
+    }
+}
+
 /// Builds a TLS acceptor per connection from the current policy and the certificate store,
 /// rebuilding the rustls config only when the policy changed.
 pub struct AcceptorSource {
     policy: PolicyWatch,
     certs: Arc<CertStore>,
-    cached: Mutex<Option<(TlsPolicy, Arc<ServerConfig>)>>,
+    cache: ServerConfigCache,
 }
 
 impl AcceptorSource {
@@ -74,7 +104,7 @@ impl AcceptorSource {
         Self {
             policy,
             certs,
-            cached: Mutex::new(None),
+            cache: ServerConfigCache::default(),
         }
     }
 
@@ -91,18 +121,10 @@ impl AcceptorSource {
     /// An acceptor for the next connection.
     pub fn acceptor(&self) -> Result<TlsAcceptor, rustls::Error> {
         let policy = self.policy();
-        let mut cached = match self.cached.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        if let Some((p, config)) = cached.as_ref()
-            && *p == policy
-        {
-            return Ok(TlsAcceptor::from(config.clone()));
+        let (acceptor, rebuilt) = self.cache.acceptor(policy.clone(), self.certs.clone())?;
+        if rebuilt {
+            info!(policy = %policy, "TLS server configuration built");
         }
-        let config = Arc::new(policy.server_config(self.certs.clone())?);
-        info!(policy = %policy, "TLS server configuration built");
-        *cached = Some((policy, config.clone()));
-        Ok(TlsAcceptor::from(config))
+        Ok(acceptor)
     }
 }
