@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use hpp_csi::mountinfo::MountTable;
 use tracing::{info, warn};
 
 /// Arguments of `hpp-mounter`.
@@ -43,38 +44,11 @@ pub fn target(args: &MounterArgs) -> PathBuf {
     args.host_path.join(rel)
 }
 
-/// Decodes the octal escapes (`\040`) of a mountinfo field.
-pub fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
-            let n = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
-            out.push(n);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Mount points listed in a mountinfo text.
-pub fn mount_points(mountinfo: &str) -> Vec<String> {
-    mountinfo
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape)
-        .collect()
-}
-
 /// Whether `path` is a mount point in this mount namespace.
 pub fn is_mount_point(path: &Path) -> anyhow::Result<bool> {
     let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    let info = std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
-    Ok(mount_points(&info).iter().any(|m| Path::new(m) == canonical))
+    let table = MountTable::read().context("reading /proc/self/mountinfo")?;
+    Ok(table.is_mount_point(&canonical))
 }
 
 fn run(cmd: &mut Command) -> anyhow::Result<std::process::Output> {
@@ -193,9 +167,9 @@ mod tests {
         ]);
         assert_eq!(target(&args), PathBuf::from("/host/var/hpvolumes/csi"));
         assert!(!args.unmount);
-        assert_eq!(unescape(r"/mnt/with\040space"), "/mnt/with space");
+        // Mount points with escaped spaces are found (the parser is hpp-csi's).
         let info = "36 35 98:0 /mnt1 /mnt/a\\040b rw,noatime master:1 - ext3 /dev/root rw\n";
-        assert_eq!(mount_points(info), ["/mnt/a b"]);
+        assert!(MountTable::parse(info).is_mount_point(Path::new("/mnt/a b")));
     }
 
     #[test]
