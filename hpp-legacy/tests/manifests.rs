@@ -13,7 +13,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use serde_json::Value;
 
 fn legacy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/legacy")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/legacy")
 }
 
 #[derive(Default)]

@@ -257,7 +257,7 @@ mod tests {
     fn prometheus_objects_reach_an_https_metrics_port_on_every_scraped_pod() {
         use clap::Parser;
         use serde_json::Value;
-        let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        let repo = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
         let args = crate::operator::Args::parse_from([
             "hpp-operator",
             "render",

@@ -9,7 +9,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use serde_json::Value;
 
 fn docs(file: &str) -> Vec<Value> {
-    let path = format!("{}/../../deploy/operator/{file}", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/../deploy/operator/{file}", env!("CARGO_MANIFEST_DIR"));
     serde_saphyr::from_str_multiple(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 

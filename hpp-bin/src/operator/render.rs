@@ -59,7 +59,7 @@ mod tests {
     use clap::Parser;
 
     fn count(example: &str, extra: &[&str]) -> usize {
-        let file = format!("{}/../../deploy/examples/{example}.yaml", env!("CARGO_MANIFEST_DIR"));
+        let file = format!("{}/../deploy/examples/{example}.yaml", env!("CARGO_MANIFEST_DIR"));
         let mut argv = vec!["hpp-operator", "render", "-f", file.as_str()];
         argv.extend_from_slice(extra);
         let args = crate::operator::Args::parse_from(argv);

@@ -8,7 +8,7 @@ use hpp_api::validation::ValidateCreate;
 
 fn load(name: &str) -> HostPathProvisioner {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../deploy/examples")
+        .join("../deploy/examples")
         .join(name);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))

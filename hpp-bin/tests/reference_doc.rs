@@ -15,7 +15,7 @@ const DOC: &str = "docs/reference.md";
 const BLESS_HINT: &str = "HPP_BLESS=1 cargo test -p hpp-bin --test reference_doc";
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 fn read(rel: &str) -> String {
@@ -243,14 +243,10 @@ fn crd_block(version: &str) -> String {
 /// Where each binary's metrics are registered: the source files whose `register(` calls name them,
 /// and the prefix their registry adds.
 const METRIC_SOURCES: &[(&str, &str, &str)] = &[
-    ("hpp-csi-driver", "crates/hpp-csi/src/metrics.rs", ""),
-    ("hpp-operator", "crates/hpp-reconcile/src/metrics.rs", ""),
-    ("hpp-operator", "crates/hpp-webhook/src/metrics.rs", ""),
-    (
-        "hpp-provisioner",
-        "crates/hpp-legacy/src/metrics.rs",
-        "hpp_provisioner_",
-    ),
+    ("hpp-csi-driver", "hpp-csi/src/metrics.rs", ""),
+    ("hpp-operator", "hpp-reconcile/src/metrics.rs", ""),
+    ("hpp-operator", "hpp-webhook/src/metrics.rs", ""),
+    ("hpp-provisioner", "hpp-legacy/src/metrics.rs", "hpp_provisioner_"),
 ];
 
 /// The registry of a binary, with one sample in every family so the encoder shows each metric
@@ -442,12 +438,12 @@ fn const_block(sources: &[(&str, &str)], heading: &str) -> String {
     out
 }
 
-const API_CONSTANTS: &str = "crates/hpp-api/src/constants.rs";
-const LEGACY_PARAMS: &str = "crates/hpp-legacy/src/params.rs";
-const LEGACY_CONFIG: &str = "crates/hpp-legacy/src/config.rs";
-const CONDITIONS: &str = "crates/hpp-api/src/condition.rs";
-const OPERATOR_CONFIG: &str = "crates/hpp-reconcile/src/config.rs";
-const OPERATOR_NAMES: &str = "crates/hpp-reconcile/src/names.rs";
+const API_CONSTANTS: &str = "hpp-api/src/constants.rs";
+const LEGACY_PARAMS: &str = "hpp-legacy/src/params.rs";
+const LEGACY_CONFIG: &str = "hpp-legacy/src/config.rs";
+const CONDITIONS: &str = "hpp-api/src/condition.rs";
+const OPERATOR_CONFIG: &str = "hpp-reconcile/src/config.rs";
+const OPERATOR_NAMES: &str = "hpp-reconcile/src/names.rs";
 
 fn block(key: &str) -> Option<String> {
     Some(match key {
@@ -840,8 +836,11 @@ fn process_env_names() -> BTreeSet<String> {
         }
     }
     let mut names = BTreeSet::new();
-    for krate in std::fs::read_dir(repo_root().join("crates")).unwrap().flatten() {
+    for krate in std::fs::read_dir(repo_root()).unwrap().flatten() {
         let src = krate.path().join("src");
+        if !krate.file_name().to_string_lossy().starts_with("hpp-") {
+            continue;
+        }
         if src.is_dir() {
             walk(&src, &mut names);
         }

@@ -19,7 +19,7 @@ pub const NS: &str = "hostpath-provisioner";
 pub const CR: &str = "hostpath-provisioner";
 
 pub fn example(name: &str) -> HostPathProvisioner {
-    let path = format!("{}/../../deploy/examples/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/../deploy/examples/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
     serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 

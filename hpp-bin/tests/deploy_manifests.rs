@@ -33,7 +33,7 @@ const IMAGE_VARS: &[&str] = &[
 ];
 
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// One YAML document with the file it came from.
@@ -676,7 +676,7 @@ fn containerfile_binaries(name: &str) -> BTreeSet<String> {
         .filter(|w| w[0] == "--bin")
         .map(|w| w[1].to_string())
         .collect();
-    let bins = std::fs::read_to_string(repo().join("crates/hpp-bin/Cargo.toml")).unwrap();
+    let bins = std::fs::read_to_string(repo().join("hpp-bin/Cargo.toml")).unwrap();
     for b in &built {
         assert!(
             bins.contains(&format!("name = \"{b}\"")),
