@@ -10,7 +10,7 @@ use hpp_api::HostPathProvisioner;
 use hpp_reconcile::OperatorConfig;
 use hpp_reconcile::deps::k8s_openapi::api::apps::v1::DaemonSet;
 use hpp_reconcile::deps::k8s_openapi::api::storage::v1::StorageClass;
-use hpp_reconcile::testkit::FakeApiServer;
+use hpp_testkit::FakeApiServer;
 
 #[tokio::test]
 async fn the_distribution_adds_pool_classes_and_drops_monitoring() {

@@ -11,7 +11,7 @@ use common::*;
 use hpp_legacy::Mode;
 use hpp_legacy::fsops::Removed;
 use hpp_legacy::provisioner::{ClaimOutcome, VolumeOutcome};
-use hpp_reconcile::testkit::{FailureRule, FakeApiServer};
+use hpp_testkit::{FailureRule, FakeApiServer};
 use k8s_openapi::api::core::v1::PersistentVolume;
 
 const NAME: &str = "hostpath";

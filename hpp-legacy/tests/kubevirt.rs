@@ -17,7 +17,7 @@ use hpp_legacy::Mode;
 use hpp_legacy::decision::{IgnoreReason, RefusalReason};
 use hpp_legacy::fsops::Removed;
 use hpp_legacy::provisioner::{ClaimOutcome, VolumeOutcome};
-use hpp_reconcile::testkit::FakeApiServer;
+use hpp_testkit::FakeApiServer;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 
 fn setup(fake: &FakeApiServer, wffc: bool) {

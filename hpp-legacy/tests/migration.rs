@@ -15,7 +15,7 @@ use hpp_legacy::Mode;
 use hpp_legacy::config::ANNOTATION_TORCHBOX_IDENTITY;
 use hpp_legacy::fsops::Removed;
 use hpp_legacy::provisioner::{ClaimOutcome, VolumeOutcome};
-use hpp_reconcile::testkit::FakeApiServer;
+use hpp_testkit::FakeApiServer;
 use k8s_openapi::api::core::v1::{HostPathVolumeSource, PersistentVolume, PersistentVolumeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::json;

@@ -13,7 +13,7 @@ use hpp_legacy::controller::{LeaseSettings, run_with_leader_election};
 use hpp_legacy::decision::RefusalReason;
 use hpp_legacy::fsops::Removed;
 use hpp_legacy::provisioner::{ClaimOutcome, VolumeOutcome};
-use hpp_reconcile::testkit::FakeApiServer;
+use hpp_testkit::FakeApiServer;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::PersistentVolume;
 

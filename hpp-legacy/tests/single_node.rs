@@ -12,7 +12,7 @@ use hpp_legacy::decision::RefusalReason;
 use hpp_legacy::fsops::Removed;
 use hpp_legacy::provisioner::{ClaimOutcome, VolumeOutcome};
 use hpp_legacy::{Mode, ReclaimOverride};
-use hpp_reconcile::testkit::FakeApiServer;
+use hpp_testkit::FakeApiServer;
 use k8s_openapi::api::core::v1::PersistentVolume;
 
 const NAME: &str = "hostpath";

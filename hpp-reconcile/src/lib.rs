@@ -39,5 +39,7 @@ pub mod deps {
     pub use serde_json;
 }
 
+/// The fake API server of the `hpp-testkit` crate (feature `testkit`); new code can depend on
+/// `hpp-testkit` directly.
 #[cfg(feature = "testkit")]
-pub mod testkit;
+pub use hpp_testkit as testkit;

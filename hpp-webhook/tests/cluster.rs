@@ -1,105 +1,78 @@
-//! `KubeClusterState` against a small in-process fake of the API: the HostPathProvisioner list,
+//! `KubeClusterState` against the hpp-testkit fake API server: the HostPathProvisioner list,
 //! PersistentVolume pagination, and errors.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
 
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
-
+use hpp_api::HostPathProvisioner;
 use hpp_api::constants::{ANNOTATION_PROVISIONED_BY, DRIVER_NAME, LEGACY_PROVISIONER_NAME};
+use hpp_testkit::{FailureRule, FakeApiServer};
 use hpp_webhook::cluster::{ClusterState, KubeClusterState};
-use http_body_util::Full;
-use hyper::body::Bytes;
-use serde_json::{Value, json};
+use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec};
+use kube::api::ObjectMeta;
 
-fn respond(code: u16, value: &Value) -> http::Response<Full<Bytes>> {
-    http::Response::builder()
-        .status(code)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(serde_json::to_vec(value).unwrap())))
-        .unwrap()
+fn pv(name: &str, driver: Option<&str>, provisioned_by: Option<&str>) -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            annotations: provisioned_by.map(|p| [(ANNOTATION_PROVISIONED_BY.to_string(), p.to_string())].into()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            csi: driver.map(|d| CSIPersistentVolumeSource {
+                driver: d.into(),
+                volume_handle: name.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
-fn pv(name: &str, driver: Option<&str>, provisioned_by: Option<&str>) -> Value {
-    let mut pv = json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name}, "spec": {}});
-    if let Some(d) = driver {
-        pv["spec"]["csi"] = json!({"driver": d, "volumeHandle": name});
+/// A fake API server holding one HostPathProvisioner and more PersistentVolumes than fit in
+/// one page (500): three provisioned by hpp, the rest by another driver.
+fn fake_api() -> FakeApiServer {
+    let fake = FakeApiServer::new();
+    fake.register::<HostPathProvisioner>(false, true);
+    let hpp = HostPathProvisioner::new("hostpath-provisioner", Default::default());
+    fake.seed(&hpp);
+    fake.seed(&pv("a", Some(DRIVER_NAME), Some(DRIVER_NAME)));
+    fake.seed(&pv("b", Some("nfs.csi.k8s.io"), None));
+    fake.seed(&pv("c", None, Some(LEGACY_PROVISIONER_NAME)));
+    fake.seed(&pv("d", Some(DRIVER_NAME), None));
+    for i in 0..500 {
+        fake.seed(&pv(&format!("other-{i:03}"), Some("nfs.csi.k8s.io"), None));
     }
-    if let Some(p) = provisioned_by {
-        pv["metadata"]["annotations"] = json!({ANNOTATION_PROVISIONED_BY: p});
-    }
-    pv
-}
-
-/// A fake API server; records every request's path and query.
-fn fake_api(fail: bool) -> (kube::Client, Arc<Mutex<Vec<String>>>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let log = seen.clone();
-    let service = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-        let log = log.clone();
-        async move {
-            let path = req.uri().path().to_string();
-            let query = req.uri().query().unwrap_or_default().to_string();
-            log.lock().unwrap().push(format!("{path}?{query}"));
-            let response = if fail {
-                respond(
-                    500,
-                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 500,
-                            "reason": "InternalError", "message": "etcdserver: request timed out"}),
-                )
-            } else {
-                match path.as_str() {
-                    "/apis/hostpathprovisioner.kubevirt.io/v1beta1/hostpathprovisioners" => respond(
-                        200,
-                        &json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {},
-                                "items": [{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-                                           "metadata": {"name": "hostpath-provisioner"}}]}),
-                    ),
-                    "/api/v1/persistentvolumes" if query.contains("continue=page2") => respond(
-                        200,
-                        &json!({"apiVersion": "v1", "kind": "PersistentVolumeList", "metadata": {"resourceVersion": "9"},
-                                "items": [pv("c", None, Some(LEGACY_PROVISIONER_NAME)), pv("d", Some(DRIVER_NAME), None)]}),
-                    ),
-                    "/api/v1/persistentvolumes" => respond(
-                        200,
-                        &json!({"apiVersion": "v1", "kind": "PersistentVolumeList",
-                                "metadata": {"resourceVersion": "9", "continue": "page2"},
-                                "items": [pv("a", Some(DRIVER_NAME), Some(DRIVER_NAME)), pv("b", Some("nfs.csi.k8s.io"), None)]}),
-                    ),
-                    _ => respond(
-                        404,
-                        &json!({"kind": "Status", "apiVersion": "v1", "code": 404, "reason": "NotFound"}),
-                    ),
-                }
-            };
-            Ok::<_, Infallible>(response)
-        }
-    });
-    (kube::Client::new(service, "default"), seen)
+    fake
 }
 
 #[tokio::test]
 async fn lists_provisioners_and_counts_volumes_across_pages() {
-    let (client, seen) = fake_api(false);
-    let state = KubeClusterState::new(client);
+    let fake = fake_api();
+    let state = KubeClusterState::new(fake.client());
     assert_eq!(state.hostpath_provisioners().await.unwrap(), ["hostpath-provisioner"]);
     assert_eq!(state.hpp_volume_count().await.unwrap(), 3);
-    let seen = seen.lock().unwrap().clone();
-    let pv_requests: Vec<&String> = seen
+    let seen = fake.requests();
+    let pv_requests: Vec<_> = seen
         .iter()
-        .filter(|r| r.starts_with("/api/v1/persistentvolumes"))
+        .filter(|r| r.path == "/api/v1/persistentvolumes")
         .collect();
     assert_eq!(pv_requests.len(), 2, "{seen:?}");
-    assert!(pv_requests.iter().all(|r| r.contains("limit=500")), "{seen:?}");
-    assert!(pv_requests[1].contains("continue=page2"), "{seen:?}");
+    assert!(
+        pv_requests.iter().all(|r| r.query_param("limit").as_deref() == Some("500")),
+        "{seen:?}"
+    );
+    assert!(pv_requests[0].query_param("continue").is_none(), "{seen:?}");
+    assert!(pv_requests[1].query_param("continue").is_some(), "{seen:?}");
 }
 
 #[tokio::test]
 async fn errors_say_what_failed() {
-    let (client, _) = fake_api(true);
-    let state = KubeClusterState::new(client);
+    let fake = fake_api();
+    fake.fail_requests(FailureRule::new(500));
+    let state = KubeClusterState::new(fake.client());
     let error = state.hpp_volume_count().await.unwrap_err().to_string();
     assert!(
-        error.contains("listing PersistentVolumes") && error.contains("etcdserver"),
+        error.contains("listing PersistentVolumes") && error.contains("injected failure (500)"),
         "{error}"
     );
     let error = state.hostpath_provisioners().await.unwrap_err().to_string();

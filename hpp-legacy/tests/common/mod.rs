@@ -12,7 +12,7 @@ use hpp_legacy::metrics::Metrics;
 use hpp_legacy::provisioner::Provisioner;
 use hpp_legacy::selinux::Labeler;
 use hpp_legacy::{Mode, ProvisionerConfig};
-use hpp_reconcile::testkit::FakeApiServer;
+use hpp_testkit::FakeApiServer;
 use k8s_openapi::api::core::v1::{
     Node, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
 };

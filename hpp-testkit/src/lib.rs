@@ -1,5 +1,10 @@
 //! An in-process fake Kubernetes API server behind a real [`kube::Client`], for testing
-//! reconcilers without a cluster (feature `testkit`).
+//! controllers, admission webhooks and provisioners without a cluster.
+//!
+//! A dev-dependency of its own (it does not depend on any other hpp crate), so a team that
+//! only writes a controller, or tests code that merely holds a `kube::Client`, can use it
+//! without pulling in the operator. `hpp_reconcile::testkit` (feature `testkit`) re-exports
+//! this crate for code written against that path.
 //!
 //! [`FakeApiServer::client`] returns a `kube::Client` whose tower service is the fake, so
 //! typed `Api<K>` calls, `kube::runtime::watcher`, `Controller` and `finalizer` run unchanged.
@@ -38,7 +43,7 @@
 //! as-is (no conversion).
 //!
 //! ```
-//! use hpp_reconcile::testkit::FakeApiServer;
+//! use hpp_testkit::FakeApiServer;
 //! use k8s_openapi::api::core::v1::ConfigMap;
 //! use kube::api::{Api, ListParams, PostParams};
 //!

@@ -6,7 +6,7 @@ use super::error::ApiError;
 /// matches the code: 500 InternalError, 503 ServiceUnavailable, 409 Conflict, 403 Forbidden...).
 ///
 /// ```
-/// use hpp_reconcile::testkit::FailureRule;
+/// use hpp_testkit::FailureRule;
 /// // The next two PATCHes of any DaemonSet fail with 503, then requests succeed again.
 /// let rule = FailureRule::new(503).method(http::Method::PATCH).path_contains("/daemonsets/").times(2);
 /// # let _ = rule;

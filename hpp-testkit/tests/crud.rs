@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
 
 use hpp_api::v1beta1::{HostPathProvisioner, HostPathProvisionerSpec};
-use hpp_reconcile::testkit::FakeApiServer;
+use hpp_testkit::FakeApiServer;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{Api, ListParams, PostParams};

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use hpp_api::v1beta1::HostPathProvisioner;
-use hpp_reconcile::testkit::{FailureRule, FakeApiServer};
+use hpp_testkit::{FailureRule, FakeApiServer};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams, WatchParams};
 use kube::core::{ApiResource, GroupVersionKind};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hpp_api::v1beta1::{HostPathProvisioner, HostPathProvisionerSpec};
-use hpp_reconcile::testkit::FakeApiServer;
+use hpp_testkit::FakeApiServer;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
