@@ -13,12 +13,15 @@ use futures::FutureExt;
 use kube::api::DynamicObject;
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use hpp_api::HostPathProvisioner;
+
 use crate::object::Kind;
 
 /// Watch caches keyed by kind and label selector. Cheap to clone (shared).
 #[derive(Clone, Default)]
 pub struct Cache {
     stores: Arc<RwLock<BTreeMap<(Kind, String), Store<DynamicObject>>>>,
+    provisioners: Arc<RwLock<Option<Store<HostPathProvisioner>>>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -26,7 +29,11 @@ impl std::fmt::Debug for Cache {
         let keys: Vec<String> = self
             .stores
             .read()
-            .map(|s| s.keys().map(|(k, sel)| format!("{}/{} {sel}", k.group, k.plural)).collect())
+            .map(|s| {
+                s.keys()
+                    .map(|(k, sel)| format!("{}/{} {sel}", k.group, k.plural))
+                    .collect()
+            })
             .unwrap_or_default();
         f.debug_struct("Cache").field("stores", &keys).finish()
     }
@@ -64,19 +71,42 @@ impl Cache {
     /// or `None` when there is no synced store for them and the caller must ask the API.
     pub fn list(&self, kind: &Kind, selector: &str, namespace: Option<&str>) -> Option<Vec<Arc<DynamicObject>>> {
         let store = self.synced(kind, selector)?;
-        Some(store.state_filter(|o| {
-            !kind.namespaced || namespace.is_none() || o.metadata.namespace.as_deref() == namespace
-        }))
+        Some(
+            store.state_filter(|o| {
+                !kind.namespaced || namespace.is_none() || o.metadata.namespace.as_deref() == namespace
+            }),
+        )
     }
 
     /// The cached object, `Some(None)` when a synced store says it does not exist, `None`
     /// when there is no synced store and the caller must ask the API.
-    pub fn get(&self, kind: &Kind, selector: &str, namespace: Option<&str>, name: &str) -> Option<Option<Arc<DynamicObject>>> {
+    pub fn get(
+        &self,
+        kind: &Kind,
+        selector: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<Option<Arc<DynamicObject>>> {
         let store = self.synced(kind, selector)?;
         let mut key = ObjectRef::new_with(name, kind.api_resource());
         if kind.namespaced {
             key = key.within(namespace.unwrap_or_default());
         }
         Some(store.get(&key))
+    }
+
+    /// Registers the controller's own store of HostPathProvisioner objects.
+    pub fn set_provisioners(&self, store: Store<HostPathProvisioner>) {
+        if let Ok(mut slot) = self.provisioners.write() {
+            *slot = Some(store);
+        }
+    }
+
+    /// Every cached HostPathProvisioner, or `None` when the controller's store is not synced.
+    pub fn provisioners(&self) -> Option<Vec<HostPathProvisioner>> {
+        let slot = self.provisioners.read().ok()?;
+        let store = slot.as_ref()?;
+        store.wait_until_ready().now_or_never()?.ok()?;
+        Some(store.state().iter().map(|h| (**h).clone()).collect())
     }
 }

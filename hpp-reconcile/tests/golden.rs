@@ -95,5 +95,8 @@ fn rendered_objects_of_every_example_match_the_golden_files() {
             stale.push(format!("{name}.json differs from line {}", first + 1));
         }
     }
-    assert!(stale.is_empty(), "{stale:#?}\nif the change is intended, re-bless with: {BLESS}");
+    assert!(
+        stale.is_empty(),
+        "{stale:#?}\nif the change is intended, re-bless with: {BLESS}"
+    );
 }

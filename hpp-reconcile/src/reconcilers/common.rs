@@ -10,11 +10,11 @@ use k8s_openapi::api::core::v1::{
     Affinity, HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     PersistentVolumeClaim, ResourceRequirements, Service, ServiceAccount, Volume,
 };
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::ObjectMeta;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Resource;
+use kube::api::ObjectMeta;
 use serde_json::{Value, json};
 
 use crate::config::OperatorConfig;

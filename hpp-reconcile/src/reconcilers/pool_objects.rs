@@ -44,7 +44,13 @@ fn is_block(pool: &StoragePool) -> bool {
 pub fn pool_claim(pool: &StoragePool, name: &str, cfg: &OperatorConfig) -> Result<DesiredObject> {
     let pool_label = names::pool_label_value(&pool.name);
     common::typed_create_only(&PersistentVolumeClaim {
-        metadata: common::object_meta(name, Some(&cfg.namespace), cfg, &[(c::LABEL_STORAGE_POOL, &pool_label)], None),
+        metadata: common::object_meta(
+            name,
+            Some(&cfg.namespace),
+            cfg,
+            &[(c::LABEL_STORAGE_POOL, &pool_label)],
+            None,
+        ),
         spec: pool.pvc_template.clone(),
         ..Default::default()
     })
