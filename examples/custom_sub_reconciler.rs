@@ -27,7 +27,7 @@ impl SubReconciler for PoolStorageClasses {
     }
 
     fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {
-        vec![Kind::of::<k8s_openapi::api::storage::v1::StorageClass>(false)]
+        vec![Kind::of::<k8s_openapi::api::storage::v1::StorageClass>()]
     }
 
     fn desired(
@@ -36,7 +36,7 @@ impl SubReconciler for PoolStorageClasses {
         cfg: &OperatorConfig,
         _facts: &ClusterFacts,
     ) -> hpp_reconcile::Result<Vec<DesiredObject>> {
-        let kind = Kind::of::<k8s_openapi::api::storage::v1::StorageClass>(false);
+        let kind = Kind::of::<k8s_openapi::api::storage::v1::StorageClass>();
         hpp.spec
             .storage_pools
             .iter()

@@ -5,19 +5,47 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use tracing::{debug, info};
 
+use crate::cache::Cache;
 use crate::error::{Error, Result};
+use crate::names::managed_selector;
 use crate::object::{ApplyStrategy, DesiredObject, Kind, ObjectKey, key_of, live_matches};
 
 /// Writes desired objects to the cluster. Cheap to clone.
 #[derive(Clone)]
 pub struct Applier {
     client: Client,
+    cache: Cache,
 }
 
 impl Applier {
-    /// An applier over this client.
+    /// An applier over this client that reads live objects from the API.
     pub fn new(client: Client) -> Self {
-        Applier { client }
+        Applier {
+            client,
+            cache: Cache::new(),
+        }
+    }
+
+    /// Reads live objects from these watch caches where they are synced.
+    pub fn with_cache(mut self, cache: Cache) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    /// The watch caches reads go through first.
+    pub fn cache(&self) -> &Cache {
+        &self.cache
+    }
+
+    /// The live object, from the watch cache when it is synced, else from the API.
+    pub async fn get(&self, kind: &Kind, namespace: Option<&str>, name: &str) -> Result<Option<DynamicObject>> {
+        if let Some(cached) = self.cache.get(kind, &managed_selector(), namespace, name) {
+            return Ok(cached.map(|o| (*o).clone()));
+        }
+        self.api(kind, namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| Error::kube("get", format!("{}/{} {name}", kind.group, kind.kind), e))
     }
 
     /// The client, for sub-reconcilers that need extra reads.
@@ -39,10 +67,7 @@ impl Applier {
     pub async fn apply(&self, field_manager: &str, desired: &DesiredObject) -> Result<DynamicObject> {
         let key = desired.key();
         let api = self.api(&desired.kind, key.namespace.as_deref());
-        let live = api
-            .get_opt(&key.name)
-            .await
-            .map_err(|e| Error::kube("get", key.to_string(), e))?;
+        let live = self.get(&desired.kind, key.namespace.as_deref(), &key.name).await?;
         let stamped = desired.stamped()?;
         match (desired.strategy, live) {
             (ApplyStrategy::CreateOnly, Some(live)) => Ok(live),
@@ -114,18 +139,28 @@ impl Applier {
 
     /// Every object of a kind carrying the managed-by label, in `namespace` for namespaced kinds.
     pub async fn list_managed(&self, kind: &Kind, namespace: &str) -> Result<Vec<(ObjectKey, DynamicObject)>> {
-        let api = self.api(kind, Some(namespace));
-        let lp = ListParams::default().labels(&crate::names::managed_selector());
-        let list = api
-            .list(&lp)
-            .await
-            .map_err(|e| Error::kube("list", format!("{}/{}", kind.group, kind.plural), e))?;
-        Ok(list
-            .items
+        Ok(self
+            .list(kind, &managed_selector(), namespace)
+            .await?
             .into_iter()
             .filter(|o| o.metadata.deletion_timestamp.is_none())
             .map(|o| (key_of(kind, &o), o))
             .collect())
+    }
+
+    /// Objects of a kind matching a label selector (in `namespace` for namespaced kinds), from
+    /// the watch cache when it is synced, else from the API.
+    pub async fn list(&self, kind: &Kind, selector: &str, namespace: &str) -> Result<Vec<DynamicObject>> {
+        if let Some(cached) = self.cache.list(kind, selector, Some(namespace)) {
+            return Ok(cached.iter().map(|o| (**o).clone()).collect());
+        }
+        let lp = ListParams::default().labels(selector);
+        let list = self
+            .api(kind, Some(namespace))
+            .list(&lp)
+            .await
+            .map_err(|e| Error::kube("list", format!("{}/{}", kind.group, kind.plural), e))?;
+        Ok(list.items)
     }
 }
 

@@ -1,17 +1,22 @@
-//! Reads the cluster facts a pass needs (discovery, nodes, existing pool objects). Reads only.
+//! Reads the cluster facts a pass needs (discovery, nodes, existing pool objects), from the
+//! watch caches when the controller keeps them, else from the API. Reads only.
 
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
-use kube::api::{Api, ListParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::apply::Applier;
+use crate::cache::Cache;
 use crate::error::{Error, Result};
 use crate::facts::{ClaimFact, CleanupJobFact, ClusterFacts, MounterFact, NodeFact};
-use crate::reconcilers::common::pinned_node;
+use crate::object::Kind;
+use crate::reconcilers::common::{deployment_kind, job_kind, pinned_node, pvc_kind};
 use crate::reconcilers::pool_objects::mount_path_arg;
 
 /// Whether the API server serves `kind` in `group` (any version).
@@ -24,6 +29,56 @@ pub async fn has_api(client: &Client, group: &str, plural: &str) -> Result<bool>
     }
 }
 
+/// The optional APIs: facts with only `has_scc` and `has_prometheus` filled in.
+pub async fn discover(client: &Client) -> Result<ClusterFacts> {
+    Ok(ClusterFacts {
+        has_scc: has_api(client, "security.openshift.io", "securitycontextconstraints").await?,
+        has_prometheus: has_api(client, "monitoring.coreos.com", "prometheusrules").await?
+            && has_api(client, "monitoring.coreos.com", "servicemonitors").await?,
+        ..Default::default()
+    })
+}
+
+/// A kind and the label selector its objects are read with.
+type Source = (Kind, String);
+
+fn node_source() -> Source {
+    (Kind::of::<Node>(), String::new())
+}
+
+fn mounter_source() -> Source {
+    (deployment_kind(), c::LABEL_HPP_POOL.to_owned())
+}
+
+fn job_source() -> Source {
+    (job_kind(), crate::names::managed_selector())
+}
+
+fn claim_source() -> Source {
+    (pvc_kind(), c::LABEL_STORAGE_POOL.to_owned())
+}
+
+/// The (kind, label selector) pairs `gather` reads; the controller keeps a watch cache of each.
+pub fn fact_sources() -> Vec<Source> {
+    vec![node_source(), mounter_source(), job_source(), claim_source()]
+}
+
+fn typed<K: DeserializeOwned>(obj: DynamicObject) -> Result<K> {
+    let what = obj.name_any();
+    serde_json::to_value(obj)
+        .and_then(serde_json::from_value)
+        .map_err(|source| Error::Serialize { what, source })
+}
+
+async fn list<K: DeserializeOwned>(applier: &Applier, source: &Source, namespace: &str) -> Result<Vec<K>> {
+    applier
+        .list(&source.0, &source.1, namespace)
+        .await?
+        .into_iter()
+        .map(typed)
+        .collect()
+}
+
 fn pod_spec<T: serde::Serialize>(obj: &T) -> Value {
     serde_json::to_value(obj)
         .ok()
@@ -32,14 +87,9 @@ fn pod_spec<T: serde::Serialize>(obj: &T) -> Value {
 }
 
 /// Reads every fact for a pass in `namespace`.
-pub async fn gather(client: &Client, namespace: &str) -> Result<ClusterFacts> {
-    let list = |what: &'static str| move |e| Error::kube("list", what, e);
-    let nodes = Api::<Node>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(list("nodes"))?;
-    let nodes = nodes
-        .items
+pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> {
+    let nodes = list::<Node>(applier, &node_source(), namespace)
+        .await?
         .into_iter()
         .map(|n| NodeFact {
             name: n.name_any(),
@@ -52,12 +102,8 @@ pub async fn gather(client: &Client, namespace: &str) -> Result<ClusterFacts> {
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
         })
         .collect();
-    let by_label = ListParams::default().labels(c::LABEL_HPP_POOL);
-    let mounters = Api::<Deployment>::namespaced(client.clone(), namespace)
-        .list(&by_label)
-        .await
-        .map_err(list("deployments"))?
-        .items
+    let mounters = list::<Deployment>(applier, &mounter_source(), namespace)
+        .await?
         .into_iter()
         .filter_map(|d| {
             let spec = pod_spec(&d);
@@ -69,12 +115,8 @@ pub async fn gather(client: &Client, namespace: &str) -> Result<ClusterFacts> {
             })
         })
         .collect();
-    let managed = ListParams::default().labels(&crate::names::managed_selector());
-    let cleanup_jobs = Api::<Job>::namespaced(client.clone(), namespace)
-        .list(&managed)
-        .await
-        .map_err(list("jobs"))?
-        .items
+    let cleanup_jobs = list::<Job>(applier, &job_source(), namespace)
+        .await?
         .into_iter()
         .filter_map(|j| {
             let spec = pod_spec(&j);
@@ -89,11 +131,8 @@ pub async fn gather(client: &Client, namespace: &str) -> Result<ClusterFacts> {
             })
         })
         .collect();
-    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default().labels(c::LABEL_STORAGE_POOL))
-        .await
-        .map_err(list("persistentvolumeclaims"))?
-        .items
+    let claims = list::<PersistentVolumeClaim>(applier, &claim_source(), namespace)
+        .await?
         .into_iter()
         .filter_map(|p| {
             Some(ClaimFact {
@@ -103,24 +142,27 @@ pub async fn gather(client: &Client, namespace: &str) -> Result<ClusterFacts> {
         })
         .collect();
     Ok(ClusterFacts {
-        has_scc: has_api(client, "security.openshift.io", "securitycontextconstraints").await?,
-        has_prometheus: has_api(client, "monitoring.coreos.com", "prometheusrules").await?
-            && has_api(client, "monitoring.coreos.com", "servicemonitors").await?,
         nodes,
         mounters,
         cleanup_jobs,
         claims,
         other_provisioners: Vec::new(),
+        ..discover(applier.client()).await?
     })
 }
 
 /// Every HostPathProvisioner, oldest first (then by name): the first one is served.
-pub async fn provisioners(client: &Client) -> Result<Vec<HostPathProvisioner>> {
-    let mut all = Api::<HostPathProvisioner>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| Error::kube("list", "hostpathprovisioners", e))?
-        .items;
+pub async fn provisioners(client: &Client, cache: &Cache) -> Result<Vec<HostPathProvisioner>> {
+    let mut all = match cache.provisioners() {
+        Some(all) => all,
+        None => {
+            Api::<HostPathProvisioner>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| Error::kube("list", "hostpathprovisioners", e))?
+                .items
+        }
+    };
     sort_provisioners(&mut all);
     Ok(all)
 }

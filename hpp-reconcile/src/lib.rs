@@ -7,6 +7,7 @@
 //! sub-reconcilers to build their own distribution.
 
 pub mod apply;
+pub mod cache;
 pub mod config;
 pub mod controller;
 pub mod error;

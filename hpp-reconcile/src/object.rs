@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use kube::api::{ApiResource, DynamicObject};
-use kube::core::GroupVersionKind;
+use kube::core::{ClusterResourceScope, GroupVersionKind, NamespaceResourceScope};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde_json::Value;
@@ -19,6 +19,27 @@ pub enum ApplyStrategy {
     ServerSideApply,
     /// Created when missing, never changed afterwards (pool PVCs, cleanup Jobs, overlay StorageClass).
     CreateOnly,
+}
+
+/// Whether a typed resource lives in a namespace, read from its `Scope` type so it cannot be
+/// stated wrongly at a call site.
+pub trait StaticScope: sealed::Sealed {
+    /// `true` for namespaced kinds.
+    const NAMESPACED: bool;
+}
+
+impl StaticScope for NamespaceResourceScope {
+    const NAMESPACED: bool = true;
+}
+
+impl StaticScope for ClusterResourceScope {
+    const NAMESPACED: bool = false;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::NamespaceResourceScope {}
+    impl Sealed for super::ClusterResourceScope {}
 }
 
 /// A kind the operator manages: its API resource and whether it is namespaced.
@@ -37,14 +58,19 @@ pub struct Kind {
 }
 
 impl Kind {
-    /// The kind of a typed k8s-openapi resource.
-    pub fn of<K: Resource<DynamicType = ()>>(namespaced: bool) -> Self {
+    /// The kind of a typed resource (k8s-openapi or `#[derive(CustomResource)]`); its scope
+    /// comes from `K::Scope`.
+    pub fn of<K>() -> Self
+    where
+        K: Resource<DynamicType = ()>,
+        K::Scope: StaticScope,
+    {
         Kind {
             group: K::group(&()).into_owned(),
             version: K::version(&()).into_owned(),
             kind: K::kind(&()).into_owned(),
             plural: K::plural(&()).into_owned(),
-            namespaced,
+            namespaced: K::Scope::NAMESPACED,
         }
     }
 
@@ -113,9 +139,9 @@ impl DesiredObject {
     pub fn typed<K>(obj: &K, strategy: ApplyStrategy) -> Result<Self>
     where
         K: Resource<DynamicType = ()> + Serialize,
+        K::Scope: StaticScope,
     {
-        let namespaced = obj.meta().namespace.is_some();
-        let kind = Kind::of::<K>(namespaced);
+        let kind = Kind::of::<K>();
         let mut value = serde_json::to_value(obj).map_err(|source| Error::Serialize {
             what: kind.kind.clone(),
             source,

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use tracing::{info, instrument, warn};
 
 use crate::apply::Applier;
+use crate::cache::Cache;
 use crate::config::OperatorConfig;
 use crate::error::{Error, Result};
 use crate::gather;
@@ -38,6 +39,8 @@ pub struct Context {
     pub pipeline: Pipeline,
     /// Metric handles.
     pub metrics: Metrics,
+    /// Watch caches the controller fills; passes read from them once they are synced.
+    pub cache: Cache,
     /// Event recorder (None disables Events).
     pub recorder: Option<Recorder>,
     /// First retry delay after an error; doubles per consecutive failure up to `max_backoff`.
@@ -70,6 +73,7 @@ impl Context {
             config,
             pipeline,
             metrics,
+            cache: Cache::new(),
             base_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(300),
             metrics_tls_version: None,
@@ -107,7 +111,7 @@ impl Context {
     }
 
     fn applier(&self) -> Applier {
-        Applier::new(self.client.clone())
+        Applier::new(self.client.clone()).with_cache(self.cache.clone())
     }
 
     fn record_result(&self, name: &str, failed: bool) -> u32 {
@@ -154,7 +158,7 @@ pub fn error_policy(hpp: Arc<HostPathProvisioner>, err: &Error, ctx: Arc<Context
 
 async fn reconcile_inner(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
     let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
-    let all = gather::provisioners(&ctx.client).await?;
+    let all = gather::provisioners(&ctx.client, &ctx.cache).await?;
     let active = all
         .iter()
         .find(|h| h.metadata.deletion_timestamp.is_none())
@@ -216,7 +220,7 @@ async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
         return Err(err);
     }
     let pass = async {
-        let facts = gather::gather(&ctx.client, &cfg.namespace).await?;
+        let facts = gather::gather(&ctx.applier(), &cfg.namespace).await?;
         ctx.pipeline.apply(&ctx.applier(), &hpp, cfg, &facts).await
     };
     match pass.await {
@@ -241,7 +245,7 @@ async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
 async fn cleanup(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
     info!(hpp = %hpp.name_any(), "cleaning up");
     let cfg = &ctx.pass_config();
-    let facts = gather::gather(&ctx.client, &cfg.namespace).await?;
+    let facts = gather::gather(&ctx.applier(), &cfg.namespace).await?;
     ctx.pipeline.cleanup(&ctx.applier(), &hpp, cfg, &facts).await?;
     Ok(Action::await_change())
 }

@@ -6,64 +6,69 @@ use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    Affinity, HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    PersistentVolumeClaim, ResourceRequirements, Service, ServiceAccount, Volume,
+};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Resource;
+use kube::api::ObjectMeta;
 use serde_json::{Value, json};
 
 use crate::config::OperatorConfig;
 use crate::error::Result;
 use crate::names;
-use crate::object::{ApplyStrategy, DesiredObject, Kind};
+use crate::object::{ApplyStrategy, DesiredObject, Kind, StaticScope};
 
 /// Namespaced DaemonSets.
 pub fn daemonset_kind() -> Kind {
-    Kind::of::<DaemonSet>(true)
+    Kind::of::<DaemonSet>()
 }
 /// Namespaced Deployments.
 pub fn deployment_kind() -> Kind {
-    Kind::of::<Deployment>(true)
+    Kind::of::<Deployment>()
 }
 /// Namespaced Jobs.
 pub fn job_kind() -> Kind {
-    Kind::of::<Job>(true)
+    Kind::of::<Job>()
 }
 /// Namespaced PVCs.
 pub fn pvc_kind() -> Kind {
-    Kind::of::<PersistentVolumeClaim>(true)
+    Kind::of::<PersistentVolumeClaim>()
 }
 /// Namespaced ServiceAccounts.
 pub fn service_account_kind() -> Kind {
-    Kind::of::<ServiceAccount>(true)
+    Kind::of::<ServiceAccount>()
 }
 /// Namespaced Services.
 pub fn service_kind() -> Kind {
-    Kind::of::<Service>(true)
+    Kind::of::<Service>()
 }
 /// ClusterRoles.
 pub fn cluster_role_kind() -> Kind {
-    Kind::of::<ClusterRole>(false)
+    Kind::of::<ClusterRole>()
 }
 /// ClusterRoleBindings.
 pub fn cluster_role_binding_kind() -> Kind {
-    Kind::of::<ClusterRoleBinding>(false)
+    Kind::of::<ClusterRoleBinding>()
 }
 /// Namespaced Roles.
 pub fn role_kind() -> Kind {
-    Kind::of::<Role>(true)
+    Kind::of::<Role>()
 }
 /// Namespaced RoleBindings.
 pub fn role_binding_kind() -> Kind {
-    Kind::of::<RoleBinding>(true)
+    Kind::of::<RoleBinding>()
 }
 /// CSIDrivers.
 pub fn csi_driver_kind() -> Kind {
-    Kind::of::<CSIDriver>(false)
+    Kind::of::<CSIDriver>()
 }
 /// StorageClasses.
 pub fn storage_class_kind() -> Kind {
-    Kind::of::<StorageClass>(false)
+    Kind::of::<StorageClass>()
 }
 /// OpenShift SecurityContextConstraints (found by discovery).
 pub fn scc_kind() -> Kind {
@@ -202,4 +207,95 @@ pub fn pinned_node(pod_spec: &Value) -> Option<String> {
         .pointer("/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/0/matchExpressions/0/values/0")
         .and_then(Value::as_str)
         .map(str::to_owned)
+}
+
+/// Typed object metadata with the common labels plus `extra`, and the CR as controller owner
+/// when `owner` is given (and has a UID).
+pub fn object_meta(
+    name: &str,
+    namespace: Option<&str>,
+    cfg: &OperatorConfig,
+    extra: &[(&str, &str)],
+    owner: Option<&HostPathProvisioner>,
+) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: namespace.map(str::to_owned),
+        labels: Some(labels_value(cfg, extra)),
+        owner_references: owner.and_then(|h| h.controller_owner_ref(&())).map(|r| vec![r]),
+        ..Default::default()
+    }
+}
+
+/// Pod template metadata: the common labels plus `extra`, and the SCC the pods need.
+pub fn template_meta(cfg: &OperatorConfig, extra: &[(&str, &str)]) -> ObjectMeta {
+    ObjectMeta {
+        labels: Some(labels_value(cfg, extra)),
+        annotations: Some(BTreeMap::from([(
+            "openshift.io/required-scc".to_owned(),
+            names::CSI_SCC.to_owned(),
+        )])),
+        ..Default::default()
+    }
+}
+
+/// A typed object kept in line by server-side apply.
+pub fn typed_ssa<K>(obj: &K) -> Result<DesiredObject>
+where
+    K: Resource<DynamicType = ()> + serde::Serialize,
+    K::Scope: StaticScope,
+{
+    DesiredObject::typed(obj, ApplyStrategy::ServerSideApply)
+}
+
+/// A typed object created once and never changed.
+pub fn typed_create_only<K>(obj: &K) -> Result<DesiredObject>
+where
+    K: Resource<DynamicType = ()> + serde::Serialize,
+    K::Scope: StaticScope,
+{
+    DesiredObject::typed(obj, ApplyStrategy::CreateOnly)
+}
+
+/// A required node affinity pinning a pod to one node by hostname, typed.
+pub fn node_pin(node: &str) -> Affinity {
+    Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: "kubernetes.io/hostname".into(),
+                        operator: "In".into(),
+                        values: Some(vec![node.to_owned()]),
+                    }]),
+                    ..Default::default()
+                }],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A `hostPath` volume.
+pub fn host_path_volume(name: &str, path: &str, type_: &str) -> Volume {
+    Volume {
+        name: name.to_owned(),
+        host_path: Some(HostPathVolumeSource {
+            path: path.to_owned(),
+            type_: Some(type_.to_owned()),
+        }),
+        ..Default::default()
+    }
+}
+
+/// Resource requests of `cpu` and `memory`.
+pub fn requests(cpu: &str, memory: &str) -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_owned(), Quantity(cpu.to_owned())),
+            ("memory".to_owned(), Quantity(memory.to_owned())),
+        ])),
+        ..Default::default()
+    }
 }

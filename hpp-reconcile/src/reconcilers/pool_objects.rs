@@ -3,9 +3,20 @@
 
 use hpp_api::constants as c;
 use hpp_api::{HostPathProvisioner, StoragePool};
-use serde_json::{Value, json};
+use std::collections::BTreeMap;
 
-use super::common::{self, deployment_kind, job_kind, pvc_kind, storage_class_kind};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Container, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, SecurityContext,
+    Volume, VolumeDevice, VolumeMount,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::Value;
+
+use super::common;
 use crate::config::OperatorConfig;
 use crate::error::Result;
 use crate::names;
@@ -32,13 +43,17 @@ fn is_block(pool: &StoragePool) -> bool {
 /// A pool PVC (create-only, no owner: data outlives a reinstall of the operator).
 pub fn pool_claim(pool: &StoragePool, name: &str, cfg: &OperatorConfig) -> Result<DesiredObject> {
     let pool_label = names::pool_label_value(&pool.name);
-    common::create_only(
-        pvc_kind(),
-        json!({
-            "metadata": common::meta(name, Some(&cfg.namespace), cfg, &[(c::LABEL_STORAGE_POOL, &pool_label)], None),
-            "spec": pool.pvc_template,
-        }),
-    )
+    common::typed_create_only(&PersistentVolumeClaim {
+        metadata: common::object_meta(
+            name,
+            Some(&cfg.namespace),
+            cfg,
+            &[(c::LABEL_STORAGE_POOL, &pool_label)],
+            None,
+        ),
+        spec: pool.pvc_template.clone(),
+        ..Default::default()
+    })
 }
 
 /// The overlay StorageClass of a ReadWriteMany pool.
@@ -47,39 +62,55 @@ pub fn overlay_storage_class(pool: &StoragePool, cfg: &OperatorConfig) -> Result
         .overlay_class_name
         .as_deref()
         .unwrap_or(names::DEFAULT_OVERLAY_CLASS);
-    common::create_only(
-        storage_class_kind(),
-        json!({
-            "metadata": common::meta(name, None, cfg, &[], None),
-            "provisioner": c::DRIVER_NAME,
-            "reclaimPolicy": "Delete",
-            "volumeBindingMode": "Immediate",
-            "parameters": { c::PARAM_STORAGE_POOL: pool.name, c::PARAM_OVERLAY_CSI: "true" },
-        }),
-    )
+    common::typed_create_only(&StorageClass {
+        metadata: common::object_meta(name, None, cfg, &[], None),
+        provisioner: c::DRIVER_NAME.to_owned(),
+        reclaim_policy: Some("Delete".into()),
+        volume_binding_mode: Some("Immediate".into()),
+        parameters: Some(BTreeMap::from([
+            (c::PARAM_STORAGE_POOL.to_owned(), pool.name.clone()),
+            (c::PARAM_OVERLAY_CSI.to_owned(), "true".to_owned()),
+        ])),
+        ..Default::default()
+    })
+}
+
+fn host_root_mount() -> VolumeMount {
+    VolumeMount {
+        name: "host-root".into(),
+        mount_path: HOST_ROOT.into(),
+        mount_propagation: Some("Bidirectional".into()),
+        ..Default::default()
+    }
+}
+
+fn host_root_volume() -> Volume {
+    common::host_path_volume("host-root", "/", "Directory")
 }
 
 fn mounter_container(
     image: &str,
     pull: &str,
     args: Vec<String>,
-    volume_mounts: Value,
-    devices: Option<Value>,
-) -> Value {
-    let mut container = json!({
-        "name": "mounter",
-        "image": image,
-        "imagePullPolicy": pull,
-        "command": [MOUNTER_COMMAND],
-        "args": args,
-        "securityContext": { "privileged": true, "runAsUser": 0 },
-        "resources": { "requests": { "cpu": "10m", "memory": "100Mi" } },
-        "volumeMounts": volume_mounts,
-    });
-    if let Some(d) = devices {
-        container["volumeDevices"] = d;
+    volume_mounts: Vec<VolumeMount>,
+    volume_devices: Option<Vec<VolumeDevice>>,
+) -> Container {
+    Container {
+        name: "mounter".into(),
+        image: Some(image.to_owned()),
+        image_pull_policy: Some(pull.to_owned()),
+        command: Some(vec![MOUNTER_COMMAND.to_owned()]),
+        args: Some(args),
+        security_context: Some(SecurityContext {
+            privileged: Some(true),
+            run_as_user: Some(0),
+            ..Default::default()
+        }),
+        resources: Some(common::requests("10m", "100Mi")),
+        volume_mounts: Some(volume_mounts),
+        volume_devices,
+        ..Default::default()
     }
-    container
 }
 
 /// The mounter Deployment of a pool on one node, bind-mounting `claim` onto `<path>/csi`.
@@ -101,47 +132,71 @@ pub fn mounter_deployment(
         "--hostPath".into(),
         HOST_ROOT.into(),
     ];
-    let host_mount = json!({ "name": "host-root", "mountPath": HOST_ROOT, "mountPropagation": "Bidirectional" });
     let (mounts, devices) = if block {
         (
-            json!([host_mount]),
-            Some(json!([{ "name": "data", "devicePath": SOURCE_BLOCK }])),
+            vec![host_root_mount()],
+            Some(vec![VolumeDevice {
+                name: "data".into(),
+                device_path: SOURCE_BLOCK.into(),
+            }]),
         )
     } else {
-        (json!([{ "name": "data", "mountPath": SOURCE_FS }, host_mount]), None)
+        let data = VolumeMount {
+            name: "data".into(),
+            mount_path: SOURCE_FS.into(),
+            ..Default::default()
+        };
+        (vec![data, host_root_mount()], None)
     };
     let extra = [
         (c::LABEL_STORAGE_POOL, pool_label.as_str()),
         (c::LABEL_HPP_POOL, pool_label.as_str()),
     ];
     let name = names::pool_node_name(&pool.name, node);
-    common::ssa(
-        deployment_kind(),
-        json!({
-            "metadata": common::meta(&name, Some(&cfg.namespace), cfg, &extra, Some(hpp)),
-            "spec": {
-                "replicas": 1,
-                "selector": { "matchLabels": { c::LABEL_HPP_POOL: pool_label } },
-                "strategy": { "type": "RollingUpdate", "rollingUpdate": { "maxUnavailable": 1, "maxSurge": 2 } },
-                "progressDeadlineSeconds": 600,
-                "template": {
-                    "metadata": {
-                        "labels": common::labels_value(cfg, &extra),
-                        "annotations": { "openshift.io/required-scc": names::CSI_SCC },
-                    },
-                    "spec": {
-                        "serviceAccountName": names::CSI_SERVICE_ACCOUNT,
-                        "affinity": common::pin_to_node(node),
-                        "containers": [mounter_container(&cfg.images.operator, &common::pull_policy(hpp), args, mounts, devices)],
-                        "volumes": [
-                            { "name": "data", "persistentVolumeClaim": { "claimName": claim } },
-                            { "name": "host-root", "hostPath": { "path": "/", "type": "Directory" } },
-                        ],
-                    },
-                },
-            },
+    let data = Volume {
+        name: "data".into(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: claim.to_owned(),
+            ..Default::default()
         }),
-    )
+        ..Default::default()
+    };
+    common::typed_ssa(&Deployment {
+        metadata: common::object_meta(&name, Some(&cfg.namespace), cfg, &extra, Some(hpp)),
+        spec: Some(DeploymentSpec {
+            replicas: Some(1),
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([(c::LABEL_HPP_POOL.to_owned(), pool_label.clone())])),
+                ..Default::default()
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(1)),
+                    max_surge: Some(IntOrString::Int(2)),
+                }),
+            }),
+            progress_deadline_seconds: Some(600),
+            template: PodTemplateSpec {
+                metadata: Some(common::template_meta(cfg, &extra)),
+                spec: Some(PodSpec {
+                    service_account_name: Some(names::CSI_SERVICE_ACCOUNT.into()),
+                    affinity: Some(common::node_pin(node)),
+                    containers: vec![mounter_container(
+                        &cfg.images.operator,
+                        &common::pull_policy(hpp),
+                        args,
+                        mounts,
+                        devices,
+                    )],
+                    volumes: Some(vec![data, host_root_volume()]),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
 }
 
 /// The cleanup Job unmounting a pool (`mount_path` = `<path>/csi`) on one node.
@@ -160,29 +215,31 @@ pub fn cleanup_job(
         "--hostPath".to_owned(),
         HOST_ROOT.to_owned(),
     ];
-    let mounts = json!([{ "name": "host-root", "mountPath": HOST_ROOT, "mountPropagation": "Bidirectional" }]);
     let extra = [(c::LABEL_STORAGE_POOL, pool_label)];
-    common::create_only(
-        job_kind(),
-        json!({
-            "metadata": common::meta(name, Some(&cfg.namespace), cfg, &extra, None),
-            "spec": {
-                "template": {
-                    "metadata": {
-                        "labels": common::labels_value(cfg, &extra),
-                        "annotations": { "openshift.io/required-scc": names::CSI_SCC },
-                    },
-                    "spec": {
-                        "restartPolicy": "OnFailure",
-                        "serviceAccountName": names::CSI_SERVICE_ACCOUNT,
-                        "affinity": common::pin_to_node(node),
-                        "containers": [mounter_container(&cfg.images.operator, &common::pull_policy(hpp), args, mounts, None)],
-                        "volumes": [{ "name": "host-root", "hostPath": { "path": "/", "type": "Directory" } }],
-                    },
-                },
+    common::typed_create_only(&Job {
+        metadata: common::object_meta(name, Some(&cfg.namespace), cfg, &extra, None),
+        spec: Some(JobSpec {
+            template: PodTemplateSpec {
+                metadata: Some(common::template_meta(cfg, &extra)),
+                spec: Some(PodSpec {
+                    restart_policy: Some("OnFailure".into()),
+                    service_account_name: Some(names::CSI_SERVICE_ACCOUNT.into()),
+                    affinity: Some(common::node_pin(node)),
+                    containers: vec![mounter_container(
+                        &cfg.images.operator,
+                        &common::pull_policy(hpp),
+                        args,
+                        vec![host_root_mount()],
+                        None,
+                    )],
+                    volumes: Some(vec![host_root_volume()]),
+                    ..Default::default()
+                }),
             },
+            ..Default::default()
         }),
-    )
+        ..Default::default()
+    })
 }
 
 /// The `--mountPath` argument of a mounter or cleanup pod spec (KubeVirt's or ours).

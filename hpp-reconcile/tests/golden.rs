@@ -1,0 +1,102 @@
+//! Golden snapshots: every object the standard pipeline renders for every example CR, in two
+//! clusters (offline with no nodes; two nodes with OpenShift, Prometheus and leftover pool
+//! objects), as canonical JSON under `tests/golden/`. A refactoring of the builders must keep
+//! them byte-identical; a deliberate change of the rendered objects is re-blessed with
+//! `HPP_BLESS=1 cargo test -p hpp-reconcile --test golden` and shows up in review as a diff.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
+use std::path::PathBuf;
+
+use hpp_api::HostPathProvisioner;
+use hpp_reconcile::facts::{ClaimFact, CleanupJobFact, ClusterFacts, MounterFact};
+use hpp_reconcile::{OperatorConfig, Pipeline};
+use serde_json::{Map, Value};
+
+const BLESS: &str = "HPP_BLESS=1 cargo test -p hpp-reconcile --test golden";
+
+const EXAMPLES: [&str; 4] = [
+    "hostpathprovisioner_cr",
+    "hostpathprovisioner_legacy_cr",
+    "hostpathprovisioner_pvctemplate_cr",
+    "hostpathprovisioner_overlay_csi_cr",
+];
+
+fn example(name: &str) -> HostPathProvisioner {
+    let path = format!("{}/../deploy/examples/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+    let mut hpp: HostPathProvisioner = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    hpp.metadata.uid = Some("uid-1".into());
+    hpp
+}
+
+fn cfg() -> OperatorConfig {
+    OperatorConfig::from_env([("OPERATOR_VERSION", "v1.0.0"), ("POD_NAMESPACE", "hpp")])
+}
+
+/// Two Ready nodes, optional APIs present, and pool objects left from an earlier pass: a
+/// mounter of a removed pool (so a cleanup Job is rendered) and a claim of a node that left.
+fn cluster_facts(hpp: &HostPathProvisioner) -> ClusterFacts {
+    let mut facts = hpp_reconcile::render::offline_facts(hpp, &["node01".into(), "node02".into()], true, true);
+    facts.mounters.push(MounterFact {
+        name: "hpp-pool-gone-node01".into(),
+        pool_label: "gone-hpp".into(),
+        node: "node01".into(),
+        mount_path: "/var/gone/csi".into(),
+    });
+    facts.cleanup_jobs.push(CleanupJobFact {
+        name: "cleanup-pool-old-node02".into(),
+        node: "node02".into(),
+        pool_label: "old-hpp".into(),
+        mount_path: "/var/old/csi".into(),
+        succeeded: false,
+    });
+    facts.claims.push(ClaimFact {
+        name: "hpp-pool-local-node09".into(),
+        pool_label: "local-hpp".into(),
+    });
+    facts
+}
+
+/// `{ "<scenario>": { "<step>": [objects] } }` with sorted keys (serde_json's default map).
+fn render(hpp: &HostPathProvisioner) -> Value {
+    let scenarios = [
+        ("offline", hpp_reconcile::render::offline_facts(hpp, &[], false, false)),
+        ("cluster", cluster_facts(hpp)),
+    ];
+    let mut out = Map::new();
+    for (scenario, facts) in scenarios {
+        let mut steps = Map::new();
+        for (step, objects) in Pipeline::standard().desired(hpp, &cfg(), &facts).unwrap() {
+            let objects: Vec<Value> = objects.iter().map(|o| o.to_value().unwrap()).collect();
+            steps.insert(step, Value::Array(objects));
+        }
+        out.insert(scenario.into(), Value::Object(steps));
+    }
+    Value::Object(out)
+}
+
+#[test]
+fn rendered_objects_of_every_example_match_the_golden_files() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let mut stale = Vec::new();
+    for name in EXAMPLES {
+        let path = dir.join(format!("{name}.json"));
+        let rendered = serde_json::to_string_pretty(&render(&example(name))).unwrap() + "\n";
+        if std::env::var_os("HPP_BLESS").is_some() {
+            std::fs::write(&path, &rendered).unwrap();
+        }
+        let golden = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{} cannot be read ({e}); create it with: {BLESS}", path.display()));
+        if golden != rendered {
+            let first = golden
+                .lines()
+                .zip(rendered.lines())
+                .position(|(a, b)| a != b)
+                .unwrap_or(golden.lines().count().min(rendered.lines().count()));
+            stale.push(format!("{name}.json differs from line {}", first + 1));
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "{stale:#?}\nif the change is intended, re-bless with: {BLESS}"
+    );
+}
