@@ -17,8 +17,32 @@ pub const MOUNTER_COMMAND: &str = "/usr/bin/hpp-mounter";
 pub const SOURCE_FS: &str = "/source";
 /// Where a block pool PVC appears in the mounter pod.
 pub const SOURCE_BLOCK: &str = "/dev/data";
-/// Where the host's `/` is mounted in the mounter pod.
+/// Prefix under which the mounter pod sees host paths (`--hostPath`). Only the parent of the
+/// pool's mount point is mounted there, at its own host path, not the host's `/`.
 pub const HOST_ROOT: &str = "/host";
+
+/// The host directory a mounter or cleanup pod mounts (Bidirectional, so its mount reaches the
+/// host): the parent of the mount point `mount_path`, i.e. the pool's `path`. `/` only for a
+/// mount point directly under the root, which validation does not admit.
+pub fn host_parent(mount_path: &str) -> String {
+    let parent = std::path::Path::new(mount_path.trim_end_matches('/'))
+        .parent()
+        .map_or_else(|| "/".to_owned(), |p| p.to_string_lossy().into_owned());
+    if parent.is_empty() { "/".to_owned() } else { parent }
+}
+
+/// The Bidirectional mount of `host_parent(mount_path)` at `/host<parent>` and its hostPath volume.
+/// The pod is privileged (Kubernetes requires it for Bidirectional propagation) and keeps the
+/// default SELinux type of privileged containers, `spc_t`, which may mount over `container_file_t`
+/// and `var_lib_t` pool directories alike.
+fn host_parent_mount(mount_path: &str) -> (Value, Value) {
+    let parent = host_parent(mount_path);
+    let in_pod = format!("{HOST_ROOT}{}", if parent == "/" { "" } else { parent.as_str() });
+    (
+        json!({ "name": "host-pool-parent", "mountPath": in_pod, "mountPropagation": "Bidirectional" }),
+        json!({ "name": "host-pool-parent", "hostPath": { "path": parent, "type": "DirectoryOrCreate" } }),
+    )
+}
 
 /// `<pool.path>/csi`: the directory the pool PVC is mounted on.
 pub fn pool_mount_path(pool: &StoragePool) -> String {
@@ -101,7 +125,7 @@ pub fn mounter_deployment(
         "--hostPath".into(),
         HOST_ROOT.into(),
     ];
-    let host_mount = json!({ "name": "host-root", "mountPath": HOST_ROOT, "mountPropagation": "Bidirectional" });
+    let (host_mount, host_volume) = host_parent_mount(&pool_mount_path(pool));
     let (mounts, devices) = if block {
         (
             json!([host_mount]),
@@ -135,7 +159,7 @@ pub fn mounter_deployment(
                         "containers": [mounter_container(&cfg.images.operator, &common::pull_policy(hpp), args, mounts, devices)],
                         "volumes": [
                             { "name": "data", "persistentVolumeClaim": { "claimName": claim } },
-                            { "name": "host-root", "hostPath": { "path": "/", "type": "Directory" } },
+                            host_volume,
                         ],
                     },
                 },
@@ -160,7 +184,8 @@ pub fn cleanup_job(
         "--hostPath".to_owned(),
         HOST_ROOT.to_owned(),
     ];
-    let mounts = json!([{ "name": "host-root", "mountPath": HOST_ROOT, "mountPropagation": "Bidirectional" }]);
+    let (host_mount, host_volume) = host_parent_mount(mount_path);
+    let mounts = json!([host_mount]);
     let extra = [(c::LABEL_STORAGE_POOL, pool_label)];
     common::create_only(
         job_kind(),
@@ -177,7 +202,7 @@ pub fn cleanup_job(
                         "serviceAccountName": names::CSI_SERVICE_ACCOUNT,
                         "affinity": common::pin_to_node(node),
                         "containers": [mounter_container(&cfg.images.operator, &common::pull_policy(hpp), args, mounts, None)],
-                        "volumes": [{ "name": "host-root", "hostPath": { "path": "/", "type": "Directory" } }],
+                        "volumes": [host_volume],
                     },
                 },
             },
