@@ -124,6 +124,19 @@ fn requests() -> Value {
     json!({ "requests": { "cpu": "10m", "memory": "150Mi" } })
 }
 
+/// SELinux type of the unprivileged CSI sidecars (see docs/user-guide.md, "SELinux").
+pub const SIDECAR_SELINUX_TYPE: &str = "spc_t";
+
+/// Security context of the sidecars that only use the CSI socket.
+fn sidecar_security_context() -> Value {
+    json!({
+        "privileged": false,
+        "allowPrivilegeEscalation": false,
+        "capabilities": { "drop": ["ALL"] },
+        "seLinuxOptions": { "type": SIDECAR_SELINUX_TYPE },
+    })
+}
+
 /// The desired CSI DaemonSet.
 pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) -> Result<DesiredObject> {
     let pull = common::pull_policy(hpp);
@@ -146,6 +159,10 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
     ];
     registrar_mounts.extend(pool_volume_mounts.iter().cloned());
     let privileged = json!({ "privileged": true });
+    // The liveness probe, provisioner and snapshotter only talk to the driver's socket: no
+    // privilege, no capability. `spc_t` lets them connect to the socket the privileged driver
+    // (itself `spc_t`) creates in a hostPath directory on SELinux hosts; ignored elsewhere.
+    let sidecar = sidecar_security_context();
     let mut containers = vec![
         json!({
             "name": "hostpath-provisioner",
@@ -203,7 +220,7 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
             "image": img.liveness_probe,
             "imagePullPolicy": pull,
             "args": [format!("--csi-address={CSI_SOCKET}"), "--health-port=9898"],
-            "securityContext": privileged,
+            "securityContext": sidecar,
             "resources": requests(),
             "volumeMounts": [{ "name": "socket-dir", "mountPath": "/csi" }],
         }),
@@ -228,7 +245,7 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
                 env_field("NAMESPACE", "metadata.namespace"),
                 env_field("POD_NAME", "metadata.name"),
             ],
-            "securityContext": privileged,
+            "securityContext": sidecar,
             "resources": requests(),
             "volumeMounts": [{ "name": "socket-dir", "mountPath": "/csi" }],
         }),
@@ -239,7 +256,7 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
             "image": img.csi_snapshotter,
             "imagePullPolicy": pull,
             "args": [format!("--v={v}"), format!("--csi-address={CSI_SOCKET}"), "--leader-election"],
-            "securityContext": privileged,
+            "securityContext": sidecar,
             "volumeMounts": [{ "name": "socket-dir", "mountPath": "/csi" }],
         }));
     }

@@ -28,8 +28,37 @@ pub const MOUNTER_COMMAND: &str = "/usr/bin/hpp-mounter";
 pub const SOURCE_FS: &str = "/source";
 /// Where a block pool PVC appears in the mounter pod.
 pub const SOURCE_BLOCK: &str = "/dev/data";
-/// Where the host's `/` is mounted in the mounter pod.
+/// Prefix under which the mounter pod sees host paths (`--hostPath`). Only the parent of the
+/// pool's mount point is mounted there, at its own host path, not the host's `/`.
 pub const HOST_ROOT: &str = "/host";
+
+/// The host directory a mounter or cleanup pod mounts (Bidirectional, so its mount reaches the
+/// host): the parent of the mount point `mount_path`, i.e. the pool's `path`. `/` only for a
+/// mount point directly under the root, which validation does not admit.
+pub fn host_parent(mount_path: &str) -> String {
+    let parent = std::path::Path::new(mount_path.trim_end_matches('/'))
+        .parent()
+        .map_or_else(|| "/".to_owned(), |p| p.to_string_lossy().into_owned());
+    if parent.is_empty() { "/".to_owned() } else { parent }
+}
+
+/// The Bidirectional mount of `host_parent(mount_path)` at `/host<parent>` and its hostPath volume.
+/// The pod is privileged (Kubernetes requires it for Bidirectional propagation) and keeps the
+/// default SELinux type of privileged containers, `spc_t`, which may mount over `container_file_t`
+/// and `var_lib_t` pool directories alike.
+fn host_parent_mount(mount_path: &str) -> (VolumeMount, Volume) {
+    let parent = host_parent(mount_path);
+    let in_pod = format!("{HOST_ROOT}{}", if parent == "/" { "" } else { parent.as_str() });
+    (
+        VolumeMount {
+            name: "host-pool-parent".into(),
+            mount_path: in_pod,
+            mount_propagation: Some("Bidirectional".into()),
+            ..Default::default()
+        },
+        common::host_path_volume("host-pool-parent", &parent, "DirectoryOrCreate"),
+    )
+}
 
 /// `<pool.path>/csi`: the directory the pool PVC is mounted on.
 pub fn pool_mount_path(pool: &StoragePool) -> String {
@@ -73,19 +102,6 @@ pub fn overlay_storage_class(pool: &StoragePool, cfg: &OperatorConfig) -> Result
         ])),
         ..Default::default()
     })
-}
-
-fn host_root_mount() -> VolumeMount {
-    VolumeMount {
-        name: "host-root".into(),
-        mount_path: HOST_ROOT.into(),
-        mount_propagation: Some("Bidirectional".into()),
-        ..Default::default()
-    }
-}
-
-fn host_root_volume() -> Volume {
-    common::host_path_volume("host-root", "/", "Directory")
 }
 
 fn mounter_container(
@@ -132,9 +148,10 @@ pub fn mounter_deployment(
         "--hostPath".into(),
         HOST_ROOT.into(),
     ];
+    let (host_mount, host_volume) = host_parent_mount(&pool_mount_path(pool));
     let (mounts, devices) = if block {
         (
-            vec![host_root_mount()],
+            vec![host_mount],
             Some(vec![VolumeDevice {
                 name: "data".into(),
                 device_path: SOURCE_BLOCK.into(),
@@ -146,7 +163,7 @@ pub fn mounter_deployment(
             mount_path: SOURCE_FS.into(),
             ..Default::default()
         };
-        (vec![data, host_root_mount()], None)
+        (vec![data, host_mount], None)
     };
     let extra = [
         (c::LABEL_STORAGE_POOL, pool_label.as_str()),
@@ -189,7 +206,7 @@ pub fn mounter_deployment(
                         mounts,
                         devices,
                     )],
-                    volumes: Some(vec![data, host_root_volume()]),
+                    volumes: Some(vec![data, host_volume]),
                     ..Default::default()
                 }),
             },
@@ -215,6 +232,7 @@ pub fn cleanup_job(
         "--hostPath".to_owned(),
         HOST_ROOT.to_owned(),
     ];
+    let (host_mount, host_volume) = host_parent_mount(mount_path);
     let extra = [(c::LABEL_STORAGE_POOL, pool_label)];
     common::typed_create_only(&Job {
         metadata: common::object_meta(name, Some(&cfg.namespace), cfg, &extra, None),
@@ -229,10 +247,10 @@ pub fn cleanup_job(
                         &cfg.images.operator,
                         &common::pull_policy(hpp),
                         args,
-                        vec![host_root_mount()],
+                        vec![host_mount],
                         None,
                     )],
-                    volumes: Some(vec![host_root_volume()]),
+                    volumes: Some(vec![host_volume]),
                     ..Default::default()
                 }),
             },

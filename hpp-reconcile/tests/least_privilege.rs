@@ -1,0 +1,339 @@
+//! Least privilege of everything hpp ships or renders: every mutating RBAC verb is restricted
+//! with `resourceNames` unless it is on the allow-list below with a reason; the CSI sidecars are
+//! not privileged; mounter and cleanup pods mount the pool's parent directory, not the host's `/`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
+use std::path::{Path, PathBuf};
+
+use hpp_api::HostPathProvisioner;
+use hpp_reconcile::OperatorConfig;
+use hpp_reconcile::facts::ClusterFacts;
+use hpp_reconcile::reconcilers::{csi_daemonset, pool_objects, prometheus, rbac};
+use serde_json::Value;
+
+/// Verbs that change objects or grant rights.
+const MUTATING: [&str; 8] = [
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+    "escalate",
+    "bind",
+    "impersonate",
+];
+
+/// Why a rule may carry a mutating verb without `resourceNames`: (role, API group, resource,
+/// verbs, reason). `create` is allowed everywhere: Kubernetes cannot restrict it by name.
+const ALLOWED: &[(&str, &str, &str, &[&str], &str)] = &[
+    // --- The operator (deploy/operator/rbac.yaml).
+    ("hostpath-provisioner-operator", "hostpathprovisioner.kubevirt.io", "hostpathprovisioners", &["patch", "update"], "the CR is the operator's own API and its name is the user's"),
+    ("hostpath-provisioner-operator", "hostpathprovisioner.kubevirt.io", "hostpathprovisioners/status", &["patch", "update"], "status of the operator's own CR"),
+    ("hostpath-provisioner-operator", "hostpathprovisioner.kubevirt.io", "hostpathprovisioners/finalizers", &["update"], "owner references to the operator's own CR"),
+    ("hostpath-provisioner-operator", "events.k8s.io", "events", &["patch"], "Event names are generated per occurrence"),
+    ("hostpath-provisioner-operator", "", "events", &["patch"], "Event names are generated per occurrence"),
+    ("hostpath-provisioner-operator", "apps", "deployments", &["patch", "delete"], "pool mounter Deployments are named after pools and nodes, in the operator's namespace only"),
+    ("hostpath-provisioner-operator", "", "persistentvolumeclaims", &["delete"], "pool PVCs are named after pools and nodes, in the operator's namespace only"),
+    ("hostpath-provisioner-operator", "batch", "jobs", &["delete"], "cleanup Jobs are named after pools and nodes, in the operator's namespace only"),
+    // --- The CSI driver and its sidecars (rendered, and the standalone deploy/csi).
+    ("*csi*", "", "persistentvolumes", &["patch", "delete"], "PV names are generated per claim (pvc-<uid>)"),
+    ("*csi*", "", "persistentvolumeclaims", &["update"], "the external provisioner annotates any claim of the driver"),
+    ("*csi*", "", "events", &["update", "patch"], "Event names are generated per occurrence"),
+    ("*csi*", "events.k8s.io", "events", &["update", "patch"], "Event names are generated per occurrence"),
+    ("*csi*", "storage.k8s.io", "volumeattachments", &["patch"], "attachment names are hashes of PV and node"),
+    ("*csi*", "storage.k8s.io", "volumeattachments/status", &["patch"], "attachment names are hashes of PV and node"),
+    ("*csi*", "snapshot.storage.k8s.io", "volumesnapshotcontents", &["update", "patch", "delete"], "content names are generated per snapshot (snapcontent-<uid>)"),
+    ("*csi*", "snapshot.storage.k8s.io", "volumesnapshotcontents/status", &["update", "patch"], "content names are generated per snapshot"),
+    ("*csi*", "storage.k8s.io", "csistoragecapacities", &["update", "patch", "delete"], "capacity objects have generated names (csisc-*), namespaced"),
+    ("*csi*", "coordination.k8s.io", "leases", &["update", "patch", "delete"], "sidecar leader-election leases are named by the sidecar images, namespaced"),
+    // --- The legacy provisioner (rendered and deploy/legacy).
+    ("*", "", "persistentvolumes", &["delete"], "PV names are generated per claim (pvc-<uid>)"),
+    ("hostpath-provisioner", "", "persistentvolumeclaims", &["update"], "KubeVirt's legacy role; claims of any name"),
+    ("*", "", "events", &["update", "patch"], "Event names are generated per occurrence"),
+    ("*", "events.k8s.io", "events", &["update", "patch"], "Event names are generated per occurrence"),
+];
+
+fn role_matches(pattern: &str, role: &str) -> bool {
+    match pattern {
+        "*" => true,
+        "*csi*" => role.contains("csi"),
+        exact => exact == role,
+    }
+}
+
+fn allowed(role: &str, group: &str, resource: &str, verb: &str) -> bool {
+    verb == "create"
+        || ALLOWED.iter().any(|(r, g, res, verbs, reason)| {
+            assert!(!reason.is_empty());
+            role_matches(r, role) && *g == group && *res == resource && verbs.contains(&verb)
+        })
+}
+
+/// Every violation in one role: `role: verb group/resource`.
+fn violations(role: &str, rules: &[Value]) -> Vec<String> {
+    let mut out = Vec::new();
+    for rule in rules {
+        let named = rule["resourceNames"].as_array().is_some_and(|n| !n.is_empty());
+        if named {
+            continue;
+        }
+        let strs = |k: &str| -> Vec<String> {
+            rule[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        };
+        for verb in strs("verbs") {
+            if verb != "*" && !MUTATING.contains(&verb.as_str()) {
+                continue;
+            }
+            for group in strs("apiGroups") {
+                for resource in strs("resources") {
+                    if verb == "*" || !allowed(role, &group, &resource, &verb) {
+                        out.push(format!("{role}: {verb} {group}/{resource}"));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            yaml_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            out.push(path);
+        }
+    }
+}
+
+/// Every Role and ClusterRole in `deploy/**`.
+fn shipped_roles() -> Vec<(String, Vec<Value>)> {
+    let mut files = Vec::new();
+    yaml_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy"), &mut files);
+    let mut roles = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let Ok(docs): Result<Vec<Value>, _> = serde_saphyr::from_str_multiple(&text) else {
+            continue; // not Kubernetes YAML (kustomize patches parse; others are skipped)
+        };
+        for doc in docs {
+            if matches!(doc["kind"].as_str(), Some("Role" | "ClusterRole")) {
+                let name = doc["metadata"]["name"].as_str().unwrap().to_owned();
+                roles.push((name, doc["rules"].as_array().cloned().unwrap_or_default()));
+            }
+        }
+    }
+    roles
+}
+
+fn example(name: &str) -> HostPathProvisioner {
+    let path = format!("{}/../deploy/examples/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+    serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn cfg() -> OperatorConfig {
+    OperatorConfig::from_env([("OPERATOR_VERSION", "v1.0.0")])
+}
+
+/// Every Role and ClusterRole the operator renders, for every example CR.
+fn rendered_roles() -> Vec<(String, Vec<Value>)> {
+    let facts = ClusterFacts {
+        has_prometheus: true,
+        ..Default::default()
+    };
+    let mut roles = Vec::new();
+    for ex in [
+        "hostpathprovisioner_cr",
+        "hostpathprovisioner_legacy_cr",
+        "hostpathprovisioner_pvctemplate_cr",
+        "hostpathprovisioner_overlay_csi_cr",
+    ] {
+        let mut hpp = example(ex);
+        // Snapshotting adds the snapshotter's rules.
+        hpp.spec.feature_gates = Some(vec!["Snapshotting".into()]);
+        let objs = rbac::desired_rbac(&hpp, &cfg())
+            .unwrap()
+            .into_iter()
+            .chain(prometheus::desired_monitoring(&hpp, &cfg(), &facts).unwrap());
+        for d in objs {
+            let v = d.to_value().unwrap();
+            if matches!(v["kind"].as_str(), Some("Role" | "ClusterRole")) {
+                let name = v["metadata"]["name"].as_str().unwrap().to_owned();
+                roles.push((name, v["rules"].as_array().cloned().unwrap_or_default()));
+            }
+        }
+    }
+    roles
+}
+
+#[test]
+fn every_mutating_verb_is_restricted_by_name_or_allow_listed_with_a_reason() {
+    let shipped = shipped_roles();
+    let rendered = rendered_roles();
+    assert!(shipped.len() >= 6, "{shipped:?}");
+    assert!(rendered.iter().any(|(n, _)| n == "hostpath-provisioner-admin-csi"));
+    let bad: Vec<String> = shipped
+        .iter()
+        .chain(&rendered)
+        .flat_map(|(name, rules)| violations(name, rules))
+        .collect();
+    assert!(bad.is_empty(), "unrestricted mutating verbs:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn the_operator_cannot_touch_foreign_sccs_or_cluster_roles() {
+    let shipped = shipped_roles();
+    let (_, rules) = shipped
+        .iter()
+        .find(|(n, rules)| n == "hostpath-provisioner-operator" && rules.iter().any(|r| r["resources"][0] == "hostpathprovisioners"))
+        .unwrap();
+    for resource in ["securitycontextconstraints", "clusterroles", "clusterrolebindings", "csidrivers", "storageclasses"] {
+        for rule in rules.iter().filter(|r| r["resources"].as_array().unwrap().iter().any(|x| x == resource)) {
+            let mutating = rule["verbs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|v| matches!(v.as_str(), Some("update" | "patch" | "delete")));
+            if mutating {
+                let names = rule["resourceNames"].as_array().unwrap();
+                assert!(!names.iter().any(|n| n == "restricted"), "{rule}");
+                assert!(!names.is_empty(), "{rule}");
+            }
+        }
+    }
+}
+
+fn pod_spec(ds: &Value) -> &Value {
+    &ds["spec"]["template"]["spec"]
+}
+
+#[test]
+fn only_the_driver_and_registrar_are_privileged() {
+    let mut hpp = example("hostpathprovisioner_cr");
+    hpp.spec.feature_gates = Some(vec!["Snapshotting".into()]);
+    let ds = csi_daemonset::desired_csi_daemonset(&hpp, &cfg()).unwrap().to_value().unwrap();
+    let containers = pod_spec(&ds)["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 5);
+    for c in containers {
+        let privileged = c["securityContext"]["privileged"] == true;
+        let name = c["name"].as_str().unwrap();
+        match name {
+            "hostpath-provisioner" | "node-driver-registrar" => assert!(privileged, "{name}"),
+            _ => {
+                assert!(!privileged, "{name} is privileged");
+                assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false, "{name}");
+                assert_eq!(c["securityContext"]["capabilities"]["drop"][0], "ALL", "{name}");
+                assert_eq!(
+                    c["securityContext"]["seLinuxOptions"]["type"],
+                    csi_daemonset::SIDECAR_SELINUX_TYPE,
+                    "{name}"
+                );
+            }
+        }
+    }
+}
+
+fn host_paths(pod: &Value) -> Vec<String> {
+    pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["hostPath"]["path"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn mounter_and_cleanup_pods_mount_the_pool_parent_not_the_host_root() {
+    let hpp = example("hostpathprovisioner_pvctemplate_cr");
+    let pool = &hpp.spec.storage_pools.as_ref().unwrap()[0];
+    let dep = pool_objects::mounter_deployment(&hpp, pool, "n1", "claim", &cfg())
+        .unwrap()
+        .to_value()
+        .unwrap();
+    let pod = pod_spec(&dep);
+    assert_eq!(host_paths(pod), [pool.path.trim_end_matches('/')]);
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPropagation"] == "Bidirectional")
+        .unwrap();
+    // `--hostPath /host` + `--mountPath <path>/csi` still lands on the host's `<path>/csi`.
+    assert_eq!(mount["mountPath"], format!("/host{}", pool.path.trim_end_matches('/')));
+
+    let job = pool_objects::cleanup_job(&hpp, "cleanup", "x-hpp", "n1", "/var/hpvolumes/csi", &cfg())
+        .unwrap()
+        .to_value()
+        .unwrap();
+    assert_eq!(host_paths(pod_spec(&job)), ["/var/hpvolumes"]);
+    assert_eq!(pool_objects::host_parent("/var/hpvolumes/csi/"), "/var/hpvolumes");
+    assert_eq!(pool_objects::host_parent("/csi"), "/");
+}
+
+/// Whether `rules` grant `verb` on the object `name` of `group/resource`.
+fn grants(rules: &[Value], group: &str, resource: &str, verb: &str, name: &str) -> bool {
+    let has = |v: &Value, x: &str| v.as_array().is_some_and(|a| a.iter().any(|y| y == x));
+    rules.iter().any(|r| {
+        has(&r["apiGroups"], group)
+            && has(&r["resources"], resource)
+            && has(&r["verbs"], verb)
+            && r["resourceNames"]
+                .as_array()
+                .is_none_or(|n| n.is_empty() || n.iter().any(|y| y == name))
+    })
+}
+
+#[test]
+fn the_operator_may_change_and_delete_every_object_it_renders() {
+    use hpp_reconcile::Pipeline;
+    use hpp_reconcile::facts::NodeFact;
+    use hpp_reconcile::object::ApplyStrategy;
+    let operator: Vec<Value> = shipped_roles()
+        .into_iter()
+        .filter(|(n, _)| n == "hostpath-provisioner-operator")
+        .flat_map(|(_, rules)| rules)
+        .collect();
+    let mut node = NodeFact::ready("n1");
+    node.labels.insert("kubernetes.io/os".into(), "linux".into());
+    let facts = ClusterFacts {
+        nodes: vec![node],
+        has_scc: true,
+        has_prometheus: true,
+        ..Default::default()
+    };
+    let mut checked = 0;
+    for ex in [
+        "hostpathprovisioner_cr",
+        "hostpathprovisioner_legacy_cr",
+        "hostpathprovisioner_pvctemplate_cr",
+        "hostpathprovisioner_overlay_csi_cr",
+    ] {
+        let hpp = example(ex);
+        for (_, objs) in Pipeline::standard().desired(&hpp, &cfg(), &facts).unwrap() {
+            for d in objs {
+                let name = d.object.metadata.name.clone().unwrap();
+                let mut verbs = vec!["delete"];
+                if d.strategy == ApplyStrategy::ServerSideApply {
+                    verbs.push("patch");
+                }
+                for verb in verbs {
+                    assert!(
+                        grants(&operator, &d.kind.group, &d.kind.plural, verb, &name),
+                        "{verb} {}/{} {name} ({ex}) not granted",
+                        d.kind.group,
+                        d.kind.plural
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 30, "{checked}");
+}
