@@ -8,3 +8,15 @@ pub mod operator;
 pub mod provisioner;
 pub mod telemetry;
 pub mod webhook_cmd;
+
+/// The git revision `images/build.sh` builds from (`HPP_BUILD_REVISION` at compile time).
+pub const BUILD_REVISION: Option<&str> = option_env!("HPP_BUILD_REVISION");
+
+/// The build, as the executables print it: `0.1.0 (revision abc123)`, or just the version when
+/// built without `HPP_BUILD_REVISION`.
+pub fn build_version() -> String {
+    match BUILD_REVISION.filter(|r| !r.is_empty()) {
+        Some(rev) => format!("{} (revision {rev})", env!("CARGO_PKG_VERSION")),
+        None => env!("CARGO_PKG_VERSION").to_owned(),
+    }
+}

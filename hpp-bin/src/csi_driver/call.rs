@@ -1,7 +1,12 @@
 //! `hpp-csi-driver call`: a minimal CSI client, so a user can poke a running driver without
 //! installing csc or grpcurl.
+//!
+//! Output is a short table (or one line) per object by default and `-o json|yaml` for scripts,
+//! as kubectl does. An RPC error is one line: the gRPC code name and the driver's message.
 
 use std::collections::HashMap;
+
+use serde_json::{Value, json};
 
 use hpp_csi::csi::{
     self, controller_client::ControllerClient, identity_client::IdentityClient, node_client::NodeClient,
@@ -15,9 +20,57 @@ pub struct CallArgs {
     /// Driver endpoint (unix:///path, path, or tcp://host:port).
     #[arg(long)]
     pub endpoint: String,
+    /// Output format: a table (default), or json / yaml for scripts.
+    #[arg(short = 'o', long = "output", value_enum, global = true)]
+    pub output: Option<OutputFormat>,
     /// The RPC.
     #[command(subcommand)]
     pub op: Op,
+}
+
+/// Machine-readable output formats of `call`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// One JSON document.
+    Json,
+    /// One YAML document.
+    Yaml,
+}
+
+/// Why a call failed, printed on one line.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The endpoint flag does not parse.
+    #[error("invalid --endpoint: {0}")]
+    Endpoint(String),
+    /// The driver cannot be reached.
+    #[error("cannot connect to {endpoint}: {reason}")]
+    Connect {
+        /// The endpoint tried.
+        endpoint: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// The driver answered with an error status.
+    #[error("{code:?}: {message}")]
+    Rpc {
+        /// gRPC code, printed by name (`NotFound`).
+        code: tonic::Code,
+        /// The driver's message.
+        message: String,
+    },
+    /// The response could not be written as JSON or YAML.
+    #[error("cannot format the response: {0}")]
+    Format(String),
+}
+
+impl From<tonic::Status> for CallError {
+    fn from(s: tonic::Status) -> Self {
+        Self::Rpc {
+            code: s.code(),
+            message: s.message().to_owned(),
+        }
+    }
 }
 
 /// RPCs `call` can make.
@@ -109,28 +162,330 @@ fn pool_params(pool: Option<String>) -> HashMap<String, String> {
         .unwrap_or_default()
 }
 
-/// Runs one RPC and prints the response.
-pub async fn run(args: CallArgs) -> anyhow::Result<()> {
-    let endpoint: Endpoint = args.endpoint.parse()?;
-    let ch = client::connect(&endpoint).await?;
+/// What one call returned: the value scripts get and the table people read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    /// The response as JSON (camelCase field names, as in the CSI spec's JSON mapping).
+    pub value: Value,
+    /// Column headers; empty for a one-line reply.
+    pub headers: Vec<&'static str>,
+    /// Table rows, or the single line.
+    pub rows: Vec<Vec<String>>,
+}
+
+impl Reply {
+    fn line(value: Value, line: String) -> Self {
+        Self {
+            value,
+            headers: Vec::new(),
+            rows: vec![vec![line]],
+        }
+    }
+
+    fn table(value: Value, headers: Vec<&'static str>, rows: Vec<Vec<String>>) -> Self {
+        Self { value, headers, rows }
+    }
+
+    /// The reply in `format`, or as a table / line for people.
+    pub fn render(&self, format: Option<OutputFormat>) -> Result<String, CallError> {
+        let mut out = match format {
+            Some(OutputFormat::Json) => {
+                serde_json::to_string_pretty(&self.value).map_err(|e| CallError::Format(e.to_string()))?
+            }
+            Some(OutputFormat::Yaml) => {
+                serde_saphyr::to_string(&self.value).map_err(|e| CallError::Format(e.to_string()))?
+            }
+            None if self.headers.is_empty() => self.rows.iter().map(|r| r.join(" ")).collect::<Vec<_>>().join("\n"),
+            None => table(&self.headers, &self.rows),
+        };
+        if !out.ends_with('\n') {
+            out.push('\n');
+        }
+        Ok(out)
+    }
+}
+
+/// Left-aligned columns separated by three spaces, as kubectl prints them.
+fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut l = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(cell);
+            } else {
+                l.push_str(&format!("{cell:<w$}   "));
+            }
+        }
+        l.trim_end().to_owned()
+    };
+    let mut out = vec![line(headers.to_vec())];
+    out.extend(rows.iter().map(|r| line(r.iter().map(String::as_str).collect())));
+    out.join("\n")
+}
+
+/// Bytes in binary units, as `kubectl` shows quantities: `10Gi`, `1.5Mi`, `512`.
+pub fn human_bytes(bytes: i64) -> String {
+    const UNITS: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    let mut value = bytes as f64;
+    let mut unit = "";
+    for u in UNITS {
+        if value.abs() < 1024.0 {
+            break;
+        }
+        value /= 1024.0;
+        unit = u;
+    }
+    if unit.is_empty() {
+        bytes.to_string()
+    } else if (value - value.round()).abs() < 0.05 {
+        format!("{value:.0}{unit}")
+    } else {
+        format!("{value:.1}{unit}")
+    }
+}
+
+fn or_dash(s: impl Into<String>) -> String {
+    let s = s.into();
+    if s.is_empty() { "-".to_owned() } else { s }
+}
+
+fn topology_json(t: &[csi::Topology]) -> Value {
+    Value::Array(t.iter().map(|t| json!({ "segments": t.segments })).collect())
+}
+
+fn topology_text(t: &[csi::Topology]) -> String {
+    let mut values: Vec<String> = t.iter().flat_map(|t| t.segments.values().cloned()).collect();
+    values.sort();
+    values.dedup();
+    or_dash(values.join(","))
+}
+
+fn volume_json(v: &csi::Volume) -> Value {
+    let source = v.content_source.as_ref().and_then(|s| s.r#type.as_ref()).map(|t| match t {
+        volume_content_source::Type::Snapshot(s) => json!({ "snapshot": { "snapshotId": s.snapshot_id } }),
+        volume_content_source::Type::Volume(v) => json!({ "volume": { "volumeId": v.volume_id } }),
+    });
+    let mut out = json!({
+        "volumeId": v.volume_id,
+        "capacityBytes": v.capacity_bytes,
+        "volumeContext": v.volume_context,
+        "accessibleTopology": topology_json(&v.accessible_topology),
+    });
+    if let Some(source) = source {
+        out["contentSource"] = source;
+    }
+    out
+}
+
+fn volume_row(v: &csi::Volume) -> Vec<String> {
+    let pool = v
+        .volume_context
+        .get(hpp_api::constants::PARAM_STORAGE_POOL)
+        .cloned()
+        .unwrap_or_default();
+    vec![
+        v.volume_id.clone(),
+        human_bytes(v.capacity_bytes),
+        or_dash(pool),
+        topology_text(&v.accessible_topology),
+    ]
+}
+
+const VOLUME_HEADERS: [&str; 4] = ["VOLUME", "CAPACITY", "POOL", "NODE"];
+
+fn snapshot_json(s: &csi::Snapshot) -> Value {
+    json!({
+        "snapshotId": s.snapshot_id,
+        "sourceVolumeId": s.source_volume_id,
+        "sizeBytes": s.size_bytes,
+        "creationTime": s.creation_time.as_ref().map(|t| t.to_string()),
+        "readyToUse": s.ready_to_use,
+    })
+}
+
+fn snapshot_row(s: &csi::Snapshot) -> Vec<String> {
+    vec![
+        s.snapshot_id.clone(),
+        s.source_volume_id.clone(),
+        human_bytes(s.size_bytes),
+        s.ready_to_use.to_string(),
+        s.creation_time.as_ref().map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
+    ]
+}
+
+const SNAPSHOT_HEADERS: [&str; 5] = ["SNAPSHOT", "SOURCE", "SIZE", "READY", "CREATED"];
+
+/// The reply to GetPluginInfo.
+pub fn info_reply(r: &csi::GetPluginInfoResponse) -> Reply {
+    Reply::table(
+        json!({ "name": r.name, "vendorVersion": r.vendor_version, "manifest": r.manifest }),
+        vec!["NAME", "VERSION"],
+        vec![vec![r.name.clone(), r.vendor_version.clone()]],
+    )
+}
+
+/// The reply to Probe (`ready` is true when the driver leaves it unset, per the CSI spec).
+pub fn probe_reply(r: &csi::ProbeResponse) -> Reply {
+    let ready = r.ready.unwrap_or(true);
+    Reply::line(
+        json!({ "ready": ready }),
+        if ready { "ready".into() } else { "not ready".into() },
+    )
+}
+
+/// The reply to GetCapacity.
+pub fn capacity_reply(pool: &str, r: &csi::GetCapacityResponse) -> Reply {
+    Reply::table(
+        json!({
+            "availableCapacity": r.available_capacity,
+            "maximumVolumeSize": r.maximum_volume_size,
+            "minimumVolumeSize": r.minimum_volume_size,
+        }),
+        vec!["POOL", "AVAILABLE", "MAXIMUM VOLUME"],
+        vec![vec![
+            pool.to_owned(),
+            human_bytes(r.available_capacity),
+            r.maximum_volume_size.map(human_bytes).unwrap_or_else(|| "-".into()),
+        ]],
+    )
+}
+
+/// The reply to CreateVolume.
+pub fn volume_reply(v: Option<&csi::Volume>) -> Reply {
+    Reply::table(
+        v.map(volume_json).unwrap_or(Value::Null),
+        VOLUME_HEADERS.to_vec(),
+        v.map(volume_row).into_iter().collect(),
+    )
+}
+
+/// The reply to ListVolumes (every page).
+pub fn volumes_reply(entries: &[csi::list_volumes_response::Entry]) -> Reply {
+    let value = entries
+        .iter()
+        .map(|e| {
+            let mut v = e.volume.as_ref().map(volume_json).unwrap_or(Value::Null);
+            if let Some(status) = &e.status {
+                v["publishedNodeIds"] = json!(status.published_node_ids);
+                if let Some(c) = &status.volume_condition {
+                    v["volumeCondition"] = json!({ "abnormal": c.abnormal, "message": c.message });
+                }
+            }
+            v
+        })
+        .collect();
+    let mut headers = VOLUME_HEADERS.to_vec();
+    headers.push("CONDITION");
+    let rows = entries
+        .iter()
+        .filter_map(|e| {
+            let mut row = volume_row(e.volume.as_ref()?);
+            let condition = e.status.as_ref().and_then(|s| s.volume_condition.as_ref());
+            row.push(match condition {
+                Some(c) if c.abnormal => format!("abnormal: {}", c.message),
+                Some(_) => "ok".into(),
+                None => "-".into(),
+            });
+            Some(row)
+        })
+        .collect();
+    Reply::table(Value::Array(value), headers, rows)
+}
+
+/// The reply to CreateSnapshot.
+pub fn snapshot_reply(s: Option<&csi::Snapshot>) -> Reply {
+    Reply::table(
+        s.map(snapshot_json).unwrap_or(Value::Null),
+        SNAPSHOT_HEADERS.to_vec(),
+        s.map(snapshot_row).into_iter().collect(),
+    )
+}
+
+/// The reply to ListSnapshots (every page).
+pub fn snapshots_reply(snapshots: &[csi::Snapshot]) -> Reply {
+    Reply::table(
+        Value::Array(snapshots.iter().map(snapshot_json).collect()),
+        SNAPSHOT_HEADERS.to_vec(),
+        snapshots.iter().map(snapshot_row).collect(),
+    )
+}
+
+/// The reply to NodeGetVolumeStats.
+pub fn stats_reply(r: &csi::NodeGetVolumeStatsResponse) -> Reply {
+    use csi::volume_usage::Unit;
+    let unit = |u: i32| match Unit::try_from(u) {
+        Ok(Unit::Bytes) => "bytes",
+        Ok(Unit::Inodes) => "inodes",
+        _ => "unknown",
+    };
+    let amount = |u: i32, n: i64| if unit(u) == "bytes" { human_bytes(n) } else { n.to_string() };
+    let mut value = json!({
+        "usage": r.usage.iter().map(|u| json!({
+            "unit": unit(u.unit), "total": u.total, "used": u.used, "available": u.available,
+        })).collect::<Vec<_>>(),
+    });
+    if let Some(c) = &r.volume_condition {
+        value["volumeCondition"] = json!({ "abnormal": c.abnormal, "message": c.message });
+    }
+    let rows = r
+        .usage
+        .iter()
+        .map(|u| {
+            vec![
+                unit(u.unit).to_owned(),
+                amount(u.unit, u.total),
+                amount(u.unit, u.used),
+                amount(u.unit, u.available),
+            ]
+        })
+        .collect();
+    Reply::table(value, vec!["UNIT", "TOTAL", "USED", "AVAILABLE"], rows)
+}
+
+/// The reply to an RPC whose response is empty: what was done, to what.
+pub fn done_reply(action: &str, fields: &[(&str, &str)]) -> Reply {
+    let mut value = json!({ "action": action });
+    for (k, v) in fields {
+        value[*k] = json!(v);
+    }
+    let what: Vec<&str> = fields.iter().map(|(_, v)| *v).collect();
+    Reply::line(value, format!("{action} {}", what.join(" ")))
+}
+
+/// Runs one RPC and returns what to print.
+pub async fn run(args: CallArgs) -> Result<String, CallError> {
+    let endpoint: Endpoint = args
+        .endpoint
+        .parse()
+        .map_err(|e: <Endpoint as std::str::FromStr>::Err| CallError::Endpoint(e.to_string()))?;
+    let ch = client::connect(&endpoint).await.map_err(|e| CallError::Connect {
+        endpoint: args.endpoint.clone(),
+        reason: e.to_string(),
+    })?;
+    call(ch, args.op).await?.render(args.output)
+}
+
+/// Makes the RPC `op` over `ch`.
+pub async fn call(ch: tonic::transport::Channel, op: Op) -> Result<Reply, CallError> {
     let mut identity = IdentityClient::new(ch.clone());
     let mut controller = ControllerClient::new(ch.clone());
     let mut node = NodeClient::new(ch);
-    match args.op {
-        Op::Info => println!(
-            "{:#?}",
-            identity
-                .get_plugin_info(csi::GetPluginInfoRequest {})
-                .await?
-                .into_inner()
-        ),
-        Op::Probe => println!("{:#?}", identity.probe(csi::ProbeRequest {}).await?.into_inner()),
+    let reply = match op {
+        Op::Info => info_reply(&identity.get_plugin_info(csi::GetPluginInfoRequest {}).await?.into_inner()),
+        Op::Probe => probe_reply(&identity.probe(csi::ProbeRequest {}).await?.into_inner()),
         Op::Capacity { pool } => {
+            let shown = pool.clone().unwrap_or_else(|| hpp_api::constants::DEFAULT_POOL_NAME.to_owned());
             let req = csi::GetCapacityRequest {
                 parameters: pool_params(pool),
                 ..Default::default()
             };
-            println!("{:#?}", controller.get_capacity(req).await?.into_inner());
+            capacity_reply(&shown, &controller.get_capacity(req).await?.into_inner())
         }
         Op::CreateVolume {
             name,
@@ -154,7 +509,7 @@ pub async fn run(args: CallArgs) -> anyhow::Result<()> {
                 volume_content_source: source.map(|t| csi::VolumeContentSource { r#type: Some(t) }),
                 ..Default::default()
             };
-            println!("{:#?}", controller.create_volume(req).await?.into_inner());
+            volume_reply(controller.create_volume(req).await?.into_inner().volume.as_ref())
         }
         Op::DeleteVolume { id } => {
             controller
@@ -163,10 +518,11 @@ pub async fn run(args: CallArgs) -> anyhow::Result<()> {
                     ..Default::default()
                 })
                 .await?;
-            println!("deleted {id}");
+            done_reply("deleted", &[("volumeId", &id)])
         }
         Op::ListVolumes => {
             let mut token = String::new();
+            let mut entries = Vec::new();
             loop {
                 let r = controller
                     .list_volumes(csi::ListVolumesRequest {
@@ -175,14 +531,13 @@ pub async fn run(args: CallArgs) -> anyhow::Result<()> {
                     })
                     .await?
                     .into_inner();
-                for e in r.entries {
-                    println!("{:#?}", e);
-                }
+                entries.extend(r.entries);
                 if r.next_token.is_empty() {
                     break;
                 }
                 token = r.next_token;
             }
+            volumes_reply(&entries)
         }
         Op::Snapshot { source, name } => {
             let req = csi::CreateSnapshotRequest {
@@ -190,7 +545,7 @@ pub async fn run(args: CallArgs) -> anyhow::Result<()> {
                 name,
                 ..Default::default()
             };
-            println!("{:#?}", controller.create_snapshot(req).await?.into_inner());
+            snapshot_reply(controller.create_snapshot(req).await?.into_inner().snapshot.as_ref())
         }
         Op::DeleteSnapshot { id } => {
             controller
@@ -199,10 +554,11 @@ pub async fn run(args: CallArgs) -> anyhow::Result<()> {
                     ..Default::default()
                 })
                 .await?;
-            println!("deleted snapshot {id}");
+            done_reply("deleted snapshot", &[("snapshotId", &id)])
         }
         Op::ListSnapshots => {
             let mut token = String::new();
+            let mut snapshots = Vec::new();
             loop {
                 let r = controller
                     .list_snapshots(csi::ListSnapshotsRequest {
@@ -212,14 +568,13 @@ pub async fn run(args: CallArgs) -> anyhow::Result<()> {
                     })
                     .await?
                     .into_inner();
-                for e in r.entries {
-                    println!("{:#?}", e);
-                }
+                snapshots.extend(r.entries.into_iter().filter_map(|e| e.snapshot));
                 if r.next_token.is_empty() {
                     break;
                 }
                 token = r.next_token;
             }
+            snapshots_reply(&snapshots)
         }
         Op::Publish { id, target, readonly } => {
             let req = csi::NodePublishVolumeRequest {
@@ -230,7 +585,7 @@ pub async fn run(args: CallArgs) -> anyhow::Result<()> {
                 ..Default::default()
             };
             node.node_publish_volume(req).await?;
-            println!("published {id} at {target}");
+            done_reply("published", &[("volumeId", &id), ("targetPath", &target)])
         }
         Op::Unpublish { id, target } => {
             node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
@@ -238,7 +593,7 @@ pub async fn run(args: CallArgs) -> anyhow::Result<()> {
                 target_path: target.clone(),
             })
             .await?;
-            println!("unpublished {id} from {target}");
+            done_reply("unpublished", &[("volumeId", &id), ("targetPath", &target)])
         }
         Op::Stats { id, path } => {
             let req = csi::NodeGetVolumeStatsRequest {
@@ -246,8 +601,8 @@ pub async fn run(args: CallArgs) -> anyhow::Result<()> {
                 volume_path: path,
                 staging_target_path: String::new(),
             };
-            println!("{:#?}", node.node_get_volume_stats(req).await?.into_inner());
+            stats_reply(&node.node_get_volume_stats(req).await?.into_inner())
         }
-    }
-    Ok(())
+    };
+    Ok(reply)
 }

@@ -112,19 +112,36 @@ pub fn scheme(args: &ServeArgs) -> Scheme {
     }
 }
 
+/// The flag the metrics TLS policy comes from, named in logs.
+pub const METRICS_TLS_FLAG: &str = "--metrics-tls-version";
+
 /// The policy for `--metrics-tls-version`. As in KubeVirt, a value it does not know is logged and
-/// TLS 1.3 is used, so a DaemonSet that worked there still starts.
+/// TLS 1.3 is used, so a DaemonSet that worked there still starts. The policy's source is the
+/// flag: the driver reads no TLS environment variable, so its logs must not claim one.
 pub fn metrics_tls_policy(flag: &str) -> tls::Resolved {
-    match tls::resolve_overrides(Some(flag), None) {
-        Ok(Some(resolved)) => resolved,
-        Ok(None) | Err(_) => {
-            tracing::warn!(value = flag, "unknown --metrics-tls-version, using VersionTLS13");
-            tls::Resolved {
-                policy: tls::TlsPolicy::modern(tls::PolicySource::Override),
-                warnings: Vec::new(),
-            }
+    let source = tls::PolicySource::Flag(METRICS_TLS_FLAG.to_owned());
+    let mut warnings = Vec::new();
+    let policy = match tls::policy::parse_min_version(flag, &mut warnings) {
+        Ok(tls::TlsVersion::Tls12) => tls::TlsPolicy::intermediate(source),
+        Ok(tls::TlsVersion::Tls13) => tls::TlsPolicy::modern(source),
+        Err(_) => {
+            tracing::warn!(value = flag, "unknown {METRICS_TLS_FLAG}, using VersionTLS13");
+            tls::TlsPolicy::modern(source)
         }
+    };
+    tls::Resolved { policy, warnings }
+}
+
+/// A fixed policy for the metrics listener, logged once with where it came from.
+fn fixed_policy(resolved: tls::Resolved) -> tls::PolicyWatch {
+    for w in &resolved.warnings {
+        tracing::warn!(warning = %w, "{METRICS_TLS_FLAG}");
     }
+    tracing::info!(policy = %resolved.policy, "metrics TLS policy");
+    let (tx, rx) = tokio::sync::watch::channel(resolved.policy);
+    // Keep the sender until every receiver is gone, so receivers wait instead of failing.
+    tokio::spawn(async move { tx.closed().await });
+    rx
 }
 
 /// Binds `addr` and serves in the background; returns the base URL.
@@ -139,7 +156,7 @@ pub async fn start(
     // Checked before binding: a bad TLS flag or certificate fails start-up, not the first scrape.
     let tls = match scheme(args) {
         Scheme::Https => Some(Arc::new(MetricsTls::new(
-            tls::start_policy(Some(metrics_tls_policy(&args.metrics_tls_version)), None),
+            fixed_policy(metrics_tls_policy(&args.metrics_tls_version)),
             args.metrics_cert_file.clone(),
             args.metrics_key_file.clone(),
             &SelfSignedNames::from_env(),

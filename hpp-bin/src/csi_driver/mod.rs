@@ -3,6 +3,9 @@
 //! Flags are KubeVirt's (`--endpoint`, `--drivername`, `--nodeid`, `--version`, `--datadir`,
 //! `--metrics-*`), so the DaemonSet args carry over. `--datadir-root DIR` is the zero-config
 //! mode: one pool and the socket under `DIR`, node id from the host name.
+//!
+//! KubeVirt's `--version=V` sets the vendor version GetPluginInfo reports; a bare `--version`,
+//! `-V` and the `version` subcommand print the build instead.
 
 mod call;
 mod http;
@@ -39,6 +42,9 @@ pub struct Args {
     /// Talk to a running driver instead of serving.
     #[command(subcommand)]
     pub command: Option<Command>,
+    /// Print the build (version and git revision) and exit.
+    #[arg(short = 'V', action = clap::ArgAction::SetTrue)]
+    pub print_version: bool,
     /// Serving flags.
     #[command(flatten)]
     pub serve: ServeArgs,
@@ -49,6 +55,8 @@ pub struct Args {
 pub enum Command {
     /// Call a running driver: `call --endpoint unix:///tmp/hpp-demo/csi.sock info`.
     Call(CallArgs),
+    /// Print the build (version and git revision).
+    Version,
 }
 
 /// Flags of the serving mode.
@@ -68,8 +76,9 @@ pub struct ServeArgs {
     /// Node id (the Kubernetes node name) [default with --datadir-root: the host name].
     #[arg(long, env = "NODE_NAME")]
     pub nodeid: Option<String>,
-    /// Vendor version reported by GetPluginInfo [default: the hpp version].
-    #[arg(long = "version", value_name = "VERSION")]
+    /// Vendor version reported by GetPluginInfo [default: the hpp version]. Without a value,
+    /// print the build and exit (as -V).
+    #[arg(long = "version", value_name = "VERSION", num_args = 0..=1, default_missing_value = "")]
     pub vendor_version: Option<String>,
     /// Storage pools as a JSON list: name, path, snapshotPath, snapshotProvider, shared,
     /// requireMountPoint [default: KubeVirt's, or one pool under --datadir-root].
@@ -166,10 +175,51 @@ fn hostname() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+impl Args {
+    /// Whether the command line asks for the build (`-V`, `version`, or `--version` without a
+    /// value) rather than to serve.
+    pub fn wants_version(&self) -> bool {
+        self.print_version
+            || matches!(self.command, Some(Command::Version))
+            || self.serve.vendor_version.as_deref() == Some("")
+    }
+}
+
+/// What `--version`, `-V` and `version` print: `hpp-csi-driver 0.1.0 (revision abc123)`.
+pub fn version_line() -> String {
+    format!("hpp-csi-driver {}", crate::build_version())
+}
+
+/// How to run this binary again, for the start-up hint: its own path, as the user or pod has it.
+fn own_command() -> String {
+    std::env::current_exe()
+        .ok()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "hpp-csi-driver".to_owned())
+}
+
+/// The start-up hint: how to talk to this driver, with this binary.
+pub fn startup_hint(exe: &str, endpoint: &Endpoint, metrics_url: &str) -> String {
+    format!(
+        "hpp-csi-driver serving CSI on {endpoint}; talk to it with: \
+         {exe} call --endpoint {endpoint} info \
+         (or probe, capacity, create-volume NAME, list-volumes, snapshot SRC NAME, publish ID DIR); \
+         metrics at {metrics_url}/metrics, health at {metrics_url}/healthz"
+    )
+}
+
 /// Entry point of the executable.
 pub async fn main(args: Args) -> anyhow::Result<()> {
+    if args.wants_version() {
+        println!("{}", version_line());
+        return Ok(());
+    }
     match args.command {
-        Some(Command::Call(call)) => call::run(call).await,
+        Some(Command::Call(call)) => {
+            let out = call::run(call).await?;
+            crate::operator::print_stdout(&out)
+        }
+        Some(Command::Version) => Ok(()),
         None => {
             let _telemetry = crate::telemetry::init("hpp-csi-driver", args.serve.log_format)?;
             serve(args.serve, crate::admin::shutdown_signal()).await
@@ -225,6 +275,7 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<Running> {
         .vendor_version(
             args.vendor_version
                 .clone()
+                .filter(|v| !v.is_empty())
                 .unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_owned()),
         )
         .node_id(&cfg.node_id)
@@ -272,10 +323,8 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<Running> {
         node_id = %cfg.node_id,
         driver = %args.drivername,
         metrics = %metrics_url,
-        "hpp-csi-driver serving CSI on {endpoint}; talk to it with: \
-         cargo run -p hpp-bin --bin hpp-csi-driver -- call --endpoint {endpoint} info \
-         (or probe, capacity, create-volume NAME, list-volumes, snapshot SRC NAME, publish ID DIR); \
-         metrics at {metrics_url}/metrics, health at {metrics_url}/healthz"
+        "{}",
+        startup_hint(&own_command(), &endpoint, &metrics_url)
     );
     let serving = tokio::spawn(bound.serve(wait_stop(stop_rx)));
     Ok(Running {

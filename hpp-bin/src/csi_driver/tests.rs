@@ -51,6 +51,92 @@ fn cluster_mode_requires_a_node_id_and_valid_pools() {
     );
 }
 
+/// `call ARGS` against `endpoint`, as the command line would run it.
+async fn call_cli(endpoint: &Endpoint, args: &[&str]) -> Result<String, call::CallError> {
+    let endpoint = endpoint.to_string();
+    let mut argv = vec!["call", "--endpoint", endpoint.as_str()];
+    argv.extend_from_slice(args);
+    let Some(Command::Call(call)) = parse(&argv).command else {
+        panic!("call expected")
+    };
+    call::run(call).await
+}
+
+#[tokio::test]
+async fn call_prints_tables_by_default_json_or_yaml_on_request_and_errors_on_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_string_lossy().into_owned();
+    let running = start(parse(&["--datadir-root", &root, "--nodeid", "test-node"]).serve)
+        .await
+        .unwrap();
+    let ep = running.endpoint().clone();
+
+    let created = call_cli(&ep, &["create-volume", "demo"]).await.unwrap();
+    let lines: Vec<&str> = created.lines().collect();
+    assert_eq!(lines.len(), 2, "{created}");
+    assert!(lines[0].starts_with("VOLUME") && lines[0].contains("CAPACITY"), "{created}");
+    assert!(lines[1].starts_with("demo "), "{created}");
+    assert!(lines[1].contains("test-node"), "{created}");
+    assert!(!created.contains("Volume {"), "no Rust debug structs: {created}");
+
+    let json: serde_json::Value =
+        serde_json::from_str(&call_cli(&ep, &["-o", "json", "list-volumes"]).await.unwrap()).unwrap();
+    assert_eq!(json[0]["volumeId"], "demo");
+    // `-o` also after the RPC, as kubectl takes it anywhere.
+    let yaml = call_cli(&ep, &["probe", "-o", "yaml"]).await.unwrap();
+    let probe: serde_json::Value = serde_saphyr::from_str(&yaml).unwrap();
+    assert_eq!(probe["ready"], true, "{yaml}");
+    assert_eq!(call_cli(&ep, &["probe"]).await.unwrap(), "ready\n");
+
+    let target = dir.path().join("target");
+    let published = call_cli(&ep, &["publish", "demo", target.to_str().unwrap()]).await.unwrap();
+    assert_eq!(published, format!("published demo {}\n", target.display()));
+    call_cli(&ep, &["unpublish", "demo", target.to_str().unwrap()]).await.unwrap();
+
+    let err = call_cli(&ep, &["publish", "missing", target.to_str().unwrap()])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("NotFound: "), "{err}");
+    assert!(err.contains("missing") && !err.contains('\n') && !err.contains("metadata"), "{err}");
+    drop(running);
+}
+
+#[test]
+fn human_sizes_are_binary_units() {
+    assert_eq!(call::human_bytes(512), "512");
+    assert_eq!(call::human_bytes(10 << 30), "10Gi");
+    assert_eq!(call::human_bytes(3 << 19), "1.5Mi");
+}
+
+#[test]
+fn version_is_printed_by_bare_flag_short_flag_and_subcommand_but_a_value_is_kubevirts() {
+    assert!(parse(&["--version"]).wants_version());
+    assert!(parse(&["-V"]).wants_version());
+    assert!(parse(&["version"]).wants_version());
+    let kubevirt = parse(&["--version=latest", "--nodeid=n"]);
+    assert!(!kubevirt.wants_version());
+    assert_eq!(kubevirt.serve.vendor_version.as_deref(), Some("latest"));
+    let spaced = parse(&["--version", "v0.26.0", "--nodeid=n"]);
+    assert_eq!(spaced.serve.vendor_version.as_deref(), Some("v0.26.0"));
+    assert!(version_line().starts_with(concat!("hpp-csi-driver ", env!("CARGO_PKG_VERSION"))));
+}
+
+#[test]
+fn startup_hint_names_this_binary_not_cargo() {
+    let hint = startup_hint("/usr/bin/hpp-csi-driver", &Endpoint::Unix("/csi/csi.sock".into()), "https://[::]:8443");
+    assert!(hint.contains("/usr/bin/hpp-csi-driver call --endpoint unix:///csi/csi.sock info"), "{hint}");
+    assert!(!hint.contains("cargo"), "{hint}");
+    assert!(own_command().ends_with(std::env::current_exe().unwrap().file_name().unwrap().to_str().unwrap()));
+}
+
+#[test]
+fn metrics_tls_policy_names_the_flag_not_the_environment() {
+    let policy = http::metrics_tls_policy("VersionTLS12").policy.to_string();
+    assert!(policy.contains("--metrics-tls-version"), "{policy}");
+    assert!(!policy.contains("environment"), "{policy}");
+}
+
 #[test]
 fn call_subcommand_parses() {
     let a = parse(&["call", "--endpoint", "unix:///tmp/x.sock", "create-volume", "demo"]);
@@ -99,6 +185,7 @@ async fn serves_csi_metrics_and_health_and_cleans_up() {
     // Talk CSI over the socket, like the `call` subcommand does.
     call::run(CallArgs {
         endpoint: endpoint.to_string(),
+        output: None,
         op: call::Op::CreateVolume {
             name: "demo".into(),
             pool: None,

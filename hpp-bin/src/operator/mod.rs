@@ -30,7 +30,7 @@ pub struct Args {
 pub enum Command {
     /// Run the operator: leader election, the controller, health and metrics endpoints.
     Run(run::RunArgs),
-    /// Print, offline, every object the operator would own for a CR, as a YAML stream.
+    /// Print, offline, every object the operator would own for a CR, in apply order (YAML or JSON).
     Render(render::RenderArgs),
     /// Print the HostPathProvisioner CustomResourceDefinition (both versions, v1beta1 stored).
     Crd,
@@ -66,7 +66,7 @@ pub async fn main(args: Args) -> anyhow::Result<()> {
     match args.command {
         None => run::run(args.run).await,
         Some(Command::Run(a)) => run::run(a).await,
-        Some(Command::Render(a)) => print_stdout(&render::render(&a)?),
+        Some(Command::Render(a)) => render::main(&a),
         Some(Command::Crd) => print_stdout(&hpp_api::crd::crd_yaml()?),
         Some(Command::Webhook(w)) => {
             let _telemetry = crate::telemetry::init("hpp-operator-webhook", w.log_format)?;

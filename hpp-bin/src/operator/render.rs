@@ -1,10 +1,17 @@
-//! `hpp-operator render -f CR.yaml`: the operator's desired objects for a CR, offline.
+//! `hpp-operator render -f CR.yaml`: the operator's desired objects for a CR, offline, in the
+//! order the operator applies them; one YAML (or JSON) document per object.
+//!
+//! The CR is checked with the admission webhook's rules first, so a CR the cluster would reject
+//! does not render. What the output leaves out (per-node objects of pvcTemplate pools without
+//! `--node`) and placeholder images (unset `*_IMAGE` variables) are reported as notes on stderr.
 
 use std::path::PathBuf;
 
 use anyhow::Context as _;
 use hpp_api::HostPathProvisioner;
+use hpp_api::validation::ValidateCreate;
 use hpp_reconcile::{OperatorConfig, Pipeline};
+use serde_json::Value;
 
 /// Arguments of `render`.
 #[derive(clap::Args, Debug, Clone)]
@@ -24,6 +31,49 @@ pub struct RenderArgs {
     /// Operator namespace (otherwise POD_NAMESPACE or hostpath-provisioner).
     #[arg(long, short = 'n')]
     pub namespace: Option<String>,
+    /// Output format: a YAML stream or a stream of JSON documents, one per object.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = RenderFormat::Yaml)]
+    pub output: RenderFormat,
+}
+
+/// Output formats of `render`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RenderFormat {
+    /// `---`-separated YAML documents.
+    Yaml,
+    /// Pretty-printed JSON documents, one after the other (`jq` reads them as a stream).
+    Json,
+}
+
+/// The images the operator takes from its environment and uses for its own pods; unset, the
+/// objects name placeholders no registry serves.
+const HPP_IMAGE_VARS: [&str; 3] = ["OPERATOR_IMAGE", "CSI_PROVISIONER_IMAGE", "PROVISIONER_IMAGE"];
+
+/// What `render` produces: the objects in apply order, and notes on what they leave out.
+#[derive(Debug, Clone)]
+pub struct Rendered {
+    /// The objects, in the order the operator applies them.
+    pub objects: Vec<Value>,
+    /// What a reader must know about the output (left-out objects, placeholder images).
+    pub notes: Vec<String>,
+}
+
+impl Rendered {
+    /// The objects as one document each, in `format`.
+    pub fn to_text(&self, format: RenderFormat) -> anyhow::Result<String> {
+        let mut out = String::new();
+        for obj in &self.objects {
+            let doc = match format {
+                RenderFormat::Yaml => format!("---\n{}", serde_saphyr::to_string(obj)?),
+                RenderFormat::Json => serde_json::to_string_pretty(obj)?,
+            };
+            out.push_str(&doc);
+            if !doc.ends_with('\n') {
+                out.push('\n');
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Reads a CR from YAML text.
@@ -31,25 +81,80 @@ pub fn parse_cr(text: &str) -> anyhow::Result<HostPathProvisioner> {
     serde_saphyr::from_str(text).context("parsing the HostPathProvisioner")
 }
 
-/// The YAML stream for `args`, with images and versions from the process environment.
-pub fn render(args: &RenderArgs) -> anyhow::Result<String> {
+/// The objects for `args`, with images and versions from `env` (the process environment in
+/// `main`). Fails, naming every bad field, on a CR the admission webhook would reject.
+pub fn render_with_env(
+    args: &RenderArgs,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> anyhow::Result<Rendered> {
     let text = if args.file.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin())?
     } else {
         std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?
     };
     let hpp = parse_cr(&text)?;
-    let mut cfg = OperatorConfig::from_env(std::env::vars());
+    hpp.validate_create()
+        .map_err(|e| anyhow::anyhow!("the admission webhook would reject this HostPathProvisioner: {e}"))?;
+    let env: Vec<(String, String)> = env.into_iter().collect();
+    let mut cfg = OperatorConfig::from_env(env.iter().cloned());
     if let Some(ns) = &args.namespace {
         cfg.namespace.clone_from(ns);
     }
     let facts = hpp_reconcile::render::offline_facts(&hpp, &args.nodes, args.openshift, args.prometheus);
-    Ok(hpp_reconcile::render::render_yaml(
-        &Pipeline::standard(),
-        &hpp,
-        &cfg,
-        &facts,
-    )?)
+    let objects = hpp_reconcile::render::render_objects(&Pipeline::standard(), &hpp, &cfg, &facts)?
+        .iter()
+        .map(|o| o.to_value())
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Rendered {
+        objects,
+        notes: notes(&hpp, args, &env),
+    })
+}
+
+/// The objects for `args`, with images and versions from the process environment.
+pub fn render(args: &RenderArgs) -> anyhow::Result<Rendered> {
+    render_with_env(args, std::env::vars())
+}
+
+/// What the output leaves out or fills in with placeholders.
+fn notes(hpp: &HostPathProvisioner, args: &RenderArgs, env: &[(String, String)]) -> Vec<String> {
+    let mut notes = Vec::new();
+    if args.nodes.is_empty() {
+        let pools: Vec<&str> = hpp
+            .spec
+            .storage_pools
+            .iter()
+            .flatten()
+            .filter(|p| p.pvc_template.is_some())
+            .map(|p| p.name.as_str())
+            .collect();
+        if !pools.is_empty() {
+            notes.push(format!(
+                "pvcTemplate pool(s) {} get a claim and a mounter Deployment per node; they are left out: pass --node NAME (repeatable) to render them",
+                pools.join(", ")
+            ));
+        }
+    }
+    let unset: Vec<&str> = HPP_IMAGE_VARS
+        .into_iter()
+        .filter(|var| !env.iter().any(|(k, v)| k == var && !v.is_empty()))
+        .collect();
+    if !unset.is_empty() {
+        notes.push(format!(
+            "{} not set: the objects name placeholder images; set them as deploy/operator/deployment.yaml does",
+            unset.join(", ")
+        ));
+    }
+    notes
+}
+
+/// Runs `render`: the documents on stdout, the notes on stderr.
+pub fn main(args: &RenderArgs) -> anyhow::Result<()> {
+    let rendered = render(args)?;
+    for note in &rendered.notes {
+        eprintln!("note: {note}");
+    }
+    super::print_stdout(&rendered.to_text(args.output)?)
 }
 
 #[cfg(test)]
@@ -66,7 +171,7 @@ mod tests {
         let Some(crate::operator::Command::Render(r)) = args.command else {
             panic!("render expected")
         };
-        let yaml = render(&r).unwrap();
+        let yaml = render(&r).unwrap().to_text(RenderFormat::Yaml).unwrap();
         let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&yaml).unwrap();
         assert!(
             docs.iter()

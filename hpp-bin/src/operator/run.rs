@@ -268,8 +268,7 @@ mod tests {
         let Some(crate::operator::Command::Render(r)) = args.command else {
             panic!("render expected")
         };
-        let rendered: Vec<Value> =
-            serde_saphyr::from_str_multiple(&crate::operator::render::render(&r).unwrap()).unwrap();
+        let rendered: Vec<Value> = crate::operator::render::render(&r).unwrap().objects;
         let operator: Value = serde_saphyr::from_str(
             &std::fs::read_to_string(format!("{repo}/deploy/operator/deployment.yaml")).unwrap(),
         )

@@ -51,6 +51,8 @@ pub enum PolicySource {
     Default,
     /// `TLS_MIN_VERSION_OVERRIDE` / `TLS_CIPHERS_OVERRIDE`.
     Override,
+    /// A command-line flag of this name (e.g. the CSI driver's `--metrics-tls-version`).
+    Flag(String),
     /// The OpenShift APIServer `tlsSecurityProfile` of this type (Old, Intermediate, Modern, Custom).
     OpenShift(String),
 }
@@ -60,6 +62,7 @@ impl fmt::Display for PolicySource {
         match self {
             Self::Default => f.write_str("default (Intermediate)"),
             Self::Override => f.write_str("environment override"),
+            Self::Flag(name) => write!(f, "flag {name}"),
             Self::OpenShift(t) => write!(f, "OpenShift APIServer tlsSecurityProfile {t}"),
         }
     }

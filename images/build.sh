@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Builds the two stock images from a clean checkout: release binaries on the host, then
+# `hpp-operator` and `hpp-csi-driver` from images/Containerfile.* with a context that holds only
+# those binaries. Prints which base images it used, each image's size and the build time.
+#
+#   images/build.sh [--base auto|public|debian] [--registry REG] [--tag TAG] [--push] [--skip-cargo]
+#
+# --base public   the Containerfiles' defaults (gcr.io/distroless/cc-debian12, debian:bookworm-slim)
+# --base debian   bases made here from the Debian package archive with mmdebstrap (no container
+#                 registry needed): localhost/hpp-base/runtime (libc6, libgcc-s1: what distroless/cc
+#                 holds) and localhost/hpp-base/tools (minbase with xfsprogs, util-linux, mount)
+# --base auto     public when its images can be pulled, else debian (the default)
+# --registry REG  image names are REG/hpp-operator and REG/hpp-csi-driver [ghcr.io/hpp-project]
+# --tag TAG       [latest, as deploy/ refers to them]; the version tag vX.Y.Z is added too
+# --push          push both tags of both images to REG (log in first: podman login REG)
+# --skip-cargo    use the binaries already in target/release
+#
+# Environment: PODMAN (default: podman --runtime runc --cgroup-manager cgroupfs, which works on
+# hosts where crun refuses hybrid cgroups), HPP_IMAGE_REGISTRY, HPP_IMAGE_TAG.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+base=auto
+registry=${HPP_IMAGE_REGISTRY:-ghcr.io/hpp-project}
+tag=${HPP_IMAGE_TAG:-latest}
+push=false
+cargo_build=true
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --base) base=$2; shift 2 ;;
+        --base=*) base=${1#*=}; shift ;;
+        --registry) registry=$2; shift 2 ;;
+        --registry=*) registry=${1#*=}; shift ;;
+        --tag) tag=$2; shift 2 ;;
+        --tag=*) tag=${1#*=}; shift ;;
+        --push) push=true; shift ;;
+        --skip-cargo) cargo_build=false; shift ;;
+        -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "images/build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+case "$base" in auto | public | debian) ;; *) echo "images/build.sh: --base must be auto, public or debian" >&2; exit 2 ;; esac
+
+read -r -a podman <<<"${PODMAN:-podman --runtime runc --cgroup-manager cgroupfs}"
+command -v "${podman[0]}" >/dev/null || { echo "images/build.sh: ${podman[0]} is not installed (apt-get install podman runc)" >&2; exit 1; }
+# Explicit limits: runc refuses to raise them above what this process may have.
+nofile=$(ulimit -Hn); [ "$nofile" = unlimited ] && nofile=1048576
+ulimits=(--ulimit "nofile=$nofile:$nofile" --ulimit "nproc=4096:4096")
+
+started=$(date +%s)
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)
+revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+source_url=$(sed -n 's/^repository = "\(.*\)"$/\1/p' Cargo.toml | head -n1)
+
+if $cargo_build; then
+    echo "== release binaries (cargo build --release -p hpp-bin)"
+    HPP_BUILD_REVISION=$revision cargo build --release --locked -p hpp-bin \
+        --bin hpp-operator --bin hpp-mounter --bin hpp-csi-driver --bin hpp-provisioner
+fi
+
+ctx=target/images
+rm -rf "$ctx/operator" "$ctx/csi-driver"
+mkdir -p "$ctx/operator/bin" "$ctx/csi-driver/bin"
+cp target/release/hpp-operator target/release/hpp-mounter "$ctx/operator/bin/"
+cp target/release/hpp-csi-driver target/release/hpp-provisioner "$ctx/csi-driver/bin/"
+
+# Default bases: the ARG defaults of the Containerfiles.
+arg_default() { sed -n "s/^ARG $1=//p" "images/Containerfile.$2" | head -n1; }
+public_runtime=$(arg_default RUNTIME_BASE operator)
+public_tools=$(arg_default TOOLS_BASE operator)
+local_runtime=localhost/hpp-base/runtime:bookworm
+local_tools=localhost/hpp-base/tools:bookworm
+
+pull_public() {
+    timeout 60 "${podman[@]}" pull -q "$public_runtime" >/dev/null 2>&1 &&
+        timeout 60 "${podman[@]}" pull -q "$public_tools" >/dev/null 2>&1
+}
+
+# A base from the Debian archive: mmdebstrap into a tarball, podman import. Kept between runs.
+debian_base() {
+    local name=$1 variant=$2 include=$3
+    if "${podman[@]}" image exists "$name"; then
+        echo "   $name exists (podman rmi $name to rebuild it)"
+        return
+    fi
+    command -v mmdebstrap >/dev/null || { echo "images/build.sh: mmdebstrap is not installed (apt-get install mmdebstrap)" >&2; exit 1; }
+    local tar="$ctx/$(basename "${name%%:*}").tar"
+    mmdebstrap --quiet --variant="$variant" --include="$include" \
+        --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/info/*' \
+        bookworm "$tar"
+    "${podman[@]}" import -q "$tar" "$name" >/dev/null
+    rm -f "$tar"
+    echo "   made $name with mmdebstrap --variant=$variant --include=$include"
+}
+
+if [ "$base" = auto ]; then
+    echo "== checking whether the public base images can be pulled"
+    if pull_public; then base=public; else base=debian; echo "   they cannot: using Debian bases made with mmdebstrap"; fi
+elif [ "$base" = public ]; then
+    pull_public || { echo "images/build.sh: cannot pull $public_runtime / $public_tools (try --base debian)" >&2; exit 1; }
+fi
+if [ "$base" = debian ]; then
+    echo "== Debian base images (mmdebstrap)"
+    debian_base "$local_runtime" extract libc6,libgcc-s1,base-files
+    debian_base "$local_tools" minbase xfsprogs,util-linux,mount
+    runtime_base=$local_runtime tools_base=$local_tools
+else
+    runtime_base=$public_runtime tools_base=$public_tools
+fi
+echo "== base images ($base): runtime $runtime_base, tools $tools_base"
+
+images=()
+for name in operator csi-driver; do
+    image="$registry/hpp-$name"
+    echo "== $image:$tag"
+    "${podman[@]}" build -q --network host "${ulimits[@]}" \
+        --build-arg "RUNTIME_BASE=$runtime_base" --build-arg "TOOLS_BASE=$tools_base" \
+        --build-arg "VERSION=$version" --build-arg "REVISION=$revision" --build-arg "SOURCE=$source_url" \
+        -f "images/Containerfile.$name" -t "$image:$tag" -t "$image:v$version" "$ctx/$name" >/dev/null
+    images+=("$image")
+done
+
+echo "== images"
+for image in "${images[@]}"; do
+    size=$("${podman[@]}" image inspect --format '{{.Size}}' "$image:$tag")
+    awk -v i="$image:$tag" -v s="$size" 'BEGIN { printf "   %-45s %6.1f MB\n", i, s / 1e6 }'
+done
+if $push; then
+    for image in "${images[@]}"; do
+        "${podman[@]}" push "$image:$tag"
+        "${podman[@]}" push "$image:v$version"
+    done
+fi
+echo "== done in $(($(date +%s) - started)) s (bases: $base)"
