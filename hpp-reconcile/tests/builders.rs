@@ -314,7 +314,7 @@ fn rbac_and_service_accounts() {
     assert!(
         with_snap
             .iter()
-            .any(|r| r["resources"][0] == "volumesnapshotcontents/status")
+            .any(|r| r.resources.as_ref().unwrap()[0] == "volumesnapshotcontents/status")
     );
 }
 

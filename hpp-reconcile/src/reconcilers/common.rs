@@ -7,8 +7,9 @@ use hpp_api::constants as c;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
-    Affinity, HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-    PersistentVolumeClaim, ResourceRequirements, Service, ServiceAccount, Volume,
+    Affinity, EnvVar, EnvVarSource, HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, ObjectFieldSelector, PersistentVolumeClaim, PodSpec, ResourceRequirements, Service,
+    ServiceAccount, Volume,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
@@ -97,7 +98,7 @@ pub fn owner_refs(hpp: &HostPathProvisioner) -> Value {
     }
 }
 
-/// Object metadata with the common labels plus `extra`.
+/// Object metadata as JSON with the common labels plus `extra`, for kinds without types.
 pub fn meta(
     name: &str,
     namespace: Option<&str>,
@@ -131,14 +132,9 @@ pub fn labels_value(cfg: &OperatorConfig, extra: &[(&str, &str)]) -> BTreeMap<St
     labels
 }
 
-/// Builds a server-side-applied object.
+/// Builds a server-side-applied object of a kind without k8s-openapi types (SCC, Prometheus).
 pub fn ssa(kind: Kind, value: Value) -> Result<DesiredObject> {
     DesiredObject::from_value(kind, value, ApplyStrategy::ServerSideApply)
-}
-
-/// Builds a create-only object.
-pub fn create_only(kind: Kind, value: Value) -> Result<DesiredObject> {
-    DesiredObject::from_value(kind, value, ApplyStrategy::CreateOnly)
 }
 
 /// The CR's image pull policy, or IfNotPresent.
@@ -167,41 +163,42 @@ pub fn snapshotting(hpp: &HostPathProvisioner) -> bool {
     gate(hpp, c::FEATURE_GATE_SNAPSHOTTING)
 }
 
-/// Pod placement fields from `spec.workload`, to merge into a pod spec.
-pub fn placement(hpp: &HostPathProvisioner) -> serde_json::Map<String, Value> {
-    let mut out = serde_json::Map::new();
-    if let Some(w) = &hpp.spec.workload {
-        if let Some(ns) = &w.node_selector {
-            out.insert("nodeSelector".into(), json!(ns));
-        }
-        if let Some(t) = &w.tolerations {
-            out.insert("tolerations".into(), json!(t));
-        }
-        if let Some(a) = &w.affinity {
-            out.insert("affinity".into(), json!(a));
-        }
+/// A pod spec with the placement fields of `spec.workload` (nodeSelector, tolerations, affinity).
+pub fn placed(hpp: &HostPathProvisioner, spec: PodSpec) -> PodSpec {
+    let w = hpp.spec.workload.clone().unwrap_or_default();
+    PodSpec {
+        node_selector: w.node_selector,
+        tolerations: w.tolerations,
+        affinity: w.affinity,
+        ..spec
     }
-    out
 }
 
-/// A required node affinity pinning a pod to one node by hostname.
-pub fn pin_to_node(node: &str) -> Value {
-    json!({
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{
-                    "matchExpressions": [{
-                        "key": "kubernetes.io/hostname",
-                        "operator": "In",
-                        "values": [node]
-                    }]
-                }]
-            }
-        }
-    })
+/// An environment variable from a field of the pod (`spec.nodeName`, `status.podIP`, ...).
+pub fn env_from_field(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: Some("v1".into()),
+                field_path: path.to_owned(),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
 }
 
-/// The node a pod template is pinned to by [`pin_to_node`] (also reads KubeVirt-created objects).
+/// An environment variable with a literal value.
+pub fn env_value(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// The node a pod template is pinned to by [`node_pin`] (also reads KubeVirt-created objects).
 pub fn pinned_node(pod_spec: &Value) -> Option<String> {
     pod_spec
         .pointer("/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/0/matchExpressions/0/values/0")

@@ -5,8 +5,17 @@ use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
 use kube::api::DynamicObject;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, SELinuxOptions,
+    SecurityContext, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::common::{self, daemonset_kind};
 use crate::config::OperatorConfig;
@@ -116,24 +125,68 @@ pub fn datadir_json(hpp: &HostPathProvisioner) -> Result<String> {
     })
 }
 
-fn env_field(name: &str, path: &str) -> Value {
-    json!({ "name": name, "valueFrom": { "fieldRef": { "apiVersion": "v1", "fieldPath": path } } })
+fn mount(name: &str, path: &str, propagation: Option<&str>) -> VolumeMount {
+    VolumeMount {
+        name: name.to_owned(),
+        mount_path: path.to_owned(),
+        mount_propagation: propagation.map(str::to_owned),
+        ..Default::default()
+    }
 }
 
-fn requests() -> Value {
-    json!({ "requests": { "cpu": "10m", "memory": "150Mi" } })
+fn socket_mount() -> VolumeMount {
+    mount("socket-dir", "/csi", None)
+}
+
+fn privileged() -> Option<SecurityContext> {
+    Some(SecurityContext {
+        privileged: Some(true),
+        ..Default::default()
+    })
+}
+
+fn port(name: &str, number: i32) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.to_owned()),
+        container_port: number,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }
+}
+
+/// A sidecar or driver container: image, pull policy, args, privileged, the given mounts.
+fn container(name: &str, image: &str, pull: &str, args: Vec<String>, mounts: Vec<VolumeMount>) -> Container {
+    Container {
+        name: name.to_owned(),
+        image: Some(image.to_owned()),
+        image_pull_policy: Some(pull.to_owned()),
+        args: Some(args),
+        security_context: privileged(),
+        resources: Some(common::requests("10m", "150Mi")),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    }
 }
 
 /// SELinux type of the unprivileged CSI sidecars (see docs/user-guide.md, "SELinux").
 pub const SIDECAR_SELINUX_TYPE: &str = "spc_t";
 
-/// Security context of the sidecars that only use the CSI socket.
-fn sidecar_security_context() -> Value {
-    json!({
-        "privileged": false,
-        "allowPrivilegeEscalation": false,
-        "capabilities": { "drop": ["ALL"] },
-        "seLinuxOptions": { "type": SIDECAR_SELINUX_TYPE },
+/// Security context of the sidecars that only use the CSI socket: no privilege, no capability.
+/// `spc_t` lets them connect to the socket the privileged driver (itself `spc_t`) creates in a
+/// hostPath directory on SELinux hosts; ignored elsewhere.
+fn sidecar_security_context() -> Option<SecurityContext> {
+    Some(SecurityContext {
+        privileged: Some(false),
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            ..Default::default()
+        }),
+        se_linux_options: Some(SELinuxOptions {
+            type_: Some(SIDECAR_SELINUX_TYPE.to_owned()),
+            ..Default::default()
+        }),
+        ..Default::default()
     })
 }
 
@@ -143,164 +196,177 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
     let img = &cfg.images;
     let v = cfg.verbosity;
     let mounts = pool_mounts(hpp);
-    let pool_volume_mounts: Vec<Value> = mounts
+    let pool_volume_mounts: Vec<VolumeMount> = mounts
         .iter()
-        .map(|m| json!({ "name": m.mount_name, "mountPath": format!("/{}", m.mount_name), "mountPropagation": "HostToContainer" }))
+        .map(|m| mount(&m.mount_name, &format!("/{}", m.mount_name), Some("HostToContainer")))
         .collect();
     let mut driver_mounts = vec![
-        json!({ "name": "plugins-dir", "mountPath": "/var/lib/kubelet/plugins", "mountPropagation": "Bidirectional" }),
-        json!({ "name": "mountpoint-dir", "mountPath": "/var/lib/kubelet/pods", "mountPropagation": "Bidirectional" }),
-        json!({ "name": "socket-dir", "mountPath": "/csi" }),
+        mount("plugins-dir", "/var/lib/kubelet/plugins", Some("Bidirectional")),
+        mount("mountpoint-dir", "/var/lib/kubelet/pods", Some("Bidirectional")),
+        socket_mount(),
     ];
     driver_mounts.extend(pool_volume_mounts.iter().cloned());
-    let mut registrar_mounts = vec![
-        json!({ "name": "socket-dir", "mountPath": "/csi" }),
-        json!({ "name": "registration-dir", "mountPath": "/registration" }),
-    ];
+    let mut registrar_mounts = vec![socket_mount(), mount("registration-dir", "/registration", None)];
     registrar_mounts.extend(pool_volume_mounts.iter().cloned());
-    let privileged = json!({ "privileged": true });
-    // The liveness probe, provisioner and snapshotter only talk to the driver's socket: no
-    // privilege, no capability. `spc_t` lets them connect to the socket the privileged driver
-    // (itself `spc_t`) creates in a hostPath directory on SELinux hosts; ignored elsewhere.
-    let sidecar = sidecar_security_context();
-    let mut containers = vec![
-        json!({
-            "name": "hostpath-provisioner",
-            "image": img.csi_driver,
-            "imagePullPolicy": pull,
-            "args": [
+    let driver = Container {
+        env: Some(vec![
+            common::env_value("CSI_ENDPOINT", &format!("unix://{CSI_SOCKET}")),
+            common::env_from_field("NODE_NAME", "spec.nodeName"),
+            common::env_value("PV_DIR", &datadir_json(hpp)?),
+            common::env_value("VERSION", &cfg.version),
+            common::env_from_field("POD_IP", "status.podIP"),
+            common::env_from_field("POD_NAMESPACE", "metadata.namespace"),
+            common::env_value("SERVICE_NAME", names::METRICS_SERVICE),
+        ]),
+        ports: Some(vec![port("healthz", 9898), port("metrics", 8443)]),
+        // The driver's own /livez, not the livenessprobe sidecar on 9898: the sidecar fails
+        // on Probe `ready: false`, which the driver answers while a guarded pool waits for
+        // its mount, and a restart loop would not bring the mount any sooner.
+        liveness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/livez".into()),
+                port: IntOrString::String("metrics".into()),
+                scheme: Some("HTTPS".into()),
+                ..Default::default()
+            }),
+            failure_threshold: Some(5),
+            initial_delay_seconds: Some(10),
+            timeout_seconds: Some(3),
+            period_seconds: Some(2),
+            ..Default::default()
+        }),
+        ..container(
+            "hostpath-provisioner",
+            &img.csi_driver,
+            &pull,
+            vec![
                 format!("--drivername={}", c::DRIVER_NAME),
                 format!("--v={v}"),
-                "--endpoint=$(CSI_ENDPOINT)",
-                "--nodeid=$(NODE_NAME)",
-                "--version=$(VERSION)",
-                "--datadir=$(PV_DIR)",
+                "--endpoint=$(CSI_ENDPOINT)".into(),
+                "--nodeid=$(NODE_NAME)".into(),
+                "--version=$(VERSION)".into(),
+                "--datadir=$(PV_DIR)".into(),
                 format!("--metrics-tls-version={}", cfg.metrics_tls_version),
             ],
-            "env": [
-                { "name": "CSI_ENDPOINT", "value": format!("unix://{CSI_SOCKET}") },
-                env_field("NODE_NAME", "spec.nodeName"),
-                { "name": "PV_DIR", "value": datadir_json(hpp)? },
-                { "name": "VERSION", "value": cfg.version },
-                env_field("POD_IP", "status.podIP"),
-                env_field("POD_NAMESPACE", "metadata.namespace"),
-                { "name": "SERVICE_NAME", "value": names::METRICS_SERVICE },
-            ],
-            "ports": [
-                { "name": "healthz", "containerPort": 9898, "protocol": "TCP" },
-                { "name": "metrics", "containerPort": 8443, "protocol": "TCP" },
-            ],
-            // The driver's own /livez, not the livenessprobe sidecar on 9898: the sidecar fails
-            // on Probe `ready: false`, which the driver answers while a guarded pool waits for
-            // its mount, and a restart loop would not bring the mount any sooner.
-            "livenessProbe": {
-                "httpGet": { "path": "/livez", "port": "metrics", "scheme": "HTTPS" },
-                "failureThreshold": 5, "initialDelaySeconds": 10, "timeoutSeconds": 3, "periodSeconds": 2,
-            },
-            "securityContext": privileged,
-            "resources": requests(),
-            "volumeMounts": driver_mounts,
-        }),
-        json!({
-            "name": "node-driver-registrar",
-            "image": img.node_driver_registrar,
-            "imagePullPolicy": pull,
-            "args": [
+            driver_mounts,
+        )
+    };
+    let registrar = Container {
+        env: Some(vec![common::env_from_field("KUBE_NODE_NAME", "spec.nodeName")]),
+        ..container(
+            "node-driver-registrar",
+            &img.node_driver_registrar,
+            &pull,
+            vec![
                 format!("--v={v}"),
                 format!("--csi-address={CSI_SOCKET}"),
-                "--kubelet-registration-path=/var/lib/kubelet/plugins/csi-hostpath/csi.sock",
+                "--kubelet-registration-path=/var/lib/kubelet/plugins/csi-hostpath/csi.sock".into(),
             ],
-            "env": [env_field("KUBE_NODE_NAME", "spec.nodeName")],
-            "securityContext": privileged,
-            "resources": requests(),
-            "volumeMounts": registrar_mounts,
-        }),
-        json!({
-            "name": "liveness-probe",
-            "image": img.liveness_probe,
-            "imagePullPolicy": pull,
-            "args": [format!("--csi-address={CSI_SOCKET}"), "--health-port=9898"],
-            "securityContext": sidecar,
-            "resources": requests(),
-            "volumeMounts": [{ "name": "socket-dir", "mountPath": "/csi" }],
-        }),
-        json!({
-            "name": "csi-provisioner",
-            "image": img.csi_provisioner,
-            "imagePullPolicy": pull,
-            "args": [
+            registrar_mounts,
+        )
+    };
+    let liveness = Container {
+        security_context: sidecar_security_context(),
+        ..container(
+            "liveness-probe",
+            &img.liveness_probe,
+            &pull,
+            vec![format!("--csi-address={CSI_SOCKET}"), "--health-port=9898".into()],
+            vec![socket_mount()],
+        )
+    };
+    let provisioner = Container {
+        env: Some(vec![
+            common::env_from_field("NODE_NAME", "spec.nodeName"),
+            common::env_from_field("NAMESPACE", "metadata.namespace"),
+            common::env_from_field("POD_NAME", "metadata.name"),
+        ]),
+        security_context: sidecar_security_context(),
+        ..container(
+            "csi-provisioner",
+            &img.csi_provisioner,
+            &pull,
+            vec![
                 format!("--v={v}"),
                 format!("--csi-address={CSI_SOCKET}"),
-                "--feature-gates=Topology=true",
-                "--enable-capacity=true",
-                "--capacity-for-immediate-binding=true",
-                "--extra-create-metadata=true",
-                "--immediate-topology=false",
-                "--strict-topology=true",
-                "--node-deployment=true",
-                "--default-fstype=xfs",
+                "--feature-gates=Topology=true".into(),
+                "--enable-capacity=true".into(),
+                "--capacity-for-immediate-binding=true".into(),
+                "--extra-create-metadata=true".into(),
+                "--immediate-topology=false".into(),
+                "--strict-topology=true".into(),
+                "--node-deployment=true".into(),
+                "--default-fstype=xfs".into(),
             ],
-            "env": [
-                env_field("NODE_NAME", "spec.nodeName"),
-                env_field("NAMESPACE", "metadata.namespace"),
-                env_field("POD_NAME", "metadata.name"),
-            ],
-            "securityContext": sidecar,
-            "resources": requests(),
-            "volumeMounts": [{ "name": "socket-dir", "mountPath": "/csi" }],
-        }),
-    ];
+            vec![socket_mount()],
+        )
+    };
+    let mut containers = vec![driver, registrar, liveness, provisioner];
     if common::snapshotting(hpp) {
-        containers.push(json!({
-            "name": "csi-snapshotter",
-            "image": img.csi_snapshotter,
-            "imagePullPolicy": pull,
-            "args": [format!("--v={v}"), format!("--csi-address={CSI_SOCKET}"), "--leader-election"],
-            "securityContext": sidecar,
-            "volumeMounts": [{ "name": "socket-dir", "mountPath": "/csi" }],
-        }));
+        containers.push(Container {
+            resources: None,
+            security_context: sidecar_security_context(),
+            ..container(
+                "csi-snapshotter",
+                &img.csi_snapshotter,
+                &pull,
+                vec![
+                    format!("--v={v}"),
+                    format!("--csi-address={CSI_SOCKET}"),
+                    "--leader-election".into(),
+                ],
+                vec![socket_mount()],
+            )
+        });
     }
-    let host = |name: &str, path: &str, ty: &str| json!({ "name": name, "hostPath": { "path": path, "type": ty } });
     let mut volumes = vec![
-        host(
+        common::host_path_volume(
             "socket-dir",
             "/var/lib/kubelet/plugins/csi-hostpath",
             "DirectoryOrCreate",
         ),
-        host("mountpoint-dir", "/var/lib/kubelet/pods", "DirectoryOrCreate"),
-        host("registration-dir", "/var/lib/kubelet/plugins_registry", "Directory"),
-        host("plugins-dir", "/var/lib/kubelet/plugins", "Directory"),
+        common::host_path_volume("mountpoint-dir", "/var/lib/kubelet/pods", "DirectoryOrCreate"),
+        common::host_path_volume("registration-dir", "/var/lib/kubelet/plugins_registry", "Directory"),
+        common::host_path_volume("plugins-dir", "/var/lib/kubelet/plugins", "Directory"),
     ];
     volumes.extend(
         mounts
             .iter()
-            .map(|m| host(&m.mount_name, &m.host_path, "DirectoryOrCreate")),
+            .map(|m| common::host_path_volume(&m.mount_name, &m.host_path, "DirectoryOrCreate")),
     );
-    let mut pod_spec = json!({
-        "serviceAccountName": names::CSI_SERVICE_ACCOUNT,
-        "containers": containers,
-        "volumes": volumes,
-    });
-    if let Value::Object(spec) = &mut pod_spec {
-        spec.extend(common::placement(hpp));
-    }
+    let pod_spec = PodSpec {
+        service_account_name: Some(names::CSI_SERVICE_ACCOUNT.into()),
+        containers,
+        volumes: Some(volumes),
+        ..Default::default()
+    };
     let extra = [(c::LABEL_PROMETHEUS, "true")];
-    let obj = json!({
-        "metadata": common::meta(names::CSI_DAEMONSET, Some(&cfg.namespace), cfg, &extra, Some(hpp)),
-        "spec": {
-            "selector": { "matchLabels": { c::LABEL_APP: c::LABEL_APP_VALUE } },
-            "updateStrategy": { "type": "RollingUpdate", "rollingUpdate": { "maxUnavailable": "10%", "maxSurge": 0 } },
-            "revisionHistoryLimit": 10,
-            "template": {
-                "metadata": {
-                    "labels": common::labels_value(cfg, &extra),
-                    "annotations": { "openshift.io/required-scc": names::CSI_SCC },
-                },
-                "spec": pod_spec,
+    common::typed_ssa(&DaemonSet {
+        metadata: common::object_meta(names::CSI_DAEMONSET, Some(&cfg.namespace), cfg, &extra, Some(hpp)),
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    c::LABEL_APP.to_owned(),
+                    c::LABEL_APP_VALUE.to_owned(),
+                )])),
+                ..Default::default()
             },
-        },
-    });
-    common::ssa(daemonset_kind(), obj)
+            update_strategy: Some(DaemonSetUpdateStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDaemonSet {
+                    max_unavailable: Some(IntOrString::String("10%".into())),
+                    max_surge: Some(IntOrString::Int(0)),
+                }),
+            }),
+            revision_history_limit: Some(10),
+            template: PodTemplateSpec {
+                metadata: Some(common::template_meta(cfg, &extra)),
+                spec: Some(common::placed(hpp, pod_spec)),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
 }
 
 /// Whether a live DaemonSet is ready the way KubeVirt judges it.

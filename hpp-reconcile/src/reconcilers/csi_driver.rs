@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
-use serde_json::json;
+use k8s_openapi::api::storage::v1::{CSIDriver as CsiDriverObject, CSIDriverSpec};
 
 use super::common::{self, csi_driver_kind};
 use crate::config::OperatorConfig;
@@ -14,20 +14,18 @@ use crate::subreconciler::SubReconciler;
 
 /// The desired CSIDriver.
 pub fn desired_csi_driver(hpp: &HostPathProvisioner, cfg: &OperatorConfig) -> Result<DesiredObject> {
-    common::ssa(
-        csi_driver_kind(),
-        json!({
-            "metadata": common::meta(c::DRIVER_NAME, None, cfg, &[], Some(hpp)),
-            "spec": {
-                "attachRequired": false,
-                "fsGroupPolicy": "File",
-                "volumeLifecycleModes": ["Persistent", "Ephemeral"],
-                "podInfoOnMount": true,
-                "storageCapacity": true,
-                "requiresRepublish": false,
-            },
-        }),
-    )
+    common::typed_ssa(&CsiDriverObject {
+        metadata: common::object_meta(c::DRIVER_NAME, None, cfg, &[], Some(hpp)),
+        spec: CSIDriverSpec {
+            attach_required: Some(false),
+            fs_group_policy: Some("File".into()),
+            volume_lifecycle_modes: Some(vec!["Persistent".into(), "Ephemeral".into()]),
+            pod_info_on_mount: Some(true),
+            storage_capacity: Some(true),
+            requires_republish: Some(false),
+            ..Default::default()
+        },
+    })
 }
 
 /// Sub-reconciler for the CSIDriver.

@@ -5,7 +5,12 @@ use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
 use kube::api::DynamicObject;
-use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, VolumeMount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::ObjectMeta;
 
 use super::common::{self, daemonset_kind};
 use super::csi_daemonset::daemonset_ready;
@@ -28,46 +33,65 @@ pub fn desired_legacy_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig)
         return Ok(None);
     };
     let mut env = vec![
-        json!({ "name": "USE_NAMING_PREFIX", "value": pc.use_naming_prefix.unwrap_or(false).to_string() }),
-        json!({ "name": "NODE_NAME", "valueFrom": { "fieldRef": { "apiVersion": "v1", "fieldPath": "spec.nodeName" } } }),
-        json!({ "name": "PV_DIR", "value": pc.path }),
+        common::env_value("USE_NAMING_PREFIX", &pc.use_naming_prefix.unwrap_or(false).to_string()),
+        common::env_from_field("NODE_NAME", "spec.nodeName"),
+        common::env_value("PV_DIR", &pc.path),
     ];
     for (label, var) in [
         (c::LABEL_PART_OF, "INSTALLER_PART_OF_LABEL"),
         (c::LABEL_VERSION, "INSTALLER_VERSION_LABEL"),
     ] {
         if let Some(v) = cfg.installer_labels.get(label) {
-            env.push(json!({ "name": var, "value": v }));
+            env.push(common::env_value(var, v));
         }
     }
-    let mut pod_spec = json!({
-        "serviceAccountName": names::LEGACY_SERVICE_ACCOUNT,
-        "containers": [{
-            "name": "hostpath-provisioner",
-            "image": cfg.images.legacy_provisioner,
-            "imagePullPolicy": common::pull_policy(hpp),
-            // The stock image's entrypoint is the CSI driver; the legacy provisioner ships beside it.
-            "command": [LEGACY_PROVISIONER_COMMAND],
-            "env": env,
-            "volumeMounts": [{ "name": "pv-volume", "mountPath": pc.path }],
-        }],
-        "volumes": [{ "name": "pv-volume", "hostPath": { "path": pc.path, "type": "DirectoryOrCreate" } }],
-    });
-    if let Value::Object(spec) = &mut pod_spec {
-        spec.extend(common::placement(hpp));
-    }
+    let container = Container {
+        name: "hostpath-provisioner".into(),
+        image: Some(cfg.images.legacy_provisioner.clone()),
+        image_pull_policy: Some(common::pull_policy(hpp)),
+        // The stock image's entrypoint is the CSI driver; the legacy provisioner ships beside it.
+        command: Some(vec![LEGACY_PROVISIONER_COMMAND.to_owned()]),
+        env: Some(env),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "pv-volume".into(),
+            mount_path: pc.path.clone(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let pod_spec = PodSpec {
+        service_account_name: Some(names::LEGACY_SERVICE_ACCOUNT.into()),
+        containers: vec![container],
+        volumes: Some(vec![common::host_path_volume(
+            "pv-volume",
+            &pc.path,
+            "DirectoryOrCreate",
+        )]),
+        ..Default::default()
+    };
     let extra = [(LABEL_ALLOW_CLUSTER_SERVICES, "true")];
-    let obj = json!({
-        "metadata": common::meta(names::LEGACY_DAEMONSET, Some(&cfg.namespace), cfg, &extra, Some(hpp)),
-        "spec": {
-            "selector": { "matchLabels": { c::LABEL_APP: c::LABEL_APP_VALUE } },
-            "template": {
-                "metadata": { "labels": common::labels_value(cfg, &extra) },
-                "spec": pod_spec,
+    let ds = DaemonSet {
+        metadata: common::object_meta(names::LEGACY_DAEMONSET, Some(&cfg.namespace), cfg, &extra, Some(hpp)),
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    c::LABEL_APP.to_owned(),
+                    c::LABEL_APP_VALUE.to_owned(),
+                )])),
+                ..Default::default()
             },
-        },
-    });
-    Ok(Some(common::ssa(daemonset_kind(), obj)?))
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(common::labels_value(cfg, &extra)),
+                    ..Default::default()
+                }),
+                spec: Some(common::placed(hpp, pod_spec)),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Ok(Some(common::typed_ssa(&ds)?))
 }
 
 /// Sub-reconciler for the legacy DaemonSet.

@@ -4,7 +4,14 @@
 use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding, Subject};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
+
+use super::rbac::{role_ref, rule};
 
 use super::common::{self, prometheus_rule_kind, role_binding_kind, role_kind, service_kind, service_monitor_kind};
 use crate::config::OperatorConfig;
@@ -85,32 +92,40 @@ pub fn desired_monitoring(
             prometheus_rule_kind(),
             json!({ "metadata": common::meta(names::PROMETHEUS_RULE, Some(ns), cfg, &prom, Some(hpp)), "spec": { "groups": rule_groups(cfg) } }),
         )?,
-        common::ssa(
-            role_kind(),
-            json!({
-                "metadata": common::meta(names::MONITORING_ROLE, Some(ns), cfg, &[], Some(hpp)),
-                "rules": [{ "apiGroups": [""], "resources": ["services", "endpoints", "pods"], "verbs": ["get", "list", "watch"] }],
+        common::typed_ssa(&Role {
+            metadata: common::object_meta(names::MONITORING_ROLE, Some(ns), cfg, &[], Some(hpp)),
+            rules: Some(vec![rule(
+                &[""],
+                &["services", "endpoints", "pods"],
+                &["get", "list", "watch"],
+            )]),
+        })?,
+        common::typed_ssa(&RoleBinding {
+            metadata: common::object_meta(names::MONITORING_ROLE, Some(ns), cfg, &[], Some(hpp)),
+            role_ref: role_ref("Role", names::MONITORING_ROLE),
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: PROMETHEUS_SERVICE_ACCOUNT.into(),
+                namespace: Some(cfg.monitoring_namespace.clone()),
+                ..Default::default()
+            }]),
+        })?,
+        common::typed_ssa(&Service {
+            metadata: common::object_meta(names::METRICS_SERVICE, Some(ns), cfg, &prom, Some(hpp)),
+            spec: Some(ServiceSpec {
+                type_: Some("ClusterIP".into()),
+                selector: Some(BTreeMap::from([(c::LABEL_PROMETHEUS.to_owned(), "true".to_owned())])),
+                ports: Some(vec![ServicePort {
+                    name: Some("metrics".into()),
+                    port: 8443,
+                    protocol: Some("TCP".into()),
+                    target_port: Some(IntOrString::String("metrics".into())),
+                    ..Default::default()
+                }]),
+                ..Default::default()
             }),
-        )?,
-        common::ssa(
-            role_binding_kind(),
-            json!({
-                "metadata": common::meta(names::MONITORING_ROLE, Some(ns), cfg, &[], Some(hpp)),
-                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": names::MONITORING_ROLE },
-                "subjects": [{ "kind": "ServiceAccount", "name": PROMETHEUS_SERVICE_ACCOUNT, "namespace": cfg.monitoring_namespace }],
-            }),
-        )?,
-        common::ssa(
-            service_kind(),
-            json!({
-                "metadata": common::meta(names::METRICS_SERVICE, Some(ns), cfg, &prom, Some(hpp)),
-                "spec": {
-                    "type": "ClusterIP",
-                    "selector": { c::LABEL_PROMETHEUS: "true" },
-                    "ports": [{ "name": "metrics", "port": 8443, "protocol": "TCP", "targetPort": "metrics" }],
-                },
-            }),
-        )?,
+            ..Default::default()
+        })?,
         common::ssa(
             service_monitor_kind(),
             json!({

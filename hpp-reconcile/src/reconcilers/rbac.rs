@@ -3,7 +3,8 @@
 
 use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
-use serde_json::{Value, json};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
 
 use super::common::{
     self, cluster_role_binding_kind, cluster_role_kind, role_binding_kind, role_kind, service_account_kind,
@@ -15,14 +16,24 @@ use crate::names;
 use crate::object::{DesiredObject, Kind};
 use crate::subreconciler::SubReconciler;
 
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
-    json!({ "apiGroups": groups, "resources": resources, "verbs": verbs })
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// A policy rule over `resources` in `groups`.
+pub fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(strings(groups)),
+        resources: Some(strings(resources)),
+        verbs: strings(verbs),
+        ..Default::default()
+    }
 }
 
 const READ: &[&str] = &["get", "list", "watch"];
 
 /// Rules of the CSI driver's ClusterRole.
-pub fn csi_cluster_rules(snapshotting: bool) -> Vec<Value> {
+pub fn csi_cluster_rules(snapshotting: bool) -> Vec<PolicyRule> {
     let mut rules = vec![
         rule(
             &[""],
@@ -65,7 +76,7 @@ pub fn csi_cluster_rules(snapshotting: bool) -> Vec<Value> {
 }
 
 /// Rules of the CSI driver's namespaced Role (leader election, capacity objects, owner lookup).
-pub fn csi_role_rules() -> Vec<Value> {
+pub fn csi_role_rules() -> Vec<PolicyRule> {
     vec![
         rule(&["coordination.k8s.io"], &["leases"], &["get", "update", "create"]),
         rule(
@@ -78,7 +89,7 @@ pub fn csi_role_rules() -> Vec<Value> {
 }
 
 /// Rules of the legacy provisioner's ClusterRole.
-pub fn legacy_cluster_rules() -> Vec<Value> {
+pub fn legacy_cluster_rules() -> Vec<PolicyRule> {
     vec![
         rule(
             &[""],
@@ -94,8 +105,22 @@ pub fn legacy_cluster_rules() -> Vec<Value> {
     ]
 }
 
-fn subject(sa: &str, ns: &str) -> Value {
-    json!([{ "kind": "ServiceAccount", "name": sa, "namespace": ns }])
+fn subject(sa: &str, ns: &str) -> Option<Vec<Subject>> {
+    Some(vec![Subject {
+        kind: "ServiceAccount".into(),
+        name: sa.to_owned(),
+        namespace: Some(ns.to_owned()),
+        ..Default::default()
+    }])
+}
+
+/// A reference to a Role or ClusterRole.
+pub fn role_ref(kind: &str, name: &str) -> RoleRef {
+    RoleRef {
+        api_group: "rbac.authorization.k8s.io".into(),
+        kind: kind.to_owned(),
+        name: name.to_owned(),
+    }
 }
 
 /// The ServiceAccounts: the CSI one always, the legacy one with `pathConfig`.
@@ -107,10 +132,10 @@ pub fn desired_service_accounts(hpp: &HostPathProvisioner, cfg: &OperatorConfig)
     names_
         .into_iter()
         .map(|n| {
-            common::ssa(
-                service_account_kind(),
-                json!({ "metadata": common::meta(n, Some(&cfg.namespace), cfg, &[], Some(hpp)) }),
-            )
+            common::typed_ssa(&ServiceAccount {
+                metadata: common::object_meta(n, Some(&cfg.namespace), cfg, &[], Some(hpp)),
+                ..Default::default()
+            })
         })
         .collect()
 }
@@ -118,43 +143,42 @@ pub fn desired_service_accounts(hpp: &HostPathProvisioner, cfg: &OperatorConfig)
 /// The RBAC objects of the CSI driver and, with `pathConfig`, of the legacy provisioner.
 pub fn desired_rbac(hpp: &HostPathProvisioner, cfg: &OperatorConfig) -> Result<Vec<DesiredObject>> {
     let ns = cfg.namespace.as_str();
-    let cluster_meta = |name: &str| common::meta(name, None, cfg, &[], Some(hpp));
-    let ns_meta = |name: &str| common::meta(name, Some(ns), cfg, &[], Some(hpp));
-    let role_ref =
-        |kind: &str, name: &str| json!({ "apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name });
+    let cluster_meta = |name: &str| common::object_meta(name, None, cfg, &[], Some(hpp));
+    let ns_meta = |name: &str| common::object_meta(name, Some(ns), cfg, &[], Some(hpp));
     let csi = names::CSI_SERVICE_ACCOUNT;
     let mut out = vec![
-        common::ssa(
-            cluster_role_kind(),
-            json!({ "metadata": cluster_meta(csi), "rules": csi_cluster_rules(common::snapshotting(hpp)) }),
-        )?,
-        common::ssa(
-            cluster_role_binding_kind(),
-            json!({ "metadata": cluster_meta(csi), "roleRef": role_ref("ClusterRole", csi), "subjects": subject(csi, ns) }),
-        )?,
-        common::ssa(
-            role_kind(),
-            json!({ "metadata": ns_meta(csi), "rules": csi_role_rules() }),
-        )?,
-        common::ssa(
-            role_binding_kind(),
-            json!({ "metadata": ns_meta(csi), "roleRef": role_ref("Role", csi), "subjects": subject(csi, ns) }),
-        )?,
+        common::typed_ssa(&ClusterRole {
+            metadata: cluster_meta(csi),
+            rules: Some(csi_cluster_rules(common::snapshotting(hpp))),
+            ..Default::default()
+        })?,
+        common::typed_ssa(&ClusterRoleBinding {
+            metadata: cluster_meta(csi),
+            role_ref: role_ref("ClusterRole", csi),
+            subjects: subject(csi, ns),
+        })?,
+        common::typed_ssa(&Role {
+            metadata: ns_meta(csi),
+            rules: Some(csi_role_rules()),
+        })?,
+        common::typed_ssa(&RoleBinding {
+            metadata: ns_meta(csi),
+            role_ref: role_ref("Role", csi),
+            subjects: subject(csi, ns),
+        })?,
     ];
     if common::is_legacy(hpp) {
         let legacy = names::LEGACY_CLUSTER_ROLE;
-        out.push(common::ssa(
-            cluster_role_kind(),
-            json!({ "metadata": cluster_meta(legacy), "rules": legacy_cluster_rules() }),
-        )?);
-        out.push(common::ssa(
-            cluster_role_binding_kind(),
-            json!({
-                "metadata": cluster_meta(legacy),
-                "roleRef": role_ref("ClusterRole", legacy),
-                "subjects": subject(names::LEGACY_SERVICE_ACCOUNT, ns),
-            }),
-        )?);
+        out.push(common::typed_ssa(&ClusterRole {
+            metadata: cluster_meta(legacy),
+            rules: Some(legacy_cluster_rules()),
+            ..Default::default()
+        })?);
+        out.push(common::typed_ssa(&ClusterRoleBinding {
+            metadata: cluster_meta(legacy),
+            role_ref: role_ref("ClusterRole", legacy),
+            subjects: subject(names::LEGACY_SERVICE_ACCOUNT, ns),
+        })?);
     }
     Ok(out)
 }
