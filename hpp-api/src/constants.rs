@@ -77,3 +77,10 @@ pub const LABEL_HPP_POOL: &str = "hpp-pool";
 pub const ANNOTATION_FORCE_DELETE: &str = "hostpathprovisioner.kubevirt.io/force-delete";
 /// Annotation that carries the v1beta1 fields v1alpha1 cannot express, so conversion is lossless.
 pub const ANNOTATION_CONVERSION_DATA: &str = "hostpathprovisioner.kubevirt.io/v1beta1-data";
+/// Most storage pools a HostPathProvisioner may list (CRD `maxItems` and validation). Each pool
+/// is a host mount in the CSI DaemonSet; 64 is far beyond any real node layout.
+pub const MAX_STORAGE_POOLS: usize = 64;
+/// Most feature gates a HostPathProvisioner may list.
+pub const MAX_FEATURE_GATES: usize = 16;
+/// Most field errors a validation reports; the rest are counted ("and N more").
+pub const MAX_REPORTED_ERRORS: usize = 20;

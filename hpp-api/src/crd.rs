@@ -22,15 +22,70 @@ pub enum CrdError {
     Yaml(String),
 }
 
-/// The merged CRD: `v1alpha1` served, `v1beta1` served and stored.
+/// `maxLength` of a spec string the types do not bound more tightly (label values, quantities
+/// and paths inside the embedded Kubernetes types are all far shorter).
+pub const DEFAULT_MAX_STRING_LENGTH: i64 = 1024;
+/// `maxItems` of a spec list the types do not bound more tightly.
+pub const DEFAULT_MAX_ITEMS: i64 = 256;
+/// `maxProperties` of a spec map (node selectors, resource lists).
+pub const DEFAULT_MAX_PROPERTIES: i64 = 256;
+
+/// The merged CRD: `v1alpha1` served, `v1beta1` served and stored. Every string, list and map
+/// under `spec` has a `maxLength`/`maxItems`/`maxProperties`, so the API server's CEL cost
+/// estimator and etcd see a bounded object and reject an oversized one before the webhook.
 pub fn crd() -> Result<CustomResourceDefinition, CrdError> {
-    Ok(merge_crds(
+    let mut crd = merge_crds(
         vec![
             v1alpha1::HostPathProvisioner::crd(),
             v1beta1::HostPathProvisioner::crd(),
         ],
         "v1beta1",
-    )?)
+    )?;
+    for version in &mut crd.spec.versions {
+        if let Some(spec) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|s| s.properties.as_mut())
+            .and_then(|p| p.get_mut("spec"))
+        {
+            let mut value = serde_json::to_value(&*spec).map_err(|e| CrdError::Yaml(e.to_string()))?;
+            bound(&mut value);
+            *spec = serde_json::from_value(value).map_err(|e| CrdError::Yaml(e.to_string()))?;
+        }
+    }
+    Ok(crd)
+}
+
+/// Adds the default bounds to every unbounded string, array and map of a JSON schema.
+fn bound(schema: &mut serde_json::Value) {
+    let Some(obj) = schema.as_object_mut() else {
+        return;
+    };
+    let limit = |key: &str, v: i64, obj: &mut serde_json::Map<String, serde_json::Value>| {
+        obj.entry(key).or_insert_with(|| v.into());
+    };
+    match obj.get("type").and_then(serde_json::Value::as_str) {
+        Some("string") if !obj.contains_key("enum") => limit("maxLength", DEFAULT_MAX_STRING_LENGTH, obj),
+        Some("array") => limit("maxItems", DEFAULT_MAX_ITEMS, obj),
+        Some("object") if obj.get("additionalProperties").is_some_and(serde_json::Value::is_object) => {
+            limit("maxProperties", DEFAULT_MAX_PROPERTIES, obj);
+        }
+        _ => {}
+    }
+    for key in ["items", "additionalProperties", "not"] {
+        if let Some(child) = obj.get_mut(key) {
+            bound(child);
+        }
+    }
+    if let Some(props) = obj.get_mut("properties").and_then(serde_json::Value::as_object_mut) {
+        props.values_mut().for_each(bound);
+    }
+    for key in ["allOf", "anyOf", "oneOf"] {
+        if let Some(list) = obj.get_mut(key).and_then(serde_json::Value::as_array_mut) {
+            list.iter_mut().for_each(bound);
+        }
+    }
 }
 
 /// The merged CRD as the YAML document committed under `deploy/`.

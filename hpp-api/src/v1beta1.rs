@@ -39,7 +39,7 @@ pub struct HostPathProvisionerSpec {
     pub path_config: Option<PathConfig>,
     /// Storage pools served by the CSI driver, selected by the StorageClass `storagePool` parameter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"), length(max = 64))]
     #[garde(dive)]
     pub storage_pools: Option<Vec<StoragePool>>,
     /// Where the provisioner DaemonSets run.
@@ -48,7 +48,7 @@ pub struct HostPathProvisionerSpec {
     pub workload: Option<NodePlacement>,
     /// Optional features: `Snapshotting` deploys the csi-snapshotter sidecar.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"), length(max = 16), inner(length(max = 64)))]
     #[garde(skip)]
     pub feature_gates: Option<Vec<String>>,
 }

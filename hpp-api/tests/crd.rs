@@ -67,3 +67,47 @@ fn crd_shape() {
             .contains(&"pathConfig".into())
     );
 }
+
+/// Paths of every string, array and map under `schema` that has no upper bound.
+fn unbounded(schema: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+    let ty = schema["type"].as_str().unwrap_or_default();
+    let missing = match ty {
+        "string" => schema.get("enum").is_none() && schema.get("maxLength").is_none(),
+        "array" => schema.get("maxItems").is_none(),
+        "object" => schema["additionalProperties"].is_object() && schema.get("maxProperties").is_none(),
+        _ => false,
+    };
+    if missing {
+        out.push(path.to_owned());
+    }
+    if let Some(props) = schema["properties"].as_object() {
+        for (k, v) in props {
+            unbounded(v, &format!("{path}.{k}"), out);
+        }
+    }
+    for key in ["items", "additionalProperties"] {
+        if schema[key].is_object() {
+            unbounded(&schema[key], &format!("{path}[{key}]"), out);
+        }
+    }
+}
+
+#[test]
+fn every_spec_string_list_and_map_is_bounded() {
+    let crd = serde_json::to_value(crd().unwrap()).unwrap();
+    for version in crd["spec"]["versions"].as_array().unwrap() {
+        let spec = &version["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let mut out = Vec::new();
+        unbounded(spec, "spec", &mut out);
+        assert!(out.is_empty(), "{}: unbounded {out:?}", version["name"]);
+    }
+    let beta = crd["spec"]["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "v1beta1")
+        .unwrap();
+    let spec = &beta["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    assert_eq!(spec["storagePools"]["maxItems"], hpp_api::constants::MAX_STORAGE_POOLS);
+    assert_eq!(spec["featureGates"]["maxItems"], hpp_api::constants::MAX_FEATURE_GATES);
+}

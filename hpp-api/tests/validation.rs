@@ -243,3 +243,61 @@ fn update_tolerates_problems_the_old_object_already_had() {
     new.feature_gates = Some(vec!["Bogus".into()]);
     rejected(new.validate_update(&old), "spec.featureGates[0]", "unknown");
 }
+
+fn identical(n: usize) -> HostPathProvisionerSpec {
+    let p: Vec<(&str, &str)> = (0..n).map(|_| ("local", "/var/hpvolumes")).collect();
+    pools(&p)
+}
+
+#[test]
+fn three_thousand_identical_pools_fail_fast_with_one_bounded_error() {
+    // Before: 9 million errors and gigabytes of message for this 75 KB body.
+    let errors = identical(3000).validate_create().unwrap_err();
+    assert_eq!(errors.errors().len(), 1, "{errors}");
+    assert!(errors.has_path("spec.storagePools"));
+    assert!(errors.to_string().contains("at most 64"), "{errors}");
+    assert!(errors.to_string().len() < 200);
+    // UPDATE of the same object: the count error is tolerated (ratcheting) and nothing is walked.
+    let spec = identical(3000);
+    let update = spec.validate_update(&spec);
+    assert!(update.is_ok(), "{update:?}");
+}
+
+#[test]
+fn duplicates_are_reported_once_per_pool_and_capped() {
+    let max = hpp_api::constants::MAX_STORAGE_POOLS;
+    let errors = identical(max).validate_create().unwrap_err();
+    // One name and one path error per repeated pool (2 * 63), not one per pair (2 * 2016).
+    assert_eq!(
+        errors.errors().len() + errors.omitted(),
+        2 * (max - 1),
+        "{errors}"
+    );
+    assert_eq!(errors.errors().len(), hpp_api::constants::MAX_REPORTED_ERRORS);
+    assert!(
+        errors.to_string().ends_with(&format!("; and {} more", 2 * (max - 1) - 20)),
+        "{errors}"
+    );
+    assert!(errors.to_string().contains("already used by spec.storagePools[0].name"));
+}
+
+#[test]
+fn update_of_a_spec_with_many_duplicates_compares_error_sets() {
+    // Before: quadratic `contains` over quadratic error lists (25 s of CPU for 300 pools).
+    let max = hpp_api::constants::MAX_STORAGE_POOLS;
+    let old = identical(max);
+    assert!(old.validate_update(&old).is_ok());
+    let mut new = old.clone();
+    new.storage_pools.as_mut().unwrap()[3].path = "relative".into();
+    let errors = new.validate_update(&old).unwrap_err();
+    assert!(errors.has_path("spec.storagePools[3].path"), "{errors}");
+}
+
+#[test]
+fn nested_pools_report_one_error_per_inner_pool() {
+    let paths: Vec<String> = (1..=10).map(|d| "/a".repeat(d)).collect();
+    let p: Vec<(String, &str)> = paths.iter().enumerate().map(|(i, p)| (format!("p{i}"), p.as_str())).collect();
+    let p: Vec<(&str, &str)> = p.iter().map(|(n, path)| (n.as_str(), *path)).collect();
+    let errors = pools(&p).validate_create().unwrap_err();
+    assert_eq!(errors.errors().len() + errors.omitted(), 9, "{errors}");
+}

@@ -20,10 +20,16 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use kube::core::response::{StatusCause, StatusDetails};
 use kube::core::{DynamicObject, Status};
 use serde_json::Value;
+use std::time::Duration;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::cluster::ClusterState;
 use crate::reply::Reply;
+
+/// Longest validation may take before the request is refused. Validation is bounded by the
+/// pool limit and runs on the blocking pool, never on an async worker; the budget is the
+/// backstop that still answers the API server in time if it is ever slow.
+pub const VALIDATION_BUDGET: Duration = Duration::from_secs(2);
 
 /// AdmissionReview versions served.
 pub const ADMISSION_VERSIONS: &[&str] = &["admission.k8s.io/v1", "admission.k8s.io/v1beta1"];
@@ -126,7 +132,7 @@ pub async fn decide(req: &AdmissionRequest<DynamicObject>, cluster: Option<&dyn 
     }
     match req.operation {
         Operation::Create => admit_create(req, cluster).await,
-        Operation::Update => admit_update(req),
+        Operation::Update => admit_update(req).await,
         Operation::Delete => admit_delete(req, cluster).await,
         Operation::Connect => Verdict::Allow(Vec::new()),
     }
@@ -181,7 +187,7 @@ fn details(name: &str, causes: Vec<StatusCause>) -> StatusDetails {
 
 /// 422 Invalid with one cause per field, like the API server's own validation errors.
 fn invalid(req: &AdmissionRequest<DynamicObject>, obj: &HostPathProvisioner, errors: &ValidationErrors) -> Box<Status> {
-    let causes = errors
+    let mut causes: Vec<StatusCause> = errors
         .errors()
         .iter()
         .map(|e| StatusCause {
@@ -190,6 +196,13 @@ fn invalid(req: &AdmissionRequest<DynamicObject>, obj: &HostPathProvisioner, err
             field: e.path.clone(),
         })
         .collect();
+    if errors.omitted() > 0 {
+        causes.push(StatusCause {
+            reason: "FieldValueInvalid".into(),
+            message: format!("and {} more", errors.omitted()),
+            field: "spec".into(),
+        });
+    }
     let message = format!("{} is invalid: {errors}", display_name(req, Some(obj)));
     let name = obj.metadata.name.clone().unwrap_or_default();
     Status::failure(&message, "Invalid")
@@ -215,6 +228,25 @@ fn forbidden(name: &str, message: String, cause: Option<(String, String)>) -> Bo
         .boxed()
 }
 
+/// Runs `check` on the blocking pool within [`VALIDATION_BUDGET`].
+async fn off_worker<T: Send + 'static>(check: impl FnOnce() -> T + Send + 'static) -> Result<T, Box<Status>> {
+    match tokio::time::timeout(VALIDATION_BUDGET, tokio::task::spawn_blocking(check)).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(Status::failure(&format!("validation did not complete: {e}"), "InternalError")
+            .with_code(500)
+            .boxed()),
+        Err(_) => Err(Status::failure(
+            &format!(
+                "validation took longer than {}s and was abandoned; the object is too large or complex",
+                VALIDATION_BUDGET.as_secs()
+            ),
+            "Timeout",
+        )
+        .with_code(504)
+        .boxed()),
+    }
+}
+
 fn lookup_failed(what: &str, error: impl std::fmt::Display) -> Box<Status> {
     Status::failure(
         &format!("cannot check {what}: {error}; retry the request"),
@@ -229,8 +261,11 @@ async fn admit_create(req: &AdmissionRequest<DynamicObject>, cluster: Option<&dy
         Ok(o) => o,
         Err(s) => return Verdict::Deny(s),
     };
-    if let Err(errors) = obj.validate_create() {
-        return Verdict::Deny(invalid(req, &obj, &errors));
+    let checked = obj.clone();
+    match off_worker(move || checked.validate_create()).await {
+        Err(status) => return Verdict::Deny(status),
+        Ok(Err(errors)) => return Verdict::Deny(invalid(req, &obj, &errors)),
+        Ok(Ok(())) => {}
     }
     let Some(cluster) = cluster else {
         return Verdict::Allow(Vec::new());
@@ -254,7 +289,7 @@ async fn admit_create(req: &AdmissionRequest<DynamicObject>, cluster: Option<&dy
     }
 }
 
-fn admit_update(req: &AdmissionRequest<DynamicObject>) -> Verdict {
+async fn admit_update(req: &AdmissionRequest<DynamicObject>) -> Verdict {
     // Once deletion has started only the finalizer removal matters; never block it, or a CR the
     // rules reject (say, from an older release) could never go away.
     if req
@@ -277,27 +312,36 @@ fn admit_update(req: &AdmissionRequest<DynamicObject>) -> Verdict {
             // The stored object is unreadable as v1beta1 (written by something else): judge the
             // new object on its own so it can still be repaired.
             warn!(error = %status.message, "stored object cannot be decoded; applying the create rules");
-            return match new.validate_create() {
-                Ok(()) => Verdict::Allow(vec![format!(
+            let checked = new.clone();
+            return match off_worker(move || checked.validate_create()).await {
+                Err(status) => Verdict::Deny(status),
+                Ok(Ok(())) => Verdict::Allow(vec![format!(
                     "the stored object could not be read ({}); the new object was checked on its own",
                     status.message
                 )]),
-                Err(errors) => Verdict::Deny(invalid(req, &new, &errors)),
+                Ok(Err(errors)) => Verdict::Deny(invalid(req, &new, &errors)),
             };
         }
     };
-    if let Err(errors) = new.validate_update(&old) {
-        return Verdict::Deny(invalid(req, &new, &errors));
-    }
+    let checked = new.clone();
+    let outcome = off_worker(move || (checked.validate_update(&old), checked.validate_create().err())).await;
+    let tolerated = match outcome {
+        Err(status) => return Verdict::Deny(status),
+        Ok((Err(errors), _)) => return Verdict::Deny(invalid(req, &new, &errors)),
+        Ok((Ok(()), tolerated)) => tolerated,
+    };
     // Problems the stored object already had are tolerated; say so instead of staying silent.
-    let warnings = new
-        .validate_create()
-        .err()
+    let warnings = tolerated
         .map(|e| {
-            e.errors()
+            let mut w: Vec<String> = e
+                .errors()
                 .iter()
                 .map(|f| format!("{f} (tolerated because the stored object already has it)"))
-                .collect()
+                .collect();
+            if e.omitted() > 0 {
+                w.push(format!("and {} more tolerated problems", e.omitted()));
+            }
+            w
         })
         .unwrap_or_default();
     Verdict::Allow(warnings)

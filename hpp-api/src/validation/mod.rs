@@ -4,18 +4,26 @@
 //! also land in the CRD schema), and [`ValidateCreate`] / [`ValidateUpdate`] add the rules that
 //! need the whole spec or the previous object. Every error names the field by the JSON path the
 //! user wrote (`spec.storagePools[1].path`).
+//!
+//! The cost is bounded whatever the input: more than [`MAX_STORAGE_POOLS`] pools is one error and
+//! no per-pool work, duplicates are found with hash sets (one error per repeated pool, not per
+//! pair), UPDATE compares error sets in O(n), and at most [`MAX_REPORTED_ERRORS`] errors are
+//! kept ("and N more").
 
 pub mod rules;
 
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 
 use garde::Validate;
 
-use crate::constants::{FEATURE_GATE_SNAPSHOTTING, KNOWN_FEATURE_GATES};
+use crate::constants::{
+    FEATURE_GATE_SNAPSHOTTING, KNOWN_FEATURE_GATES, MAX_FEATURE_GATES, MAX_REPORTED_ERRORS, MAX_STORAGE_POOLS,
+};
 use crate::v1beta1::{HostPathProvisioner, HostPathProvisionerSpec};
 
 /// One rejected field.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct FieldError {
     /// JSON path of the field, e.g. `spec.storagePools[1].path`.
     pub path: String,
@@ -38,33 +46,52 @@ impl fmt::Display for FieldError {
     }
 }
 
-/// Every problem found in an object, in field order.
+/// The problems found in an object, in field order: the first [`MAX_REPORTED_ERRORS`], and how
+/// many more there were.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub struct ValidationErrors(pub Vec<FieldError>);
+pub struct ValidationErrors {
+    errors: Vec<FieldError>,
+    omitted: usize,
+}
 
 impl ValidationErrors {
-    /// The individual field errors.
+    /// Keeps the first [`MAX_REPORTED_ERRORS`] of `errors` and counts the rest.
+    pub fn new(mut errors: Vec<FieldError>) -> Self {
+        let omitted = errors.len().saturating_sub(MAX_REPORTED_ERRORS);
+        errors.truncate(MAX_REPORTED_ERRORS);
+        Self { errors, omitted }
+    }
+
+    /// The reported field errors (at most [`MAX_REPORTED_ERRORS`]).
     pub fn errors(&self) -> &[FieldError] {
-        &self.0
+        &self.errors
+    }
+
+    /// How many further errors were found but not reported.
+    pub fn omitted(&self) -> usize {
+        self.omitted
     }
 
     /// Whether some error is reported for exactly this JSON path.
     pub fn has_path(&self, path: &str) -> bool {
-        self.0.iter().any(|e| e.path == path)
+        self.errors.iter().any(|e| e.path == path)
     }
 
-    fn into_result(self) -> Result<(), Self> {
-        if self.0.is_empty() { Ok(()) } else { Err(self) }
+    fn result(errors: Vec<FieldError>) -> Result<(), Self> {
+        if errors.is_empty() { Ok(()) } else { Err(Self::new(errors)) }
     }
 }
 
 impl fmt::Display for ValidationErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
+        for (i, e) in self.errors.iter().enumerate() {
             if i > 0 {
                 f.write_str("; ")?;
             }
             write!(f, "{e}")?;
+        }
+        if self.omitted > 0 {
+            write!(f, "; and {} more", self.omitted)?;
         }
         Ok(())
     }
@@ -86,28 +113,55 @@ pub trait ValidateUpdate {
 
 impl ValidateCreate for HostPathProvisionerSpec {
     fn validate_create(&self) -> Result<(), ValidationErrors> {
-        let mut errors = field_errors(self);
-        errors.extend(cross_field_errors(self));
-        errors.sort_by(|a, b| a.path.cmp(&b.path));
-        errors.dedup();
-        ValidationErrors(errors).into_result()
+        ValidationErrors::result(all_errors(self))
     }
 }
 
 impl ValidateUpdate for HostPathProvisionerSpec {
     fn validate_update(&self, old: &Self) -> Result<(), ValidationErrors> {
-        let old_errors = old.validate_create().err().map(|e| e.0).unwrap_or_default();
-        let mut errors: Vec<FieldError> = self
-            .validate_create()
-            .err()
-            .map(|e| e.0)
-            .unwrap_or_default()
+        // Full (bounded) lists on both sides, so ratcheting sees every old error, then one cap.
+        let old_errors: HashSet<FieldError> = all_errors(old).into_iter().collect();
+        let mut errors: Vec<FieldError> = all_errors(self)
             .into_iter()
             .filter(|e| !old_errors.contains(e))
             .collect();
         errors.extend(immutability_errors(self, old));
-        ValidationErrors(errors).into_result()
+        ValidationErrors::result(errors)
     }
+}
+
+/// Every error of a spec on its own, sorted by path. Bounded: at most a few per pool, and a spec
+/// with more than [`MAX_STORAGE_POOLS`] pools or [`MAX_FEATURE_GATES`] gates gets one error
+/// without looking at the entries.
+fn all_errors(spec: &HostPathProvisionerSpec) -> Vec<FieldError> {
+    if let Some(errors) = count_errors(spec) {
+        return errors;
+    }
+    let mut errors = field_errors(spec);
+    errors.extend(cross_field_errors(spec));
+    errors.sort_by(|a, b| a.path.cmp(&b.path));
+    errors.dedup();
+    errors
+}
+
+/// The list-length limits, checked before anything walks the lists.
+fn count_errors(spec: &HostPathProvisionerSpec) -> Option<Vec<FieldError>> {
+    let pools = spec.storage_pools.as_ref().map_or(0, Vec::len);
+    let gates = spec.feature_gates.as_ref().map_or(0, Vec::len);
+    let mut errors = Vec::new();
+    if pools > MAX_STORAGE_POOLS {
+        errors.push(FieldError::new(
+            "spec.storagePools",
+            format!("has {pools} pools; at most {MAX_STORAGE_POOLS} are allowed"),
+        ));
+    }
+    if gates > MAX_FEATURE_GATES {
+        errors.push(FieldError::new(
+            "spec.featureGates",
+            format!("has {gates} entries; at most {MAX_FEATURE_GATES} are allowed"),
+        ));
+    }
+    (!errors.is_empty()).then_some(errors)
 }
 
 impl ValidateCreate for HostPathProvisioner {
@@ -175,37 +229,50 @@ fn cross_field_errors(spec: &HostPathProvisionerSpec) -> Vec<FieldError> {
             "must be set: the absolute host directory volumes are created in, such as /var/hpvolumes",
         ));
     }
+    // First index of each name and path: one error per repeated pool, pointing at the first use.
+    let mut first_name: HashMap<&str, usize> = HashMap::with_capacity(pools.len());
+    let mut first_path: HashMap<&str, usize> = HashMap::with_capacity(pools.len());
     for (j, pool) in pools.iter().enumerate() {
-        for (i, earlier) in pools[..j].iter().enumerate() {
-            if !pool.name.is_empty() && pool.name == earlier.name {
-                errors.push(FieldError::new(
-                    format!("spec.storagePools[{j}].name"),
-                    format!(
-                        "{:?} is already used by spec.storagePools[{i}].name; pool names must be unique",
-                        pool.name
-                    ),
-                ));
-            }
-            if !pool.path.is_empty() && pool.path == earlier.path {
-                errors.push(FieldError::new(
-                    format!("spec.storagePools[{j}].path"),
-                    format!(
-                        "{:?} is already used by spec.storagePools[{i}].path; pool paths must be unique",
-                        pool.path
-                    ),
-                ));
-            }
+        if !pool.name.is_empty()
+            && let Some(i) = first_name.insert(&pool.name, j)
+        {
+            first_name.insert(&pool.name, i);
+            errors.push(FieldError::new(
+                format!("spec.storagePools[{j}].name"),
+                format!(
+                    "{:?} is already used by spec.storagePools[{i}].name; pool names must be unique",
+                    pool.name
+                ),
+            ));
         }
-        for (i, other) in pools.iter().enumerate() {
-            if i != j && is_strictly_inside(&pool.path, &other.path) {
-                errors.push(FieldError::new(
-                    format!("spec.storagePools[{j}].path"),
-                    format!(
-                        "{:?} is inside spec.storagePools[{i}].path {:?}; pool paths must not be nested, or one pool's volumes would appear in the other",
-                        pool.path, other.path
-                    ),
-                ));
-            }
+        if !pool.path.is_empty()
+            && let Some(i) = first_path.insert(&pool.path, j)
+        {
+            first_path.insert(&pool.path, i);
+            errors.push(FieldError::new(
+                format!("spec.storagePools[{j}].path"),
+                format!(
+                    "{:?} is already used by spec.storagePools[{i}].path; pool paths must be unique",
+                    pool.path
+                ),
+            ));
+        }
+    }
+    // Nesting: each pool reports the first pool it is inside (pairs, but of at most
+    // MAX_STORAGE_POOLS distinct entries).
+    for (j, pool) in pools.iter().enumerate() {
+        if let Some((i, other)) = pools
+            .iter()
+            .enumerate()
+            .find(|(i, other)| *i != j && is_strictly_inside(&pool.path, &other.path))
+        {
+            errors.push(FieldError::new(
+                format!("spec.storagePools[{j}].path"),
+                format!(
+                    "{:?} is inside spec.storagePools[{i}].path {:?}; pool paths must not be nested, or one pool's volumes would appear in the other",
+                    pool.path, other.path
+                ),
+            ));
         }
     }
     for (k, gate) in spec.feature_gates.as_deref().unwrap_or_default().iter().enumerate() {
@@ -232,16 +299,22 @@ fn is_strictly_inside(inner: &str, outer: &str) -> bool {
 
 fn immutability_errors(new: &HostPathProvisionerSpec, old: &HostPathProvisionerSpec) -> Vec<FieldError> {
     let mut errors = Vec::new();
-    let old_pools = old.storage_pools.as_deref().unwrap_or_default();
+    let old_pools: HashMap<&str, &str> = old
+        .storage_pools
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|p| (p.name.as_str(), p.path.as_str()))
+        .collect();
     for (i, pool) in new.storage_pools.as_deref().unwrap_or_default().iter().enumerate() {
-        if let Some(before) = old_pools.iter().find(|p| p.name == pool.name)
-            && before.path != pool.path
+        if let Some(before_path) = old_pools.get(pool.name.as_str())
+            && *before_path != pool.path
         {
             errors.push(FieldError::new(
                 format!("spec.storagePools[{i}].path"),
                 format!(
                     "cannot change from {:?} to {:?} while pool {:?} exists: its volumes live in the old directory; add a pool with a new name instead",
-                    before.path, pool.path, pool.name
+                    before_path, pool.path, pool.name
                 ),
             ));
         }
