@@ -666,25 +666,35 @@ fn rendered_objects_match_deploy() {
     }
 }
 
-/// The binaries a Containerfile builds and installs, by install path.
+/// The binaries a Containerfile installs (`COPY ... /usr/bin/NAME` of a prebuilt hpp-bin
+/// executable), by install path. Base images are `ARG` defaults and must be pinned by tag.
 fn containerfile_binaries(name: &str) -> BTreeSet<String> {
     let text = std::fs::read_to_string(repo().join("images").join(name)).unwrap();
     let built: BTreeSet<String> = text
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .windows(2)
-        .filter(|w| w[0] == "--bin")
-        .map(|w| w[1].to_string())
+        .lines()
+        .filter(|l| l.trim_start().starts_with("COPY ") && !l.contains("--from="))
+        .filter_map(|l| l.split_whitespace().last()?.strip_prefix("/usr/bin/"))
+        .map(str::to_string)
         .collect();
     let bins = std::fs::read_to_string(repo().join("hpp-bin/Cargo.toml")).unwrap();
     for b in &built {
         assert!(
             bins.contains(&format!("name = \"{b}\"")),
-            "{name} builds {b}, which hpp-bin does not define"
+            "{name} installs {b}, which hpp-bin does not define"
         );
     }
+    let arg_default = |var: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("ARG {var}=")))
+            .unwrap_or_else(|| panic!("{name}: no default for ARG {var}"))
+            .to_string()
+    };
     for line in text.lines().filter(|l| l.trim_start().starts_with("FROM ")) {
         let image = line.split_whitespace().nth(1).unwrap();
+        let image = match image.strip_prefix("${").and_then(|v| v.strip_suffix('}')) {
+            Some(var) => arg_default(var),
+            None => image.to_string(),
+        };
         let tag = image.rsplit_once(':').map(|(_, t)| t).unwrap_or_default();
         assert!(
             !tag.is_empty() && !image.contains('@'),
@@ -692,7 +702,7 @@ fn containerfile_binaries(name: &str) -> BTreeSet<String> {
         );
         let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
         assert!(
-            readme.contains(image),
+            readme.contains(&image),
             "{name}: base image {image} is not documented in README.md"
         );
     }
