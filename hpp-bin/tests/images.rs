@@ -116,7 +116,9 @@ fn each_image_answers_version_and_carries_its_labels() {
         let out = output(podman().args(["image", "inspect", "--format", "{{json .Config.Labels}}", image]));
         let labels: Value = serde_json::from_slice(&out.stdout).unwrap();
         for label in ["source", "revision", "version", "licenses"] {
-            let value = labels[format!("org.opencontainers.image.{label}")].as_str().unwrap_or_default();
+            let value = labels[format!("org.opencontainers.image.{label}")]
+                .as_str()
+                .unwrap_or_default();
             assert!(!value.is_empty(), "{image}: no org.opencontainers.image.{label} label");
         }
         assert_eq!(labels["org.opencontainers.image.version"], env!("CARGO_PKG_VERSION"));
@@ -149,12 +151,16 @@ fn containers(objects: &[Value]) -> Vec<Value> {
     objects
         .iter()
         .flat_map(|o| {
-            ["/spec/template/spec/containers", "/spec/template/spec/initContainers", "/spec/jobTemplate/spec/template/spec/containers"]
-                .into_iter()
-                .filter_map(|p| o.pointer(p).and_then(Value::as_array))
-                .flatten()
-                .cloned()
-                .collect::<Vec<_>>()
+            [
+                "/spec/template/spec/containers",
+                "/spec/template/spec/initContainers",
+                "/spec/jobTemplate/spec/template/spec/containers",
+            ]
+            .into_iter()
+            .filter_map(|p| o.pointer(p).and_then(Value::as_array))
+            .flatten()
+            .cloned()
+            .collect::<Vec<_>>()
         })
         .collect()
 }
@@ -175,8 +181,11 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
 fn commands() -> BTreeSet<(Stock, Option<String>)> {
     let env = operator_env();
     let var = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()).unwrap();
-    let (operator_image, csi_image, legacy_image) =
-        (var("OPERATOR_IMAGE"), var("CSI_PROVISIONER_IMAGE"), var("PROVISIONER_IMAGE"));
+    let (operator_image, csi_image, legacy_image) = (
+        var("OPERATOR_IMAGE"),
+        var("CSI_PROVISIONER_IMAGE"),
+        var("PROVISIONER_IMAGE"),
+    );
     let mut objects = Vec::new();
     let mut files = Vec::new();
     yaml_files(&repo().join("deploy"), &mut files);
@@ -200,7 +209,11 @@ fn commands() -> BTreeSet<(Stock, Option<String>)> {
         let Some(hpp_bin::operator::Command::Render(r)) = args.command else {
             panic!("render expected")
         };
-        objects.extend(hpp_bin::operator::render::render_with_env(&r, env.clone()).unwrap().objects);
+        objects.extend(
+            hpp_bin::operator::render::render_with_env(&r, env.clone())
+                .unwrap()
+                .objects,
+        );
     }
     let mut out = BTreeSet::new();
     for c in containers(&objects) {
@@ -223,7 +236,10 @@ fn every_command_the_manifests_run_is_in_its_image() {
         return;
     };
     let commands = commands();
-    assert!(commands.contains(&(Stock::Csi, None)), "the CSI DaemonSet runs the entrypoint");
+    assert!(
+        commands.contains(&(Stock::Csi, None)),
+        "the CSI DaemonSet runs the entrypoint"
+    );
     assert!(commands.contains(&(Stock::Operator, Some("/usr/bin/hpp-mounter".into()))));
     for (stock, command) in &commands {
         let image = match stock {
@@ -284,12 +300,10 @@ fn csi_driver_image_serves_a_bind_mounted_pool_to_the_host() {
     };
     // A shared mount, so what the driver mounts in its container shows on the host, as the
     // kubelet sees it through the DaemonSet's Bidirectional mount.
-    let shared = rustix::process::geteuid().is_root()
-        && rustix::mount::mount_bind(&root, &root).is_ok()
-        && {
-            cleanup.mounts.push(root.clone());
-            rustix::mount::mount_change(&root, rustix::mount::MountPropagationFlags::SHARED).is_ok()
-        };
+    let shared = rustix::process::geteuid().is_root() && rustix::mount::mount_bind(&root, &root).is_ok() && {
+        cleanup.mounts.push(root.clone());
+        rustix::mount::mount_change(&root, rustix::mount::MountPropagationFlags::SHARED).is_ok()
+    };
     std::fs::create_dir_all(root.join("pool")).unwrap();
     std::fs::create_dir_all(root.join("target")).unwrap();
     let r = root.display().to_string();
@@ -319,10 +333,16 @@ fn csi_driver_image_serves_a_bind_mounted_pool_to_the_host() {
     assert_eq!(call(&endpoint, &["probe"])["ready"], true);
     let created = call(&endpoint, &["create-volume", "image-test-vol"]);
     assert_eq!(created["volumeId"], "image-test-vol");
-    assert!(root.join("pool/image-test-vol").is_dir(), "the volume is a directory of the host pool");
+    assert!(
+        root.join("pool/image-test-vol").is_dir(),
+        "the volume is a directory of the host pool"
+    );
     let target = root.join("target/image-test-vol");
     let t = target.display().to_string();
-    assert_eq!(call(&endpoint, &["publish", "image-test-vol", &t])["action"], "published");
+    assert_eq!(
+        call(&endpoint, &["publish", "image-test-vol", &t])["action"],
+        "published"
+    );
     if shared {
         std::fs::write(root.join("pool/image-test-vol/data"), "hello").unwrap();
         assert_eq!(std::fs::read_to_string(target.join("data")).unwrap(), "hello");
@@ -330,7 +350,10 @@ fn csi_driver_image_serves_a_bind_mounted_pool_to_the_host() {
     } else {
         eprintln!("not root: the published mount is checked inside the container only");
     }
-    assert_eq!(call(&endpoint, &["unpublish", "image-test-vol", &t])["action"], "unpublished");
+    assert_eq!(
+        call(&endpoint, &["unpublish", "image-test-vol", &t])["action"],
+        "unpublished"
+    );
     drop(cleanup);
 }
 
@@ -358,12 +381,22 @@ fn operator_image_renders_the_example_crs_as_the_host_build() {
             .into_iter::<Value>()
             .collect::<Result<_, _>>()
             .unwrap();
-        let args = hpp_bin::operator::Args::parse_from(["hpp-operator", "render", "--node", "node01", "-f"].into_iter().map(String::from).chain([examples.join(&name).display().to_string()]));
+        let args = hpp_bin::operator::Args::parse_from(
+            ["hpp-operator", "render", "--node", "node01", "-f"]
+                .into_iter()
+                .map(String::from)
+                .chain([examples.join(&name).display().to_string()]),
+        );
         let Some(hpp_bin::operator::Command::Render(r)) = args.command else {
             panic!("render expected")
         };
-        let on_host = hpp_bin::operator::render::render_with_env(&r, env.clone()).unwrap().objects;
+        let on_host = hpp_bin::operator::render::render_with_env(&r, env.clone())
+            .unwrap()
+            .objects;
         assert!(in_image.len() >= 7, "{name}: {} objects", in_image.len());
-        assert_eq!(in_image, on_host, "{name}: the image renders differently from the host build");
+        assert_eq!(
+            in_image, on_host,
+            "{name}: the image renders differently from the host build"
+        );
     }
 }

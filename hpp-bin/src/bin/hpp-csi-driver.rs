@@ -6,5 +6,8 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    hpp_bin::exit_code("hpp-csi-driver", hpp_bin::csi_driver::main(hpp_bin::csi_driver::Args::parse()).await)
+    hpp_bin::exit_code(
+        "hpp-csi-driver",
+        hpp_bin::csi_driver::main(hpp_bin::csi_driver::Args::parse()).await,
+    )
 }

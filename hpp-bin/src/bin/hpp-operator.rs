@@ -6,5 +6,8 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    hpp_bin::exit_code("hpp-operator", hpp_bin::operator::main(hpp_bin::operator::Args::parse()).await)
+    hpp_bin::exit_code(
+        "hpp-operator",
+        hpp_bin::operator::main(hpp_bin::operator::Args::parse()).await,
+    )
 }
