@@ -20,3 +20,20 @@ pub fn build_version() -> String {
         None => env!("CARGO_PKG_VERSION").to_owned(),
     }
 }
+
+/// Ends an executable: on error, one line on stderr (`NAME: error: cause: cause`), never a
+/// backtrace (even with `RUST_BACKTRACE` set), and exit status 1.
+pub fn exit_code(name: &str, result: anyhow::Result<()>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{}", error_line(name, &e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The one-line form of an error and its causes.
+pub fn error_line(name: &str, e: &anyhow::Error) -> String {
+    format!("{name}: error: {e:#}").replace('\n', " ")
+}

@@ -92,7 +92,11 @@ fn all_docs() -> Vec<Doc> {
     files.sort();
     files
         .iter()
-        .filter(|f| f.file_name().is_some_and(|n| n != "kustomization.yaml"))
+        // kustomize's own files are not Kubernetes objects.
+        .filter(|f| {
+            f.file_name()
+                .is_some_and(|n| n != "kustomization.yaml" && n != "kustomizeconfig.yaml")
+        })
         .flat_map(|f| load(f))
         .collect()
 }
@@ -666,25 +670,35 @@ fn rendered_objects_match_deploy() {
     }
 }
 
-/// The binaries a Containerfile builds and installs, by install path.
+/// The binaries a Containerfile installs (`COPY ... /usr/bin/NAME` of a prebuilt hpp-bin
+/// executable), by install path. Base images are `ARG` defaults and must be pinned by tag.
 fn containerfile_binaries(name: &str) -> BTreeSet<String> {
     let text = std::fs::read_to_string(repo().join("images").join(name)).unwrap();
     let built: BTreeSet<String> = text
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .windows(2)
-        .filter(|w| w[0] == "--bin")
-        .map(|w| w[1].to_string())
+        .lines()
+        .filter(|l| l.trim_start().starts_with("COPY ") && !l.contains("--from="))
+        .filter_map(|l| l.split_whitespace().last()?.strip_prefix("/usr/bin/"))
+        .map(str::to_string)
         .collect();
     let bins = std::fs::read_to_string(repo().join("hpp-bin/Cargo.toml")).unwrap();
     for b in &built {
         assert!(
             bins.contains(&format!("name = \"{b}\"")),
-            "{name} builds {b}, which hpp-bin does not define"
+            "{name} installs {b}, which hpp-bin does not define"
         );
     }
+    let arg_default = |var: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("ARG {var}=")))
+            .unwrap_or_else(|| panic!("{name}: no default for ARG {var}"))
+            .to_string()
+    };
     for line in text.lines().filter(|l| l.trim_start().starts_with("FROM ")) {
         let image = line.split_whitespace().nth(1).unwrap();
+        let image = match image.strip_prefix("${").and_then(|v| v.strip_suffix('}')) {
+            Some(var) => arg_default(var),
+            None => image.to_string(),
+        };
         let tag = image.rsplit_once(':').map(|(_, t)| t).unwrap_or_default();
         assert!(
             !tag.is_empty() && !image.contains('@'),
@@ -692,7 +706,7 @@ fn containerfile_binaries(name: &str) -> BTreeSet<String> {
         );
         let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
         assert!(
-            readme.contains(image),
+            readme.contains(&image),
             "{name}: base image {image} is not documented in README.md"
         );
     }
@@ -749,4 +763,71 @@ fn images_ship_the_binaries_the_manifests_run() {
             }
         }
     }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &to.join(entry.file_name()));
+        } else {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+/// Pointing deploy/ at another registry is one edit of its `images:`: the operator container and
+/// the operator's image variables (the images of the pods it creates) all follow.
+#[test]
+fn kustomize_images_reach_the_operator_image_variables() {
+    if std::process::Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIPPED kustomize_images_reach_the_operator_image_variables: kubectl is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let deploy = dir.path().join("deploy");
+    copy_dir(&repo().join("deploy"), &deploy);
+    let k = deploy.join("kustomization.yaml");
+    let text = std::fs::read_to_string(&k).unwrap();
+    assert_eq!(text.matches("newName: ghcr.io/hpp-project/").count(), 2, "{text}");
+    std::fs::write(
+        &k,
+        text.replace("newName: ghcr.io/hpp-project/", "newName: registry.example/mirror/")
+            .replace("newTag: latest", "newTag: v9"),
+    )
+    .unwrap();
+    let out = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&deploy)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let docs: Vec<Value> = serde_saphyr::from_str_multiple(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    let operator = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "hostpath-provisioner-operator")
+        .unwrap();
+    let container = &operator["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["image"], "registry.example/mirror/hpp-operator:v9");
+    let env = |name: &str| {
+        container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap()["value"]
+            .clone()
+    };
+    assert_eq!(env("OPERATOR_IMAGE"), "registry.example/mirror/hpp-operator:v9");
+    assert_eq!(
+        env("CSI_PROVISIONER_IMAGE"),
+        "registry.example/mirror/hpp-csi-driver:v9"
+    );
+    assert_eq!(env("PROVISIONER_IMAGE"), "registry.example/mirror/hpp-csi-driver:v9");
 }

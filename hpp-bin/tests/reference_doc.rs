@@ -687,6 +687,12 @@ fn flags_and_env_names_in_prose_exist() {
     let operator_env = operator_env_names();
     // Flags of the Kubernetes sidecars and kubectl, which the docs also quote.
     let foreign_flags: BTreeSet<&str> = [
+        // images/build.sh and images/test.sh.
+        "--base",
+        "--registry",
+        "--tag",
+        "--push",
+        "--skip-cargo",
         "--csi-address",
         "--kubelet-registration-path",
         "--health-port",

@@ -1,8 +1,13 @@
 //! The `hpp-operator` executable.
 
+use std::process::ExitCode;
+
 use clap::Parser;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    hpp_bin::operator::main(hpp_bin::operator::Args::parse()).await
+async fn main() -> ExitCode {
+    hpp_bin::exit_code(
+        "hpp-operator",
+        hpp_bin::operator::main(hpp_bin::operator::Args::parse()).await,
+    )
 }

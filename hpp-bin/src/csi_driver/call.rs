@@ -267,10 +267,14 @@ fn topology_text(t: &[csi::Topology]) -> String {
 }
 
 fn volume_json(v: &csi::Volume) -> Value {
-    let source = v.content_source.as_ref().and_then(|s| s.r#type.as_ref()).map(|t| match t {
-        volume_content_source::Type::Snapshot(s) => json!({ "snapshot": { "snapshotId": s.snapshot_id } }),
-        volume_content_source::Type::Volume(v) => json!({ "volume": { "volumeId": v.volume_id } }),
-    });
+    let source = v
+        .content_source
+        .as_ref()
+        .and_then(|s| s.r#type.as_ref())
+        .map(|t| match t {
+            volume_content_source::Type::Snapshot(s) => json!({ "snapshot": { "snapshotId": s.snapshot_id } }),
+            volume_content_source::Type::Volume(v) => json!({ "volume": { "volumeId": v.volume_id } }),
+        });
     let mut out = json!({
         "volumeId": v.volume_id,
         "capacityBytes": v.capacity_bytes,
@@ -315,7 +319,10 @@ fn snapshot_row(s: &csi::Snapshot) -> Vec<String> {
         s.source_volume_id.clone(),
         human_bytes(s.size_bytes),
         s.ready_to_use.to_string(),
-        s.creation_time.as_ref().map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
+        s.creation_time
+            .as_ref()
+            .map(|t| t.to_string())
+            .unwrap_or_else(|| "-".into()),
     ]
 }
 
@@ -424,7 +431,13 @@ pub fn stats_reply(r: &csi::NodeGetVolumeStatsResponse) -> Reply {
         Ok(Unit::Inodes) => "inodes",
         _ => "unknown",
     };
-    let amount = |u: i32, n: i64| if unit(u) == "bytes" { human_bytes(n) } else { n.to_string() };
+    let amount = |u: i32, n: i64| {
+        if unit(u) == "bytes" {
+            human_bytes(n)
+        } else {
+            n.to_string()
+        }
+    };
     let mut value = json!({
         "usage": r.usage.iter().map(|u| json!({
             "unit": unit(u.unit), "total": u.total, "used": u.used, "available": u.available,
@@ -477,10 +490,17 @@ pub async fn call(ch: tonic::transport::Channel, op: Op) -> Result<Reply, CallEr
     let mut controller = ControllerClient::new(ch.clone());
     let mut node = NodeClient::new(ch);
     let reply = match op {
-        Op::Info => info_reply(&identity.get_plugin_info(csi::GetPluginInfoRequest {}).await?.into_inner()),
+        Op::Info => info_reply(
+            &identity
+                .get_plugin_info(csi::GetPluginInfoRequest {})
+                .await?
+                .into_inner(),
+        ),
         Op::Probe => probe_reply(&identity.probe(csi::ProbeRequest {}).await?.into_inner()),
         Op::Capacity { pool } => {
-            let shown = pool.clone().unwrap_or_else(|| hpp_api::constants::DEFAULT_POOL_NAME.to_owned());
+            let shown = pool
+                .clone()
+                .unwrap_or_else(|| hpp_api::constants::DEFAULT_POOL_NAME.to_owned());
             let req = csi::GetCapacityRequest {
                 parameters: pool_params(pool),
                 ..Default::default()

@@ -74,7 +74,10 @@ async fn call_prints_tables_by_default_json_or_yaml_on_request_and_errors_on_one
     let created = call_cli(&ep, &["create-volume", "demo"]).await.unwrap();
     let lines: Vec<&str> = created.lines().collect();
     assert_eq!(lines.len(), 2, "{created}");
-    assert!(lines[0].starts_with("VOLUME") && lines[0].contains("CAPACITY"), "{created}");
+    assert!(
+        lines[0].starts_with("VOLUME") && lines[0].contains("CAPACITY"),
+        "{created}"
+    );
     assert!(lines[1].starts_with("demo "), "{created}");
     assert!(lines[1].contains("test-node"), "{created}");
     assert!(!created.contains("Volume {"), "no Rust debug structs: {created}");
@@ -89,16 +92,23 @@ async fn call_prints_tables_by_default_json_or_yaml_on_request_and_errors_on_one
     assert_eq!(call_cli(&ep, &["probe"]).await.unwrap(), "ready\n");
 
     let target = dir.path().join("target");
-    let published = call_cli(&ep, &["publish", "demo", target.to_str().unwrap()]).await.unwrap();
+    let published = call_cli(&ep, &["publish", "demo", target.to_str().unwrap()])
+        .await
+        .unwrap();
     assert_eq!(published, format!("published demo {}\n", target.display()));
-    call_cli(&ep, &["unpublish", "demo", target.to_str().unwrap()]).await.unwrap();
+    call_cli(&ep, &["unpublish", "demo", target.to_str().unwrap()])
+        .await
+        .unwrap();
 
     let err = call_cli(&ep, &["publish", "missing", target.to_str().unwrap()])
         .await
         .unwrap_err()
         .to_string();
     assert!(err.starts_with("NotFound: "), "{err}");
-    assert!(err.contains("missing") && !err.contains('\n') && !err.contains("metadata"), "{err}");
+    assert!(
+        err.contains("missing") && !err.contains('\n') && !err.contains("metadata"),
+        "{err}"
+    );
     drop(running);
 }
 
@@ -124,8 +134,15 @@ fn version_is_printed_by_bare_flag_short_flag_and_subcommand_but_a_value_is_kube
 
 #[test]
 fn startup_hint_names_this_binary_not_cargo() {
-    let hint = startup_hint("/usr/bin/hpp-csi-driver", &Endpoint::Unix("/csi/csi.sock".into()), "https://[::]:8443");
-    assert!(hint.contains("/usr/bin/hpp-csi-driver call --endpoint unix:///csi/csi.sock info"), "{hint}");
+    let hint = startup_hint(
+        "/usr/bin/hpp-csi-driver",
+        &Endpoint::Unix("/csi/csi.sock".into()),
+        "https://[::]:8443",
+    );
+    assert!(
+        hint.contains("/usr/bin/hpp-csi-driver call --endpoint unix:///csi/csi.sock info"),
+        "{hint}"
+    );
     assert!(!hint.contains("cargo"), "{hint}");
     assert!(own_command().ends_with(std::env::current_exe().unwrap().file_name().unwrap().to_str().unwrap()));
 }

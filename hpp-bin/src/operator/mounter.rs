@@ -64,6 +64,17 @@ fn check(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Formats an empty block pool.
+pub const MKFS: &str = "mkfs.xfs";
+/// Tells whether a block pool already carries a filesystem.
+pub const BLKID: &str = "blkid";
+/// Mounts the pool.
+pub const MOUNT: &str = "mount";
+/// Unmounts the pool.
+pub const UMOUNT: &str = "umount";
+/// Every external tool the mounter runs (found on `PATH`); the operator image ships them.
+pub const TOOLS: [&str; 4] = [MKFS, BLKID, MOUNT, UMOUNT];
+
 fn is_block_device(path: &Path) -> bool {
     use std::os::unix::fs::FileTypeExt;
     std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device())
@@ -71,7 +82,7 @@ fn is_block_device(path: &Path) -> bool {
 
 /// Whether a block device already carries a filesystem (blkid exits 2 when it finds nothing).
 fn has_filesystem(device: &Path) -> anyhow::Result<bool> {
-    let out = run(Command::new("blkid")
+    let out = run(Command::new(BLKID)
         .args(["-p", "-s", "TYPE", "-o", "value"])
         .arg(device))?;
     match out.status.code() {
@@ -99,11 +110,11 @@ pub fn ensure_mounted(args: &MounterArgs) -> anyhow::Result<bool> {
     if is_block_device(source) {
         if !has_filesystem(source)? {
             info!(device = %source.display(), "empty block device, creating an xfs filesystem");
-            check(Command::new("mkfs.xfs").arg(source))?;
+            check(Command::new(MKFS).arg(source))?;
         }
-        check(Command::new("mount").arg(source).arg(&target))?;
+        check(Command::new(MOUNT).arg(source).arg(&target))?;
     } else {
-        check(Command::new("mount").arg("--bind").arg(source).arg(&target))?;
+        check(Command::new(MOUNT).arg("--bind").arg(source).arg(&target))?;
     }
     info!(source = %source.display(), target = %target.display(), "mounted storage pool");
     Ok(true)
@@ -114,7 +125,7 @@ pub fn unmount(args: &MounterArgs) -> anyhow::Result<usize> {
     let target = target(args);
     let mut removed = 0;
     while target.exists() && is_mount_point(&target)? {
-        check(Command::new("umount").arg(&target))?;
+        check(Command::new(UMOUNT).arg(&target))?;
         removed += 1;
         if removed > 64 {
             bail!("{} is still mounted after {removed} unmounts", target.display());

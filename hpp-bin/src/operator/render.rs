@@ -83,10 +83,7 @@ pub fn parse_cr(text: &str) -> anyhow::Result<HostPathProvisioner> {
 
 /// The objects for `args`, with images and versions from `env` (the process environment in
 /// `main`). Fails, naming every bad field, on a CR the admission webhook would reject.
-pub fn render_with_env(
-    args: &RenderArgs,
-    env: impl IntoIterator<Item = (String, String)>,
-) -> anyhow::Result<Rendered> {
+pub fn render_with_env(args: &RenderArgs, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<Rendered> {
     let text = if args.file.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin())?
     } else {
@@ -196,5 +193,79 @@ mod tests {
             count("hostpathprovisioner_legacy_cr", &["--openshift", "--prometheus"]),
             18
         );
+    }
+
+    fn render_args(file: &std::path::Path, extra: &[&str]) -> RenderArgs {
+        let mut argv = vec!["hpp-operator", "render", "-f", file.to_str().unwrap()];
+        argv.extend_from_slice(extra);
+        let Some(crate::operator::Command::Render(r)) = crate::operator::Args::parse_from(argv).command else {
+            panic!("render expected")
+        };
+        r
+    }
+
+    fn example(name: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!("{}/../deploy/examples/{name}.yaml", env!("CARGO_MANIFEST_DIR")))
+    }
+
+    fn all_images() -> Vec<(String, String)> {
+        HPP_IMAGE_VARS
+            .iter()
+            .map(|v| (v.to_string(), format!("registry/{v}:1")))
+            .collect()
+    }
+
+    #[test]
+    fn refuses_a_cr_the_webhook_rejects_naming_every_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("bad.yaml");
+        std::fs::write(
+            &file,
+            "apiVersion: hostpathprovisioner.kubevirt.io/v1beta1\nkind: HostPathProvisioner\n\
+             metadata: {name: hostpath-provisioner}\n\
+             spec: {imagePullPolicy: IfNotPresent, storagePools: [{name: Bad_Name, path: var/x/}]}\n",
+        )
+        .unwrap();
+        let err = render_with_env(&render_args(&file, &[]), all_images())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("admission webhook would reject"), "{err}");
+        assert!(err.contains("spec.storagePools[0].name"), "{err}");
+        assert!(err.contains("spec.storagePools[0].path"), "{err}");
+    }
+
+    #[test]
+    fn says_what_it_leaves_out_and_which_images_are_placeholders() {
+        let pvc = example("hostpathprovisioner_pvctemplate_cr");
+        let without_nodes = render_with_env(&render_args(&pvc, &[]), all_images()).unwrap();
+        assert_eq!(without_nodes.notes.len(), 1, "{:?}", without_nodes.notes);
+        assert!(without_nodes.notes[0].contains("local") && without_nodes.notes[0].contains("--node"));
+        let with_nodes = render_with_env(&render_args(&pvc, &["--node", "n1"]), all_images()).unwrap();
+        assert!(with_nodes.notes.is_empty(), "{:?}", with_nodes.notes);
+        let plain = example("hostpathprovisioner_cr");
+        let placeholders = render_with_env(&render_args(&plain, &[]), Vec::new()).unwrap();
+        assert_eq!(placeholders.notes.len(), 1, "{:?}", placeholders.notes);
+        for var in HPP_IMAGE_VARS {
+            assert!(placeholders.notes[0].contains(var), "{:?}", placeholders.notes);
+        }
+    }
+
+    #[test]
+    fn json_and_yaml_are_one_document_per_object_in_apply_order() {
+        let args = render_args(&example("hostpathprovisioner_legacy_cr"), &["-o", "json"]);
+        assert_eq!(args.output, RenderFormat::Json);
+        let rendered = render_with_env(&args, all_images()).unwrap();
+        let json: Vec<serde_json::Value> =
+            serde_json::Deserializer::from_str(&rendered.to_text(RenderFormat::Json).unwrap())
+                .into_iter()
+                .collect::<Result<_, _>>()
+                .unwrap();
+        assert_eq!(json, rendered.objects);
+        let yaml: Vec<serde_json::Value> =
+            serde_saphyr::from_str_multiple(&rendered.to_text(RenderFormat::Yaml).unwrap()).unwrap();
+        assert_eq!(yaml, rendered.objects);
+        // Apply order: the namespace-scoped accounts before the workloads that use them.
+        let position = |kind: &str| rendered.objects.iter().position(|o| o["kind"] == kind).unwrap();
+        assert!(position("ServiceAccount") < position("DaemonSet"));
     }
 }
