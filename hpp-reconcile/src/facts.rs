@@ -39,13 +39,14 @@ pub struct MounterFact {
     pub name: String,
     /// Pool label value (`<pool>-hpp`).
     pub pool_label: String,
-    /// Node it is pinned to (from its required node affinity).
+    /// Node it is pinned to (its `pool-node` annotation).
     pub node: String,
-    /// Its `--mountPath` (`<pool path>/csi`), needed to unmount after the pool is gone.
+    /// Its mount path (`<pool path>/csi`, the `pool-mount-path` annotation), needed to unmount
+    /// after the pool is gone.
     pub mount_path: String,
 }
 
-/// An existing cleanup Job.
+/// An existing cleanup Job (one the operator annotated as `pool-action: unmount`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CleanupJobFact {
     /// Job name.
@@ -127,8 +128,12 @@ pub struct ClusterFacts {
     pub has_prometheus: bool,
     /// Every node in the cluster.
     pub nodes: Vec<NodeFact>,
-    /// Mounter Deployments that exist now.
+    /// Mounter Deployments that exist now, with their recorded node and mount path.
     pub mounters: Vec<MounterFact>,
+    /// Names of mounter Deployments without the recorded node and mount path (written by an
+    /// older operator): unknown, so they are re-rendered (and annotated) if still wanted and
+    /// otherwise removed by the sweep without an unmount Job.
+    pub unrecorded_mounters: Vec<String>,
     /// Cleanup Jobs that exist now.
     pub cleanup_jobs: Vec<CleanupJobFact>,
     /// Pool PVCs that exist now.
