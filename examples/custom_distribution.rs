@@ -1,63 +1,41 @@
-//! A custom distribution that keeps the standard pipeline but ships its own images and replaces
-//! one sub-reconciler: the CSI DaemonSet step is wrapped so every DaemonSet it builds carries the
-//! distribution's label. Rendered offline, so it runs without a cluster.
+//! A custom distribution that keeps the standard pipeline but ships its own images and wraps
+//! one sub-reconciler: the CSI DaemonSet step is decorated (one adapter, no re-delegation of the
+//! trait) so every DaemonSet it builds carries the distribution's label. Rendered offline, so it runs without a cluster.
 //!
 //! Run with `cargo run -p hpp-examples --example custom_distribution` (prints the objects as
 //! YAML); `examples/tests/custom_distribution.rs` checks them.
 
 use hpp_api::HostPathProvisioner;
-use hpp_reconcile::deps::async_trait;
-use hpp_reconcile::deps::kube::api::DynamicObject;
-use hpp_reconcile::object::Kind;
-use hpp_reconcile::reconcilers::CsiDaemonSet;
-use hpp_reconcile::{ClusterFacts, DesiredObject, OperatorConfig, Pipeline, Readiness, SubReconciler};
+use hpp_reconcile::{ClusterFacts, DesiredObject, OperatorConfig, Pipeline};
 
 /// Label the distribution adds to the CSI DaemonSet.
 pub const TEAM_LABEL: &str = "example.com/team";
 
 // ANCHOR: wrapper
-/// The stock CSI DaemonSet step, plus the distribution's label on what it builds.
-pub struct LabelledCsiDaemonSet;
-
-#[async_trait]
-impl SubReconciler for LabelledCsiDaemonSet {
-    // Same name as the step it replaces: same field manager, so live objects are adopted.
-    fn name(&self) -> &str {
-        CsiDaemonSet.name()
+/// Adds the distribution's label to every object of a step.
+pub fn add_team_label(
+    _hpp: &HostPathProvisioner,
+    _cfg: &OperatorConfig,
+    _facts: &ClusterFacts,
+    objects: &mut Vec<DesiredObject>,
+) -> hpp_reconcile::Result<()> {
+    for obj in objects {
+        obj.object
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(TEAM_LABEL.to_owned(), "storage".to_owned());
     }
-
-    fn kinds(&self, facts: &ClusterFacts) -> Vec<Kind> {
-        CsiDaemonSet.kinds(facts)
-    }
-
-    fn desired(
-        &self,
-        hpp: &HostPathProvisioner,
-        cfg: &OperatorConfig,
-        facts: &ClusterFacts,
-    ) -> hpp_reconcile::Result<Vec<DesiredObject>> {
-        let mut objects = CsiDaemonSet.desired(hpp, cfg, facts)?;
-        for obj in &mut objects {
-            obj.object
-                .metadata
-                .labels
-                .get_or_insert_with(Default::default)
-                .insert(TEAM_LABEL.to_owned(), "storage".to_owned());
-        }
-        Ok(objects)
-    }
-
-    fn readiness(&self, hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Readiness {
-        CsiDaemonSet.readiness(hpp, live)
-    }
+    Ok(())
 }
 // ANCHOR_END: wrapper
 
 // ANCHOR: distribution
-/// The distribution's pipeline: standard, with the CSI DaemonSet step replaced in place.
+/// The distribution's pipeline: standard, with the CSI DaemonSet step decorated in place (same
+/// name and field manager, so live objects are adopted; readiness and cleanup unchanged).
 pub fn pipeline() -> Pipeline {
     let mut pipeline = Pipeline::standard();
-    pipeline.replace("csi-daemonset", Box::new(LabelledCsiDaemonSet));
+    pipeline.decorate("csi-daemonset", add_team_label);
     pipeline
 }
 

@@ -46,6 +46,37 @@ async fn the_distribution_adds_pool_classes_and_drops_monitoring() {
         .await
         .expect("the distribution reconciled");
     // ANCHOR_END: testkit
+    // The step's own condition, from the fact it gathered, is on the CR.
+    let has_condition = |f: &FakeApiServer| {
+        f.get::<HostPathProvisioner>(None, "hostpath-provisioner")
+            .and_then(|h| h.status)
+            .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == example::CONDITION))
+    };
+    tokio::time::timeout(Duration::from_secs(60), fake.wait_until(has_condition))
+        .await
+        .expect("the step's condition is published");
+    let status = fake
+        .get::<HostPathProvisioner>(None, "hostpath-provisioner")
+        .unwrap()
+        .status
+        .unwrap();
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == example::CONDITION)
+        .unwrap();
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_deref()),
+        ("False", Some("NotFound"))
+    );
+    // Drift on the step's objects is repaired through the watch on its kind.
+    assert!(fake.remove::<StorageClass>(None, "hostpath-local"));
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        fake.wait_until(|f| f.get::<StorageClass>(None, "hostpath-local").is_some()),
+    )
+    .await
+    .expect("repaired");
     let sc = fake.get::<StorageClass>(None, "hostpath-local").unwrap();
     assert_eq!(sc.volume_binding_mode.as_deref(), Some("WaitForFirstConsumer"));
     assert_eq!(sc.parameters.unwrap()["storagePool"], "local");

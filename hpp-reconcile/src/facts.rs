@@ -2,7 +2,9 @@
 //! discovery, nodes, and the pool objects already present. Gathered by I/O once per pass (see
 //! `gather`), consumed by the pure builders, and constructible by hand for `render` and tests.
 
-use std::collections::BTreeMap;
+use std::any::{Any, TypeId};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Taint;
 
@@ -37,13 +39,14 @@ pub struct MounterFact {
     pub name: String,
     /// Pool label value (`<pool>-hpp`).
     pub pool_label: String,
-    /// Node it is pinned to (from its required node affinity).
+    /// Node it is pinned to (its `pool-node` annotation).
     pub node: String,
-    /// Its `--mountPath` (`<pool path>/csi`), needed to unmount after the pool is gone.
+    /// Its mount path (`<pool path>/csi`, the `pool-mount-path` annotation), needed to unmount
+    /// after the pool is gone.
     pub mount_path: String,
 }
 
-/// An existing cleanup Job.
+/// An existing cleanup Job (one the operator annotated as `pool-action: unmount`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CleanupJobFact {
     /// Job name.
@@ -67,7 +70,56 @@ pub struct ClaimFact {
     pub pool_label: String,
 }
 
-/// Everything the builders may depend on besides the CR and the configuration.
+/// Facts a plugged-in step gathered for itself, one value per type (a type map), so a step
+/// can read what it needs in its own `gather` and use it in `desired` and `readiness` without
+/// a field in [`ClusterFacts`].
+#[derive(Clone, Default)]
+pub struct FactMap {
+    values: HashMap<TypeId, Arc<dyn Any + Send + Sync>>,
+}
+
+impl FactMap {
+    /// Stores a fact, replacing an earlier one of the same type.
+    pub fn insert<T: Any + Send + Sync>(&mut self, value: T) {
+        self.values.insert(TypeId::of::<T>(), Arc::new(value));
+    }
+
+    /// The fact of type `T`, if a step stored one.
+    pub fn get<T: Any + Send + Sync>(&self) -> Option<&T> {
+        self.values.get(&TypeId::of::<T>())?.downcast_ref()
+    }
+
+    /// How many facts are stored.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether no fact is stored.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+}
+
+impl std::fmt::Debug for FactMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FactMap").field("len", &self.values.len()).finish()
+    }
+}
+
+/// Two maps are equal when they hold the very same values (facts are not required to be
+/// comparable).
+impl PartialEq for FactMap {
+    fn eq(&self, other: &Self) -> bool {
+        self.values.len() == other.values.len()
+            && self
+                .values
+                .iter()
+                .all(|(k, v)| other.values.get(k).is_some_and(|o| Arc::ptr_eq(v, o)))
+    }
+}
+
+/// Everything the builders may depend on besides the CR and the configuration: the facts the
+/// HPP distribution needs, plus [`FactMap`] extensions any step can add.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClusterFacts {
     /// `security.openshift.io/v1` SecurityContextConstraints is served.
@@ -76,14 +128,20 @@ pub struct ClusterFacts {
     pub has_prometheus: bool,
     /// Every node in the cluster.
     pub nodes: Vec<NodeFact>,
-    /// Mounter Deployments that exist now.
+    /// Mounter Deployments that exist now, with their recorded node and mount path.
     pub mounters: Vec<MounterFact>,
+    /// Names of mounter Deployments without the recorded node and mount path (written by an
+    /// older operator): unknown, so they are re-rendered (and annotated) if still wanted and
+    /// otherwise removed by the sweep without an unmount Job.
+    pub unrecorded_mounters: Vec<String>,
     /// Cleanup Jobs that exist now.
     pub cleanup_jobs: Vec<CleanupJobFact>,
     /// Pool PVCs that exist now.
     pub claims: Vec<ClaimFact>,
     /// Names of the other HostPathProvisioner objects (a second one is reported, not served).
     pub other_provisioners: Vec<String>,
+    /// Facts plugged-in steps gathered for themselves (see `SubReconciler::gather`).
+    pub extensions: FactMap,
 }
 
 impl ClusterFacts {
@@ -97,8 +155,35 @@ impl ClusterFacts {
         }
     }
 
+    /// The fact of type `T` a step gathered, if any.
+    pub fn get<T: Any + Send + Sync>(&self) -> Option<&T> {
+        self.extensions.get()
+    }
+
     /// The node with this name, if it exists.
     pub fn node(&self, name: &str) -> Option<&NodeFact> {
         self.nodes.iter().find(|n| n.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq)]
+    struct QuotaFact(u64);
+
+    #[test]
+    fn steps_store_facts_of_their_own_type() {
+        let mut facts = ClusterFacts::default();
+        assert!(facts.get::<QuotaFact>().is_none());
+        facts.extensions.insert(QuotaFact(7));
+        facts.extensions.insert(String::from("other"));
+        assert_eq!(facts.get::<QuotaFact>(), Some(&QuotaFact(7)));
+        assert_eq!(facts.extensions.len(), 2);
+        let copy = facts.clone();
+        assert_eq!(copy, facts, "clones share the values");
+        facts.extensions.insert(QuotaFact(8));
+        assert_ne!(copy, facts);
     }
 }

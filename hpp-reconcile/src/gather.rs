@@ -1,6 +1,8 @@
 //! Reads the cluster facts a pass needs (discovery, nodes, existing pool objects), from the
 //! watch caches when the controller keeps them, else from the API. Reads only.
 
+use std::collections::BTreeMap;
+
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -9,15 +11,15 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use tracing::warn;
 
 use crate::apply::Applier;
 use crate::cache::Cache;
 use crate::error::{Error, Result};
 use crate::facts::{ClaimFact, CleanupJobFact, ClusterFacts, MounterFact, NodeFact};
+use crate::names;
 use crate::object::Kind;
-use crate::reconcilers::common::{deployment_kind, job_kind, pinned_node, pvc_kind};
-use crate::reconcilers::pool_objects::mount_path_arg;
+use crate::reconcilers::common::{deployment_kind, job_kind, pvc_kind};
 
 /// Whether the API server serves `kind` in `group` (any version).
 pub async fn has_api(client: &Client, group: &str, plural: &str) -> Result<bool> {
@@ -79,11 +81,14 @@ async fn list<K: DeserializeOwned>(applier: &Applier, source: &Source, namespace
         .collect()
 }
 
-fn pod_spec<T: serde::Serialize>(obj: &T) -> Value {
-    serde_json::to_value(obj)
-        .ok()
-        .and_then(|v| v.pointer("/spec/template/spec").cloned())
-        .unwrap_or(Value::Null)
+/// The node and mount path the operator recorded on a pool object doing `action`; `None` when
+/// the object does another action or was written without them.
+fn recorded(annotations: &BTreeMap<String, String>, action: &str) -> Option<(String, String)> {
+    (annotations.get(names::ANNOTATION_POOL_ACTION)?.as_str() == action).then_some(())?;
+    Some((
+        annotations.get(names::ANNOTATION_POOL_NODE)?.clone(),
+        annotations.get(names::ANNOTATION_POOL_MOUNT_PATH)?.clone(),
+    ))
 }
 
 /// Reads every fact for a pass in `namespace`.
@@ -102,31 +107,35 @@ pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> 
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
         })
         .collect();
-    let mounters = list::<Deployment>(applier, &mounter_source(), namespace)
-        .await?
-        .into_iter()
-        .filter_map(|d| {
-            let spec = pod_spec(&d);
-            Some(MounterFact {
+    let mut unrecorded_mounters = Vec::new();
+    let mut mounters = Vec::new();
+    for d in list::<Deployment>(applier, &mounter_source(), namespace).await? {
+        let Some(pool_label) = d.labels().get(c::LABEL_HPP_POOL).cloned() else {
+            continue;
+        };
+        match recorded(d.annotations(), names::POOL_ACTION_MOUNT) {
+            Some((node, mount_path)) => mounters.push(MounterFact {
                 name: d.name_any(),
-                pool_label: d.labels().get(c::LABEL_HPP_POOL)?.clone(),
-                node: pinned_node(&spec)?,
-                mount_path: mount_path_arg(&spec).unwrap_or_default(),
-            })
-        })
-        .collect();
+                pool_label,
+                node,
+                mount_path,
+            }),
+            None => {
+                warn!(deployment = %d.name_any(), "mounter without recorded node and mount path (older operator)");
+                unrecorded_mounters.push(d.name_any());
+            }
+        }
+    }
     let cleanup_jobs = list::<Job>(applier, &job_source(), namespace)
         .await?
         .into_iter()
         .filter_map(|j| {
-            let spec = pod_spec(&j);
-            let unmount = spec.to_string().contains("--unmount");
-            unmount.then_some(())?;
+            let (node, mount_path) = recorded(j.annotations(), names::POOL_ACTION_UNMOUNT)?;
             Some(CleanupJobFact {
                 name: j.name_any(),
-                node: pinned_node(&spec)?,
+                node,
                 pool_label: j.labels().get(c::LABEL_STORAGE_POOL).cloned().unwrap_or_default(),
-                mount_path: mount_path_arg(&spec).unwrap_or_default(),
+                mount_path,
                 succeeded: j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0,
             })
         })
@@ -144,6 +153,7 @@ pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> 
     Ok(ClusterFacts {
         nodes,
         mounters,
+        unrecorded_mounters,
         cleanup_jobs,
         claims,
         other_provisioners: Vec::new(),

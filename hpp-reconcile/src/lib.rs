@@ -26,10 +26,10 @@ pub mod subreconciler;
 pub use apply::Applier;
 pub use config::OperatorConfig;
 pub use error::{Error, Result};
-pub use facts::ClusterFacts;
+pub use facts::{ClusterFacts, FactMap};
 pub use object::{ApplyStrategy, DesiredObject, Kind};
 pub use pipeline::Pipeline;
-pub use subreconciler::{Readiness, SubReconciler};
+pub use subreconciler::{Decorate, Readiness, StepCondition, SubReconciler, SubReconcilerExt};
 
 /// The crates a custom sub-reconciler needs, re-exported so an embedder depends on one crate
 /// and always gets the versions this library was built with.

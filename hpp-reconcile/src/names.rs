@@ -36,6 +36,17 @@ pub const LEGACY_DATA_DIR: &str = "csi-data-dir";
 /// Annotation on every applied object: hash of what the operator last applied, so a field the
 /// operator stops sending is noticed even though the live object still "contains" the desired one.
 pub const ANNOTATION_DESIRED_HASH: &str = "hostpathprovisioner.kubevirt.io/desired-hash";
+/// On mounter Deployments and cleanup Jobs: the node the pod is pinned to, recorded so the
+/// operator never has to recover it from the pod spec.
+pub const ANNOTATION_POOL_NODE: &str = "hostpathprovisioner.kubevirt.io/pool-node";
+/// On mounter Deployments and cleanup Jobs: the pool mount path (`<pool path>/csi`).
+pub const ANNOTATION_POOL_MOUNT_PATH: &str = "hostpathprovisioner.kubevirt.io/pool-mount-path";
+/// On mounter Deployments and cleanup Jobs: what the pod does to the pool, `mount` or `unmount`.
+pub const ANNOTATION_POOL_ACTION: &str = "hostpathprovisioner.kubevirt.io/pool-action";
+/// [`ANNOTATION_POOL_ACTION`] of a mounter Deployment.
+pub const POOL_ACTION_MOUNT: &str = "mount";
+/// [`ANNOTATION_POOL_ACTION`] of a cleanup Job.
+pub const POOL_ACTION_UNMOUNT: &str = "unmount";
 
 /// Kubernetes name limit used for every generated name.
 pub const MAX_NAME_LENGTH: usize = 63;

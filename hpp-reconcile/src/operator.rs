@@ -220,8 +220,10 @@ async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
         return Err(err);
     }
     let pass = async {
-        let facts = gather::gather(&ctx.applier(), &cfg.namespace).await?;
-        ctx.pipeline.apply(&ctx.applier(), &hpp, cfg, &facts).await
+        let applier = ctx.applier();
+        let mut facts = gather::gather(&applier, &cfg.namespace).await?;
+        ctx.pipeline.gather(&applier, cfg, &mut facts).await?;
+        ctx.pipeline.apply(&applier, &hpp, cfg, &facts).await
     };
     match pass.await {
         Ok(report) => {
@@ -245,8 +247,10 @@ async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
 async fn cleanup(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
     info!(hpp = %hpp.name_any(), "cleaning up");
     let cfg = &ctx.pass_config();
-    let facts = gather::gather(&ctx.applier(), &cfg.namespace).await?;
-    ctx.pipeline.cleanup(&ctx.applier(), &hpp, cfg, &facts).await?;
+    let applier = ctx.applier();
+    let mut facts = gather::gather(&applier, &cfg.namespace).await?;
+    ctx.pipeline.gather(&applier, cfg, &mut facts).await?;
+    ctx.pipeline.cleanup(&applier, &hpp, cfg, &facts).await?;
     Ok(Action::await_change())
 }
 

@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::facts::ClusterFacts;
 use crate::object::{DesiredObject, Kind, ObjectKey};
 use crate::reconcilers;
-use crate::subreconciler::{Readiness, SubReconciler};
+use crate::subreconciler::{Decorate, Edit, Readiness, SubReconciler};
 
 /// The sub-reconcilers of a distribution, in apply order (cleanup runs in reverse).
 #[derive(Default)]
@@ -76,6 +76,18 @@ impl Pipeline {
         }
     }
 
+    /// Wraps the named step in place so its desired objects pass through `edit` (a
+    /// [`Decorate`]); returns whether it existed. Name, field manager, kinds, readiness and
+    /// cleanup stay the step's own, so live objects are adopted as they are.
+    pub fn decorate(&mut self, name: &str, edit: impl Edit + 'static) -> bool {
+        let Some(i) = self.position(name) else {
+            return false;
+        };
+        let step = self.steps.remove(i);
+        self.steps.insert(i, Box::new(Decorate::new(step, edit)));
+        true
+    }
+
     /// Removes the named step; returns whether it existed.
     pub fn remove(&mut self, name: &str) -> bool {
         let before = self.steps.len();
@@ -111,6 +123,14 @@ impl Pipeline {
             .collect()
     }
 
+    /// Every step's own facts, gathered in step order into `facts.extensions`.
+    pub async fn gather(&self, applier: &Applier, cfg: &OperatorConfig, facts: &mut ClusterFacts) -> Result<()> {
+        for step in &self.steps {
+            step.gather(applier, cfg, facts).await?;
+        }
+        Ok(())
+    }
+
     /// One pass: apply every step in order, then delete labelled objects nobody claimed.
     #[instrument(skip_all, fields(hpp = %hpp.metadata.name.as_deref().unwrap_or_default()))]
     pub async fn apply(
@@ -126,7 +146,7 @@ impl Pipeline {
             let desired = step.desired(hpp, cfg, facts)?;
             claimed.extend(desired.iter().map(DesiredObject::key));
             let live = step.apply(applier, &desired).await?;
-            report.readiness.merge(step.readiness(hpp, &live));
+            report.readiness.merge(step.readiness(hpp, facts, &live));
         }
         for kind in self.kinds(facts) {
             for (key, _) in applier.list_managed(&kind, &cfg.namespace).await? {

@@ -6,6 +6,9 @@ use hpp_api::v1beta1::{Condition, HostPathProvisionerStatus};
 
 use crate::subreconciler::Readiness;
 
+/// The operator's own conditions, in the order they are written; steps add others after them.
+const OPERATOR_CONDITIONS: [&str; 3] = [cond::AVAILABLE, cond::PROGRESSING, cond::DEGRADED];
+
 /// How a pass ended, as far as the status is concerned.
 #[derive(Debug)]
 pub enum Outcome<'a> {
@@ -162,27 +165,52 @@ pub fn derive(prev: &HostPathProvisionerStatus, version: &str, outcome: &Outcome
         Outcome::Refused(msg) => (State::Failed, cond::REASON_RECONCILE_FAILED, msg.clone()),
     };
     let flags = state.flags();
-    status.conditions = [cond::AVAILABLE, cond::PROGRESSING, cond::DEGRADED]
+    let condition = |ty: &str, on: bool, reason: Option<String>, message: Option<String>| {
+        let value = if on { "True" } else { "False" };
+        let old = prev.conditions.iter().find(|c| c.type_ == ty);
+        let transition_time = match old {
+            Some(o) if o.status == value => o.last_transition_time.clone().or_else(|| Some(now.to_owned())),
+            _ => Some(now.to_owned()),
+        };
+        Condition {
+            type_: ty.to_owned(),
+            status: value.to_owned(),
+            reason,
+            message,
+            last_heartbeat_time: Some(now.to_owned()),
+            last_transition_time: transition_time,
+        }
+    };
+    let mut conditions: Vec<Condition> = OPERATOR_CONDITIONS
         .iter()
         .zip(flags)
         .map(|(ty, on)| {
-            let value = if on { "True" } else { "False" };
             let carries = *ty == state.carrier();
-            let old = prev.conditions.iter().find(|c| c.type_ == *ty);
-            let transition_time = match old {
-                Some(o) if o.status == value => o.last_transition_time.clone().or_else(|| Some(now.to_owned())),
-                _ => Some(now.to_owned()),
-            };
-            Condition {
-                type_: (*ty).to_owned(),
-                status: value.to_owned(),
-                reason: carries.then(|| reason.to_owned()),
-                message: carries.then(|| message.clone()),
-                last_heartbeat_time: Some(now.to_owned()),
-                last_transition_time: transition_time,
-            }
+            condition(
+                ty,
+                on,
+                carries.then(|| reason.to_owned()),
+                carries.then(|| message.clone()),
+            )
         })
         .collect();
+    // Conditions of plugged-in steps: as reported by this pass, or kept from the last status
+    // when the pass did not get as far as asking the steps.
+    match outcome {
+        Outcome::Applied(r) => conditions.extend(
+            r.conditions
+                .iter()
+                .filter(|c| !OPERATOR_CONDITIONS.contains(&c.type_.as_str()))
+                .map(|c| condition(&c.type_, c.status, Some(c.reason.clone()), Some(c.message.clone()))),
+        ),
+        _ => conditions.extend(
+            prev.conditions
+                .iter()
+                .filter(|c| !OPERATOR_CONDITIONS.contains(&c.type_.as_str()))
+                .cloned(),
+        ),
+    }
+    status.conditions = conditions;
     let transition = strip_times(&status.conditions) != strip_times(&prev.conditions);
     let changed = comparable(&status) != comparable(prev);
     Derived {
@@ -287,6 +315,45 @@ mod tests {
         assert_eq!(e.message, "Unable to successfully reconcile: boom");
         assert_eq!(e.reason, "ReconcileFailed");
         assert_eq!(flags(&e.status)[1].1, "True");
+    }
+
+    #[test]
+    fn steps_contribute_conditions_that_keep_their_transition_time() {
+        let quota = |ok: bool| Readiness {
+            conditions: vec![crate::subreconciler::StepCondition {
+                type_: "QuotaReady".into(),
+                status: ok,
+                reason: if ok { "Enforced" } else { "NoQuotaSupport" }.into(),
+                message: "project quotas".into(),
+            }],
+            ..Default::default()
+        };
+        let first = derive(&Default::default(), "v1", &Outcome::Applied(&quota(false)), "t0");
+        let q = first
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "QuotaReady")
+            .unwrap();
+        assert_eq!(
+            (q.status.as_str(), q.reason.as_deref()),
+            ("False", Some("NoQuotaSupport"))
+        );
+        assert_eq!(first.status.conditions.len(), 4);
+        let same = derive(&first.status, "v1", &Outcome::Applied(&quota(false)), "t1");
+        let q = same.status.conditions.iter().find(|c| c.type_ == "QuotaReady").unwrap();
+        assert_eq!(q.last_transition_time.as_deref(), Some("t0"));
+        let flipped = derive(&same.status, "v1", &Outcome::Applied(&quota(true)), "t2");
+        assert!(flipped.transition, "a step condition flip is a transition");
+        // A failed pass keeps the step's last word.
+        let failed = derive(&flipped.status, "v1", &Outcome::Failed("boom".into()), "t3");
+        let q = failed
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "QuotaReady")
+            .unwrap();
+        assert_eq!(q.status, "True");
     }
 
     #[test]

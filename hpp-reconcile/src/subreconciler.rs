@@ -1,4 +1,7 @@
-//! The extension point: one `SubReconciler` per owned object kind (or family of kinds).
+//! The extension point: one `SubReconciler` per owned object kind (or family of kinds), and
+//! [`Decorate`], the one adapter that wraps a step to edit what it builds.
+
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
@@ -11,7 +14,22 @@ use crate::error::Result;
 use crate::facts::ClusterFacts;
 use crate::object::{DesiredObject, Kind};
 
-/// What a sub-reconciler found not ready after applying its objects.
+/// A status condition a step contributes to `status.conditions`, beside the operator's
+/// Available / Progressing / Degraded. Transition and heartbeat times are filled in by the
+/// status derivation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepCondition {
+    /// Condition type, e.g. `QuotaReady`; must not be one of the three operator conditions.
+    pub type_: String,
+    /// Whether the condition holds.
+    pub status: bool,
+    /// CamelCase reason.
+    pub reason: String,
+    /// Human-readable detail.
+    pub message: String,
+}
+
+/// What a sub-reconciler found after applying its objects.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Readiness {
     /// Workloads (DaemonSets) that are not fully ready, with a message each.
@@ -20,6 +38,8 @@ pub struct Readiness {
     pub pools_not_ready: Vec<String>,
     /// Per-pool status entries to publish in `status.storagePoolStatuses`.
     pub pool_statuses: Vec<StoragePoolStatus>,
+    /// Conditions of the step's own, published in `status.conditions`.
+    pub conditions: Vec<StepCondition>,
 }
 
 impl Readiness {
@@ -33,19 +53,27 @@ impl Readiness {
         self.workloads_not_ready.extend(other.workloads_not_ready);
         self.pools_not_ready.extend(other.pools_not_ready);
         self.pool_statuses.extend(other.pool_statuses);
+        self.conditions.extend(other.conditions);
     }
 }
 
 /// One step of the operator. Implementations keep `desired` pure so it can be unit tested and
-/// rendered offline; the default `apply` and `cleanup` cover most kinds.
+/// rendered offline; the default `apply` and `cleanup` cover most kinds, and the controller
+/// watches every kind `kinds` returns, so a plugged-in step gets drift repair like a built-in one.
 #[async_trait]
 pub trait SubReconciler: Send + Sync {
     /// Stable short name; also the suffix of the SSA field manager `hpp-operator/<name>`.
     fn name(&self) -> &str;
 
-    /// Kinds this sub-reconciler creates: labelled objects of these kinds that nobody claimed in
-    /// a pass are deleted by the pipeline's sweep.
+    /// Kinds this sub-reconciler creates: the controller watches them, and labelled objects of
+    /// these kinds that nobody claimed in a pass are deleted by the pipeline's sweep.
     fn kinds(&self, facts: &ClusterFacts) -> Vec<Kind>;
+
+    /// Reads facts of the step's own before a pass (the default reads nothing). Store them in
+    /// `facts.extensions` by type; `desired`, `readiness` and `cleanup` see them. Reads only.
+    async fn gather(&self, _applier: &Applier, _cfg: &OperatorConfig, _facts: &mut ClusterFacts) -> Result<()> {
+        Ok(())
+    }
 
     /// The objects that should exist for this CR (empty when the feature is off).
     fn desired(
@@ -65,8 +93,8 @@ pub trait SubReconciler: Send + Sync {
         applier.apply_all(&self.field_manager(), desired).await
     }
 
-    /// Reads readiness from the live objects `apply` returned.
-    fn readiness(&self, _hpp: &HostPathProvisioner, _live: &[DynamicObject]) -> Readiness {
+    /// Readiness, conditions and status from the live objects `apply` returned.
+    fn readiness(&self, _hpp: &HostPathProvisioner, _facts: &ClusterFacts, _live: &[DynamicObject]) -> Readiness {
         Readiness::ready()
     }
 
@@ -83,3 +111,116 @@ pub trait SubReconciler: Send + Sync {
         applier.delete_all(&desired).await
     }
 }
+
+macro_rules! delegate {
+    ($($ty:ty),*) => {$(
+        #[async_trait]
+        impl<T: SubReconciler + ?Sized> SubReconciler for $ty {
+            fn name(&self) -> &str {
+                (**self).name()
+            }
+            fn kinds(&self, facts: &ClusterFacts) -> Vec<Kind> {
+                (**self).kinds(facts)
+            }
+            async fn gather(&self, applier: &Applier, cfg: &OperatorConfig, facts: &mut ClusterFacts) -> Result<()> {
+                (**self).gather(applier, cfg, facts).await
+            }
+            fn desired(&self, hpp: &HostPathProvisioner, cfg: &OperatorConfig, facts: &ClusterFacts) -> Result<Vec<DesiredObject>> {
+                (**self).desired(hpp, cfg, facts)
+            }
+            fn field_manager(&self) -> String {
+                (**self).field_manager()
+            }
+            async fn apply(&self, applier: &Applier, desired: &[DesiredObject]) -> Result<Vec<DynamicObject>> {
+                (**self).apply(applier, desired).await
+            }
+            fn readiness(&self, hpp: &HostPathProvisioner, facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
+                (**self).readiness(hpp, facts, live)
+            }
+            async fn cleanup(&self, applier: &Applier, hpp: &HostPathProvisioner, cfg: &OperatorConfig, facts: &ClusterFacts) -> Result<()> {
+                (**self).cleanup(applier, hpp, cfg, facts).await
+            }
+        }
+    )*};
+}
+
+delegate!(Box<T>, Arc<T>);
+
+/// A step whose desired objects pass through an edit: everything else (name, field manager,
+/// kinds, gather, apply, readiness, cleanup) is the wrapped step's. Build it with
+/// [`SubReconcilerExt::decorate`] or replace a step in place with
+/// [`Pipeline::decorate`](crate::Pipeline::decorate).
+pub struct Decorate<S, F> {
+    inner: S,
+    edit: F,
+}
+
+impl<S, F> Decorate<S, F> {
+    /// Wraps `inner`; `edit` sees the CR, the configuration, the facts and the objects.
+    pub fn new(inner: S, edit: F) -> Self {
+        Decorate { inner, edit }
+    }
+}
+
+/// The edit a [`Decorate`] applies to the wrapped step's desired objects.
+pub trait Edit:
+    Fn(&HostPathProvisioner, &OperatorConfig, &ClusterFacts, &mut Vec<DesiredObject>) -> Result<()> + Send + Sync
+{
+}
+
+impl<F> Edit for F where
+    F: Fn(&HostPathProvisioner, &OperatorConfig, &ClusterFacts, &mut Vec<DesiredObject>) -> Result<()> + Send + Sync
+{
+}
+
+#[async_trait]
+impl<S: SubReconciler, F: Edit> SubReconciler for Decorate<S, F> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn kinds(&self, facts: &ClusterFacts) -> Vec<Kind> {
+        self.inner.kinds(facts)
+    }
+    async fn gather(&self, applier: &Applier, cfg: &OperatorConfig, facts: &mut ClusterFacts) -> Result<()> {
+        self.inner.gather(applier, cfg, facts).await
+    }
+    fn desired(
+        &self,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &ClusterFacts,
+    ) -> Result<Vec<DesiredObject>> {
+        let mut objects = self.inner.desired(hpp, cfg, facts)?;
+        (self.edit)(hpp, cfg, facts, &mut objects)?;
+        Ok(objects)
+    }
+    fn field_manager(&self) -> String {
+        self.inner.field_manager()
+    }
+    async fn apply(&self, applier: &Applier, desired: &[DesiredObject]) -> Result<Vec<DynamicObject>> {
+        self.inner.apply(applier, desired).await
+    }
+    fn readiness(&self, hpp: &HostPathProvisioner, facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
+        self.inner.readiness(hpp, facts, live)
+    }
+    /// The wrapped step's cleanup (which deletes by name, so edited objects go too).
+    async fn cleanup(
+        &self,
+        applier: &Applier,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &ClusterFacts,
+    ) -> Result<()> {
+        self.inner.cleanup(applier, hpp, cfg, facts).await
+    }
+}
+
+/// Adapters on any step.
+pub trait SubReconcilerExt: SubReconciler + Sized {
+    /// This step with its desired objects passed through `edit`.
+    fn decorate<F: Edit>(self, edit: F) -> Decorate<Self, F> {
+        Decorate::new(self, edit)
+    }
+}
+
+impl<S: SubReconciler + Sized> SubReconcilerExt for S {}

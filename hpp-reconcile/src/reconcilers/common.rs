@@ -198,14 +198,6 @@ pub fn env_value(name: &str, value: &str) -> EnvVar {
     }
 }
 
-/// The node a pod template is pinned to by [`node_pin`] (also reads KubeVirt-created objects).
-pub fn pinned_node(pod_spec: &Value) -> Option<String> {
-    pod_spec
-        .pointer("/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms/0/matchExpressions/0/values/0")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-}
-
 /// Typed object metadata with the common labels plus `extra`, and the CR as controller owner
 /// when `owner` is given (and has a UID).
 pub fn object_meta(

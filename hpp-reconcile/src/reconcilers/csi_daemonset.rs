@@ -398,7 +398,7 @@ impl SubReconciler for CsiDaemonSet {
         Ok(vec![desired_csi_daemonset(hpp, cfg)?])
     }
 
-    fn readiness(&self, _hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Readiness {
+    fn readiness(&self, _hpp: &HostPathProvisioner, _facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
         let mut r = Readiness::ready();
         for ds in live {
             let (ok, msg) = daemonset_ready(ds);

@@ -111,7 +111,7 @@ impl SubReconciler for LegacyDaemonSet {
         Ok(desired_legacy_daemonset(hpp, cfg)?.into_iter().collect())
     }
 
-    fn readiness(&self, _hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Readiness {
+    fn readiness(&self, _hpp: &HostPathProvisioner, _facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
         let mut r = Readiness::ready();
         r.workloads_not_ready
             .extend(live.iter().map(daemonset_ready).filter(|(ok, _)| !ok).map(|(_, m)| m));

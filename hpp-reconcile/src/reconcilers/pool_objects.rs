@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde_json::Value;
+use kube::api::ObjectMeta;
 
 use super::common;
 use crate::config::OperatorConfig;
@@ -104,6 +104,16 @@ pub fn overlay_storage_class(pool: &StoragePool, cfg: &OperatorConfig) -> Result
     })
 }
 
+/// What the operator later needs to know about a mounter or cleanup pod, recorded on the
+/// object instead of being parsed back out of the pod spec.
+fn pool_annotations(action: &str, node: &str, mount_path: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (names::ANNOTATION_POOL_ACTION.to_owned(), action.to_owned()),
+        (names::ANNOTATION_POOL_NODE.to_owned(), node.to_owned()),
+        (names::ANNOTATION_POOL_MOUNT_PATH.to_owned(), mount_path.to_owned()),
+    ])
+}
+
 fn mounter_container(
     image: &str,
     pull: &str,
@@ -178,8 +188,12 @@ pub fn mounter_deployment(
         }),
         ..Default::default()
     };
+    let mount_path = pool_mount_path(pool);
     common::typed_ssa(&Deployment {
-        metadata: common::object_meta(&name, Some(&cfg.namespace), cfg, &extra, Some(hpp)),
+        metadata: ObjectMeta {
+            annotations: Some(pool_annotations(names::POOL_ACTION_MOUNT, node, &mount_path)),
+            ..common::object_meta(&name, Some(&cfg.namespace), cfg, &extra, Some(hpp))
+        },
         spec: Some(DeploymentSpec {
             replicas: Some(1),
             selector: LabelSelector {
@@ -235,7 +249,10 @@ pub fn cleanup_job(
     let (host_mount, host_volume) = host_parent_mount(mount_path);
     let extra = [(c::LABEL_STORAGE_POOL, pool_label)];
     common::typed_create_only(&Job {
-        metadata: common::object_meta(name, Some(&cfg.namespace), cfg, &extra, None),
+        metadata: ObjectMeta {
+            annotations: Some(pool_annotations(names::POOL_ACTION_UNMOUNT, node, mount_path)),
+            ..common::object_meta(name, Some(&cfg.namespace), cfg, &extra, None)
+        },
         spec: Some(JobSpec {
             template: PodTemplateSpec {
                 metadata: Some(common::template_meta(cfg, &extra)),
@@ -258,20 +275,4 @@ pub fn cleanup_job(
         }),
         ..Default::default()
     })
-}
-
-/// The `--mountPath` argument of a mounter or cleanup pod spec (KubeVirt's or ours).
-pub fn mount_path_arg(pod_spec: &Value) -> Option<String> {
-    let container = pod_spec.pointer("/containers/0")?;
-    let words: Vec<&str> = ["command", "args"]
-        .iter()
-        .filter_map(|k| container.get(*k).and_then(Value::as_array))
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
-    words
-        .iter()
-        .position(|w| *w == "--mountPath")
-        .and_then(|i| words.get(i + 1))
-        .map(|s| (*s).to_owned())
 }

@@ -232,7 +232,7 @@ impl SubReconciler for StoragePools {
         desired_pool_objects(hpp, cfg, facts)
     }
 
-    fn readiness(&self, hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Readiness {
+    fn readiness(&self, hpp: &HostPathProvisioner, _facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
         pool_readiness(hpp, live)
     }
 
