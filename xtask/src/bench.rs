@@ -1,4 +1,4 @@
-//! `hpp-bench`: measures the CSI driver over its unix socket next to the bare system calls it
+//! `cargo xtask bench` (formerly the `hpp-bench` binary of hpp-bin): measures the CSI driver over its unix socket next to the bare system calls it
 //! wraps, in the same run and on the same filesystem:
 //!
 //! | RPC | baseline |
@@ -10,8 +10,10 @@
 //! | GetCapacity | statvfs |
 //!
 //! p50/p99 latency and throughput at concurrency 1 and 16, then the driver's resident memory
-//! after 10,000 volumes. The driver runs in a child process (this binary with `--serve-driver`)
-//! so its RSS is its own. `cargo run --release -p hpp-bin --bin hpp-bench -- --dir /var/tmp/hpp-bench`
+//! after 10,000 volumes. The driver runs in a child process (this binary with
+//! `bench --serve-driver`) so its RSS is its own. It uses only hpp-csi's public API (the
+//! builder, the generated CSI clients, `client::connect`, `mountinfo`).
+//! `cargo run --release -p xtask -- bench --dir /var/tmp/hpp-bench` for release numbers.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -20,12 +22,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
+use tokio::signal::unix::{SignalKind, signal};
 use hpp_csi::csi::{self, controller_client::ControllerClient, node_client::NodeClient};
 use hpp_csi::{Driver, Endpoint, PoolConfig};
 
+/// Options of `cargo xtask bench`.
 #[derive(Debug, Parser)]
 #[command(name = "hpp-bench", about = "Benchmark the hpp CSI driver against bare syscalls")]
-struct Args {
+pub struct Args {
     /// Parent of the scratch directory (a `run-<pid>` subdirectory is created and removed).
     /// Use a disk-backed filesystem, not tmpfs, for disk numbers.
     #[arg(long, default_value = "/var/tmp/hpp-bench")]
@@ -199,7 +203,15 @@ async fn serve_driver(dir: &Path) -> anyhow::Result<()> {
         .pool(PoolConfig::new("legacy", dir.join("pool")))
         .endpoint(Endpoint::Unix(dir.join("csi.sock")))
         .build()?;
-    driver.serve(hpp_bin::admin::shutdown_signal()).await?;
+    let mut term = signal(SignalKind::terminate())?;
+    driver
+        .serve(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        })
+        .await?;
     Ok(())
 }
 
@@ -207,9 +219,8 @@ fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+/// Runs the benchmark (or, with `--serve-driver`, the driver it measures) and prints the tables.
+pub async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(dir) = &args.serve_driver {
         return serve_driver(dir).await;
     }
@@ -227,6 +238,7 @@ async fn main() -> anyhow::Result<()> {
     );
 
     let child = Command::new(std::env::current_exe()?)
+        .arg("bench")
         .arg("--serve-driver")
         .arg(&dir)
         .stdout(Stdio::null())
@@ -476,13 +488,13 @@ async fn main() -> anyhow::Result<()> {
         rss_start, rss_after_create, rss_after_list
     );
     drop(child);
-    hpp_bin_bench_cleanup(&dir);
+    unmount_leftovers(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 
 /// Detaches any mount left under the run directory before deleting it.
-fn hpp_bin_bench_cleanup(dir: &Path) {
+fn unmount_leftovers(dir: &Path) {
     if let Ok(table) = hpp_csi::mountinfo::MountTable::read() {
         let canon = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
         for m in table
