@@ -37,13 +37,81 @@ fn encode(registry: &Registry) -> axum::response::Response {
     }
 }
 
-/// Serves `router` over plain HTTP on `listener` until `shutdown` resolves, then drains.
+/// Limits of the metrics, health and admin listeners: these serve a scraper and the kubelet's
+/// probes, so 64 connections are plenty; idle clients are dropped after 30 s.
+pub fn limits() -> hpp_serve::Limits {
+    hpp_serve::Limits {
+        max_connections: 64,
+        handshake_timeout: std::time::Duration::from_secs(5),
+        header_read_timeout: std::time::Duration::from_secs(10),
+        idle_timeout: std::time::Duration::from_secs(30),
+        drain_timeout: std::time::Duration::from_secs(5),
+    }
+}
+
+/// Serves `router` over plain HTTP on `listener` until `shutdown` resolves, then drains, through
+/// the shared accept loop (`hpp-serve`: connection cap, header and idle timeouts).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    hpp_serve::Server::new("admin", limits())
+        .serve(listener, router, shutdown)
+        .await;
+    Ok(())
+}
+
+/// Pause between attempts to bind a taken listener port.
+pub const BIND_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Binds `addr` for the listener called `what`. A taken port (two instances on one host with
+/// hostNetwork, or a test) is not fatal: the error is logged and the bind retried every
+/// [`BIND_RETRY`] in the background, and `serve` runs once it succeeds. Returns the bound
+/// address when the first attempt succeeded.
+pub async fn bind_or_retry<F, Fut>(addr: std::net::SocketAddr, what: &'static str, serve: F) -> Option<std::net::SocketAddr>
+where
+    F: FnOnce(TcpListener) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    bind_or_retry_every(addr, what, BIND_RETRY, serve).await
+}
+
+async fn bind_or_retry_every<F, Fut>(
+    addr: std::net::SocketAddr,
+    what: &'static str,
+    retry: std::time::Duration,
+    serve: F,
+) -> Option<std::net::SocketAddr>
+where
+    F: FnOnce(TcpListener) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    match TcpListener::bind(addr).await {
+        Ok(listener) => {
+            let local = listener.local_addr().ok();
+            tokio::spawn(serve(listener));
+            local
+        }
+        Err(e) => {
+            tracing::error!(%addr, listener = what, error = %e, retry_seconds = retry.as_secs_f64(),
+                "cannot listen; the rest of the process keeps working and the bind is retried");
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(retry).await;
+                    match TcpListener::bind(addr).await {
+                        Ok(listener) => {
+                            tracing::info!(%addr, listener = what, "listening after retry");
+                            serve(listener).await;
+                            return;
+                        }
+                        Err(e) => tracing::warn!(%addr, listener = what, error = %e, "still cannot listen; retrying"),
+                    }
+                }
+            });
+            None
+        }
+    }
 }
 
 /// Resolves on SIGTERM (how the kubelet stops a pod) or SIGINT (Ctrl-C).
@@ -96,5 +164,21 @@ mod tests {
 
         stop.send(()).unwrap();
         server.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_taken_port_is_retried_instead_of_fatal() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let (served_tx, served_rx) = tokio::sync::oneshot::channel::<std::net::SocketAddr>();
+        let retry = std::time::Duration::from_millis(50);
+        let bound = bind_or_retry_every(addr, "test", retry, move |l: TcpListener| async move {
+            let _ = served_tx.send(l.local_addr().unwrap());
+        })
+        .await;
+        assert_eq!(bound, None, "the port is taken");
+        drop(taken);
+        // A later attempt binds the freed port and serves.
+        assert_eq!(served_rx.await.unwrap(), addr);
     }
 }

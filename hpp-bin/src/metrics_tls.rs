@@ -9,7 +9,6 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
@@ -17,14 +16,9 @@ use hpp_webhook::tls::{self, CertStore, PolicyWatch};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
 use tracing::{debug, info, warn};
-
-/// How long a client may take to finish the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Flags of an HTTPS metrics listener (`hpp-operator run` and `hpp-operator webhook`); flatten
 /// them into a command.
@@ -176,98 +170,24 @@ fn self_signed(sans: &[String]) -> anyhow::Result<(CertifiedKey, CertificateDer<
     Ok((certified, der))
 }
 
-/// A TCP listener that hands axum connections whose TLS handshake finished. Handshakes run in
-/// their own tasks, so one slow client does not hold up the others.
-pub struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-    accepting: tokio::task::JoinHandle<()>,
-}
-
-impl TlsListener {
-    /// Starts accepting on `listener` (needs a tokio runtime).
-    pub fn new(listener: TcpListener, tls: Arc<MetricsTls>) -> std::io::Result<Self> {
-        let local = listener.local_addr()?;
-        let (tx, ready) = mpsc::channel(64);
-        let accepting = tokio::spawn(accept_loop(listener, tls, tx));
-        Ok(Self {
-            ready,
-            local,
-            accepting,
-        })
-    }
-}
-
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        // Closes the port once the server stops accepting.
-        self.accepting.abort();
-    }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    tls: Arc<MetricsTls>,
-    tx: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
-) {
-    loop {
-        let (tcp, peer) = tokio::select! {
-            () = tx.closed() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(c) => c,
-                Err(e) => {
-                    warn!(error = %e, "metrics accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let acceptor = match tls.acceptor() {
-            Ok(a) => a,
-            Err(e) => {
-                warn!(error = %e, "metrics TLS configuration unusable");
-                continue;
-            }
-        };
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => {
-                    let _ = tx.send((stream, peer)).await;
-                }
-                Ok(Err(e)) => debug!(%peer, error = %e, "metrics TLS handshake failed"),
-                Err(_) => debug!(%peer, "metrics TLS handshake timed out"),
-            }
-        });
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(conn) => conn,
-            // The accept loop only ends when this listener is dropped.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
-}
-
-/// Serves `router` over HTTPS on `listener` until `shutdown` resolves, then drains.
+/// Serves `router` over HTTPS on `listener` until `shutdown` resolves, then drains, through the
+/// shared accept loop (`hpp-serve`: connection cap, handshake, header and idle timeouts).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     tls: Arc<MetricsTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = TlsListener::new(listener, tls)?;
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    hpp_serve::Server::new("metrics", crate::admin::limits())
+        .with_tls(Arc::new(move || {
+            tls.acceptor().map_err(|e| {
+                warn!(error = %e, "metrics TLS configuration unusable");
+                e.to_string()
+            })
+        }))
+        .serve(listener, router, shutdown)
+        .await;
+    Ok(())
 }
 
 /// Binds `args.addr` and serves `GET /metrics` from `registry` over HTTPS in the background;

@@ -169,6 +169,9 @@ fn every_manifest_parses_into_its_type() {
             ("rbac.authorization.k8s.io/v1", "RoleBinding") => round_trips::<RoleBinding>(doc),
             ("storage.k8s.io/v1", "StorageClass") => round_trips::<StorageClass>(doc),
             ("storage.k8s.io/v1", "CSIDriver") => round_trips::<CSIDriver>(doc),
+            ("networking.k8s.io/v1", "NetworkPolicy") => {
+                round_trips::<k8s_openapi::api::networking::v1::NetworkPolicy>(doc)
+            }
             ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
                 round_trips::<ValidatingWebhookConfiguration>(doc)
             }

@@ -337,3 +337,37 @@ fn the_operator_may_change_and_delete_every_object_it_renders() {
     }
     assert!(checked > 30, "{checked}");
 }
+
+#[test]
+fn network_policy_admits_monitoring_to_metrics_and_nothing_to_admin() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let kustomization = std::fs::read_to_string(root.join("kustomization.yaml")).unwrap();
+    assert!(kustomization.contains("- networkpolicy.yaml"));
+    let docs: Vec<Value> =
+        serde_saphyr::from_str_multiple(&std::fs::read_to_string(root.join("networkpolicy.yaml")).unwrap()).unwrap();
+    let operator = docs
+        .iter()
+        .find(|d| d["spec"]["podSelector"]["matchLabels"]["name"] == "hostpath-provisioner-operator")
+        .unwrap();
+    let rules = operator["spec"]["ingress"].as_array().unwrap();
+    let ports: Vec<i64> = rules
+        .iter()
+        .flat_map(|r| r["ports"].as_array().unwrap().iter().map(|p| p["port"].as_i64().unwrap()))
+        .collect();
+    assert!(ports.contains(&9443) && ports.contains(&8443), "{ports:?}");
+    assert!(!ports.contains(&6060), "the admin port is for the kubelet only");
+    let metrics = rules.iter().find(|r| r["ports"][0]["port"] == 8443).unwrap();
+    assert_eq!(
+        metrics["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"][0],
+        "monitoring"
+    );
+    // The node pods the operator renders carry the selected label.
+    let node = docs.iter().find(|d| d["metadata"]["name"] == "hostpath-provisioner-node").unwrap();
+    let ds = csi_daemonset::desired_csi_daemonset(&example("hostpathprovisioner_cr"), &cfg())
+        .unwrap()
+        .to_value()
+        .unwrap();
+    for (k, v) in node["spec"]["podSelector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&ds["spec"]["template"]["metadata"]["labels"][k], v);
+    }
+}

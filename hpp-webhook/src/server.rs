@@ -1,6 +1,6 @@
-//! The HTTPS server: an own accept loop (TLS handshake with the current policy and certificate
-//! per connection, HTTP/1.1 only, header-read and handshake timeouts, graceful drain) in front
-//! of an axum router (bounded bodies, a per-request timeout).
+//! The HTTPS server: `hpp-serve`'s accept loop (TLS handshake with the current policy and
+//! certificate per connection, HTTP/1.1 only, connection cap, handshake, header-read and idle
+//! timeouts, graceful drain) in front of an axum router (bounded bodies, a per-request timeout).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -14,14 +14,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http::{StatusCode, header};
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use serde_json::Value;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info};
 
 use crate::cluster::ClusterState;
 use crate::metrics::Metrics;
@@ -45,6 +40,21 @@ pub struct ServerOptions {
     pub drain_timeout: Duration,
     /// Connections served at once; further clients wait in the listen backlog.
     pub max_connections: usize,
+    /// A connection with no traffic for this long is closed (longer than `request_timeout`).
+    pub idle_timeout: Duration,
+}
+
+impl ServerOptions {
+    /// The accept-loop limits of these options.
+    pub fn limits(&self) -> hpp_serve::Limits {
+        hpp_serve::Limits {
+            max_connections: self.max_connections,
+            handshake_timeout: self.handshake_timeout,
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+            drain_timeout: self.drain_timeout,
+        }
+    }
 }
 
 /// Default [`ServerOptions::max_body_bytes`]: the API server caps objects at 3 MiB, and a review
@@ -60,6 +70,7 @@ impl Default for ServerOptions {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             drain_timeout: Duration::from_secs(10),
             max_connections: 1024,
+            idle_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -95,77 +106,23 @@ impl Webhook {
     }
 
     /// Accepts TLS connections on `listener` until `shutdown` resolves, then drains open
-    /// connections for at most `drain_timeout`.
+    /// connections for at most `drain_timeout`. The accept loop is `hpp-serve`'s, shared by
+    /// every hpp listener.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
         let router = self.router();
-        let graceful = GracefulShutdown::new();
-        let connections = Arc::new(Semaphore::new(self.options.max_connections.max(1)));
-        let mut shutdown = std::pin::pin!(shutdown);
-        if let Ok(addr) = listener.local_addr() {
-            info!(%addr, policy = %self.tls.policy(), "webhook listening (HTTPS, HTTP/1.1)");
-        }
-        loop {
-            let permit = tokio::select! {
-                permit = connections.clone().acquire_owned() => match permit {
-                    Ok(p) => p,
-                    Err(_) => break,
-                },
-                () = &mut shutdown => break,
-            };
-            let (tcp, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        // Usually EMFILE; back off instead of spinning.
-                        warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-                () = &mut shutdown => break,
-            };
-            let acceptor = match self.tls.acceptor() {
-                Ok(a) => a,
-                Err(e) => {
-                    error!(error = %e, "cannot build the TLS configuration; dropping the connection");
-                    continue;
-                }
-            };
-            let watcher = graceful.watcher();
-            let service = TowerToHyperService::new(router.clone());
-            let options = self.options.clone();
-            let metrics = self.metrics.clone();
-            tokio::spawn(async move {
-                let _permit = permit;
-                let stream = match tokio::time::timeout(options.handshake_timeout, acceptor.accept(tcp)).await {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        metrics.handshake_failed();
-                        debug!(%peer, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        metrics.handshake_failed();
-                        debug!(%peer, "TLS handshake timed out");
-                        return;
-                    }
-                };
-                let mut builder = http1::Builder::new();
-                builder
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(options.header_read_timeout);
-                let conn = builder.serve_connection(TokioIo::new(stream), service);
-                if let Err(e) = watcher.watch(conn).await {
-                    debug!(%peer, error = %e, "connection ended with an error");
-                }
-            });
-        }
-        drop(listener);
-        info!("webhook shutting down; draining connections");
-        tokio::select! {
-            () = graceful.shutdown() => {}
-            () = tokio::time::sleep(self.options.drain_timeout) => warn!("connections still open after the drain timeout"),
-        }
+        let tls = self.tls.clone();
+        let metrics = self.metrics.clone();
+        info!(policy = %self.tls.policy(), "webhook serving HTTPS (HTTP/1.1)");
+        hpp_serve::Server::new("webhook", self.options.limits())
+            .with_tls(Arc::new(move || {
+                tls.acceptor().map_err(|e| {
+                    error!(error = %e, "cannot build the TLS configuration");
+                    e.to_string()
+                })
+            }))
+            .on_handshake_failed(Arc::new(move || metrics.handshake_failed()))
+            .serve(listener, router, shutdown)
+            .await;
     }
 }
 

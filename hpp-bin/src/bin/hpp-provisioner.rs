@@ -1,10 +1,11 @@
 //! The `hpp-provisioner` executable: the non-CSI hostPath provisioner (KubeVirt legacy,
 //! single-node and shared-filesystem modes).
 
-use clap::Parser;
 use hpp_bin::provisioner::{Args, main_with};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    main_with(Args::parse()).await
+    // Go-style `-name=…` flags of the replaced provisioners are accepted too.
+    let args = Args::parse_compat(std::env::args_os()).unwrap_or_else(|e| e.exit());
+    main_with(args).await
 }

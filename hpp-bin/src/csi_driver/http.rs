@@ -1,6 +1,6 @@
 //! The metrics and health listener: `GET /metrics` (OpenMetrics), `GET /livez` (200 while the
-//! driver answers its CSI Probe, ready or not) and `GET /healthz` (200 when every pool is usable,
-//! 503 with the reasons otherwise). HTTPS as in KubeVirt: the
+//! driver answers its CSI Probe, ready or not) and `GET /healthz` (200 `ok` when every pool is
+//! usable, 503 `not ok` otherwise; the reasons, which name pool paths, go to the log only). HTTPS as in KubeVirt: the
 //! `--metrics-cert-file`/`--metrics-key-file` certificate (re-read when it changes), else a
 //! self-signed one; minimum version from `--metrics-tls-version`. Plain HTTP only in the
 //! zero-config `--datadir-root` mode without certificate files, or with `--metrics-insecure-http`.
@@ -10,7 +10,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::get;
@@ -18,7 +17,6 @@ use hpp_csi::csi::{self, identity_client::IdentityClient};
 use hpp_csi::{Driver, Endpoint};
 use hpp_webhook::tls;
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 
 use super::ServeArgs;
 use crate::metrics_tls::{self, MetricsTls, SelfSignedNames};
@@ -52,16 +50,11 @@ pub fn router(registry: Arc<Registry>, driver: Driver, csi_endpoint: CsiEndpoint
                 let driver = driver.clone();
                 async move {
                     match tokio::task::spawn_blocking(move || driver.pools_report()).await {
-                        Ok(report) if report.all_usable() => (StatusCode::OK, "ok".to_owned()),
-                        Ok(report) => {
-                            let reasons: Vec<String> = report
-                                .pools
-                                .iter()
-                                .filter_map(|(n, h, _)| h.reason.as_ref().map(|r| format!("{n}: {r}")))
-                                .collect();
-                            (StatusCode::SERVICE_UNAVAILABLE, reasons.join("\n"))
-                        }
-                        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+                        Ok(report) if report.all_usable() => (StatusCode::OK, "ok"),
+                        // Unauthenticated: ok / not ok only. Which pool and why (paths) is in the
+                        // driver's log and the pool metrics, not here.
+                        Ok(_) => (StatusCode::SERVICE_UNAVAILABLE, "not ok"),
+                        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "not ok"),
                     }
                 }
             }),
@@ -163,16 +156,11 @@ pub async fn start(
         )?)),
         Scheme::Http => None,
     };
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr} for metrics"))?;
-    let local = listener.local_addr()?;
     let app = router(registry, driver, csi_endpoint);
-    let url = match &tls {
-        Some(_) => format!("https://{local}"),
-        None => format!("http://{local}"),
-    };
-    tokio::spawn(async move {
+    let https = tls.is_some();
+    // A taken port (KubeVirt's [::]:8443 default, two drivers with hostNetwork) is logged and
+    // retried, never fatal: volumes keep being served.
+    let local = crate::admin::bind_or_retry(addr, "metrics", move |listener| async move {
         let served = match tls {
             Some(tls) => metrics_tls::serve(listener, app, tls, shutdown).await,
             None => crate::admin::serve(listener, app, shutdown).await,
@@ -180,6 +168,8 @@ pub async fn start(
         if let Err(e) = served {
             tracing::error!(error = %e, "metrics server failed");
         }
-    });
-    Ok(url)
+    })
+    .await
+    .unwrap_or(addr);
+    Ok(if https { format!("https://{local}") } else { format!("http://{local}") })
 }

@@ -223,12 +223,14 @@ async fn serves_csi_metrics_and_health_and_cleans_up() {
     assert!(metrics.contains("kubevirt_hpp_pool_path_shared_with_os"), "{metrics}");
     let live = http_get(&base, "/livez", None).await;
     assert!(live.starts_with("HTTP/1.1 200") && live.ends_with("ok"), "{live}");
-    // Pool gone: /healthz says why; /livez still passes (the driver answers Probe with
-    // ready=false, which must not get it restarted).
+    // Pool gone: /healthz says "not ok" and nothing more (no pool names or paths to
+    // unauthenticated callers); /livez still passes (the driver answers Probe with ready=false,
+    // which must not get it restarted).
     std::fs::remove_dir_all(dir.path().join("pools/legacy")).unwrap();
     let health = http_get(&base, "/healthz", None).await;
     assert!(health.starts_with("HTTP/1.1 503"), "{health}");
-    assert!(health.contains("legacy"), "{health}");
+    assert!(health.ends_with("\r\n\r\nnot ok"), "{health}");
+    assert!(!health.contains("legacy") && !health.contains("pools"), "{health}");
     let live = http_get(&base, "/livez", None).await;
     assert!(
         live.starts_with("HTTP/1.1 200") && live.contains("waiting for storage pools"),

@@ -28,8 +28,10 @@ const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/n
 /// Arguments of `run`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Address of the plain-HTTP admin server (/livez, /readyz, /metrics), for probes.
-    #[arg(long, env = "HPP_ADMIN_ADDR", default_value = "0.0.0.0:6060")]
+    /// Address of the plain-HTTP admin server (/livez, /readyz, /metrics). Loopback by default;
+    /// the Deployment sets `0.0.0.0:6060` because the kubelet's httpGet probes reach the pod IP
+    /// (the NetworkPolicy in deploy/networkpolicy.yaml admits no one else to it).
+    #[arg(long, env = "HPP_ADMIN_ADDR", default_value = "127.0.0.1:6060")]
     pub admin_addr: SocketAddr,
     /// The HTTPS metrics listener.
     #[command(flatten)]

@@ -20,6 +20,13 @@ use tokio::sync::watch;
 use crate::admin;
 use crate::telemetry::{self, LogFormat};
 
+pub mod go_flags;
+
+/// Provisioner name of the torchbox shared-filesystem provisioner.
+pub const TORCHBOX_NAME: &str = "torchbox.com/hostpath";
+/// Provisioner name of the single-node (incubator demo) provisioner.
+pub const SINGLE_NODE_NAME: &str = "hostpath";
+
 /// Which classic provisioner to replace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ModeArg {
@@ -65,9 +72,10 @@ fn loose_bool(s: &str) -> Result<bool, std::convert::Infallible> {
     about = "The non-CSI hostPath provisioner: KubeVirt legacy, single-node and shared-filesystem modes"
 )]
 pub struct Args {
-    /// Which classic provisioner this instance replaces.
-    #[arg(long, env = "HPP_MODE", value_enum, default_value = "kubevirt")]
-    pub mode: ModeArg,
+    /// Which classic provisioner this instance replaces [default: from the provisioner name:
+    /// `torchbox.com/hostpath` shared, `hostpath` single-node, else kubevirt].
+    #[arg(long, env = "HPP_MODE", value_enum)]
+    pub mode: Option<ModeArg>,
     /// Provisioner name (StorageClass `provisioner`); defaults per mode.
     #[arg(long, env = "PROVISIONER_NAME")]
     pub provisioner_name: Option<String>,
@@ -92,6 +100,31 @@ pub struct Args {
     /// Kubeconfig file for running outside the cluster; in-cluster config otherwise.
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// API server URL, overriding the kubeconfig's (torchbox's `-master`).
+    #[arg(long)]
+    pub master: Option<String>,
+    /// glog/klog flags of the replaced Go provisioners (`-v`, `-logtostderr`, …): accepted so
+    /// their manifests keep working, and ignored (use `RUST_LOG`).
+    #[arg(long = "v", hide = true)]
+    pub glog_v: Option<String>,
+    #[allow(missing_docs)]
+    #[arg(long = "logtostderr", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    pub glog_logtostderr: Option<String>,
+    #[allow(missing_docs)]
+    #[arg(long = "alsologtostderr", hide = true, num_args = 0..=1, default_missing_value = "true")]
+    pub glog_alsologtostderr: Option<String>,
+    #[allow(missing_docs)]
+    #[arg(long = "stderrthreshold", hide = true)]
+    pub glog_stderrthreshold: Option<String>,
+    #[allow(missing_docs)]
+    #[arg(long = "log_dir", hide = true)]
+    pub glog_log_dir: Option<String>,
+    #[allow(missing_docs)]
+    #[arg(long = "vmodule", hide = true)]
+    pub glog_vmodule: Option<String>,
+    /// Print the resolved configuration and exit, without contacting the cluster.
+    #[arg(long, hide = true)]
+    pub print_config: bool,
     /// Address of the `/metrics` and `/healthz` server.
     #[arg(long, env = "METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
     pub metrics_address: SocketAddr,
@@ -113,9 +146,23 @@ pub struct Args {
 }
 
 impl Args {
+    /// Parses `argv`, accepting the Go flag spellings of the replaced provisioners.
+    pub fn parse_compat(argv: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Self, clap::Error> {
+        Self::try_parse_from(go_flags::normalize(argv))
+    }
+
+    /// The mode: `--mode`, else the one the provisioner name implies.
+    pub fn effective_mode(&self) -> ModeArg {
+        self.mode.unwrap_or(match self.provisioner_name.as_deref() {
+            Some(TORCHBOX_NAME) => ModeArg::Shared,
+            Some(SINGLE_NODE_NAME) => ModeArg::SingleNode,
+            _ => ModeArg::Kubevirt,
+        })
+    }
+
     /// The library configuration these flags describe.
     pub fn config(&self) -> anyhow::Result<ProvisionerConfig> {
-        let mode = Mode::from(self.mode);
+        let mode = Mode::from(self.effective_mode());
         let mut cfg = ProvisionerConfig::new(mode, self.node_name.clone(), self.pv_dir.clone());
         if let Some(name) = &self.provisioner_name {
             if cfg.identity == cfg.provisioner_name {
@@ -150,14 +197,19 @@ impl Args {
     }
 }
 
-async fn client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
-    let Some(path) = kubeconfig else {
-        return Client::try_default()
+async fn client(kubeconfig: Option<&PathBuf>, master: Option<&str>) -> anyhow::Result<Client> {
+    let mut config = match kubeconfig {
+        None => kube::Config::infer()
             .await
-            .context("in-cluster Kubernetes configuration");
+            .context("in-cluster Kubernetes configuration")?,
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?
+        }
     };
-    let kc = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    if let Some(url) = master.filter(|m| !m.is_empty()) {
+        config.cluster_url = url.parse().with_context(|| format!("invalid --master URL {url:?}"))?;
+    }
     Ok(Client::try_from(config)?)
 }
 
@@ -166,13 +218,27 @@ pub async fn main_with(args: Args) -> anyhow::Result<()> {
     let _telemetry = telemetry::init("hpp-provisioner", args.log_format)?;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cfg = args.config()?;
+    if args.print_config {
+        println!(
+            "mode={} name={} identity={} node={} pv_dir={} naming_prefix={} kubeconfig={} master={}",
+            cfg.mode.as_str(),
+            cfg.provisioner_name,
+            cfg.identity,
+            cfg.node_name.as_deref().unwrap_or("-"),
+            cfg.pv_dir.as_ref().map_or_else(|| "-".into(), |p| p.display().to_string()),
+            cfg.use_naming_prefix,
+            args.kubeconfig.as_ref().map_or_else(|| "-".into(), |p| p.display().to_string()),
+            args.master.as_deref().unwrap_or("-"),
+        );
+        return Ok(());
+    }
     if cfg.mode.is_node_local()
         && let Some(dir) = &cfg.pv_dir
     {
         // Node-local base directories may be created; a shared one never is (it is the mount).
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let client = client(args.kubeconfig.as_ref()).await?;
+    let client = client(args.kubeconfig.as_ref(), args.master.as_deref()).await?;
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::register(&mut registry));
     let instance = args.instance();
@@ -184,11 +250,16 @@ pub async fn main_with(args: Args) -> anyhow::Result<()> {
     let stop = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let listener = tokio::net::TcpListener::bind(args.metrics_address)
-        .await
-        .with_context(|| format!("binding {}", args.metrics_address))?;
     let router = admin::metrics_router(Arc::new(registry)).route("/healthz", axum::routing::get(|| async { "ok" }));
-    let server = tokio::spawn(admin::serve(listener, router, stop(stop_rx.clone())));
+    // KubeVirt's default 0.0.0.0:8080 may be taken (hostNetwork, a second instance): logged and
+    // retried, never fatal to provisioning.
+    let server_stop = stop(stop_rx.clone());
+    admin::bind_or_retry(args.metrics_address, "metrics", move |listener| async move {
+        if let Err(e) = admin::serve(listener, router, server_stop).await {
+            tracing::error!(error = %e, "metrics server failed");
+        }
+    })
+    .await;
     tokio::spawn(async move {
         admin::shutdown_signal().await;
         let _ = stop_tx.send(true);
@@ -205,7 +276,6 @@ pub async fn main_with(args: Args) -> anyhow::Result<()> {
     } else {
         run(prov, stop(stop_rx)).await;
     }
-    server.await??;
     Ok(())
 }
 
@@ -230,9 +300,11 @@ mod tests {
              contexts:\n- name: c\n  context:\n    cluster: k\n    user: u\n    namespace: storage\nusers:\n- name: u\n  user:\n    token: t\n",
         )
         .unwrap();
-        let built = client(Some(&path)).await.unwrap();
+        let built = client(Some(&path), None).await.unwrap();
         assert_eq!(built.default_namespace(), "storage");
-        assert!(client(Some(&dir.path().join("missing"))).await.is_err());
+        assert!(client(Some(&dir.path().join("missing")), None).await.is_err());
+        assert!(client(Some(&path), Some("https://10.0.0.1:6443")).await.is_ok());
+        assert!(client(Some(&path), Some("not a url")).await.is_err());
     }
 
     #[test]
