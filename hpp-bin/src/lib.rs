@@ -37,3 +37,24 @@ pub fn exit_code(name: &str, result: anyhow::Result<()>) -> std::process::ExitCo
 pub fn error_line(name: &str, e: &anyhow::Error) -> String {
     format!("{name}: error: {e:#}").replace('\n', " ")
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    #[test]
+    fn errors_end_the_process_with_one_line_and_every_cause() {
+        let e = anyhow::anyhow!("NotFound: volume nope does not exist").context("call publish");
+        assert_eq!(
+            super::error_line("hpp-csi-driver", &e),
+            "hpp-csi-driver: error: call publish: NotFound: volume nope does not exist"
+        );
+        let multi = anyhow::anyhow!("first line\nsecond line");
+        assert!(!super::error_line("x", &multi).contains('\n'));
+    }
+
+    #[test]
+    fn build_version_starts_with_the_package_version() {
+        assert!(super::build_version().starts_with(env!("CARGO_PKG_VERSION")));
+    }
+}
