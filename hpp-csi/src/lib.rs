@@ -29,7 +29,6 @@ pub mod identity;
 pub mod inflight;
 pub mod metrics;
 pub mod mount;
-pub mod mountinfo;
 pub mod node;
 pub mod pagination;
 pub mod pool;
@@ -39,6 +38,9 @@ pub mod snapshots;
 pub mod state;
 pub mod validate;
 pub mod volumes;
+
+/// The mount table parser, shared with the rest of hpp (see [`hpp_fs::mountinfo`]).
+pub use hpp_fs::mountinfo;
 
 pub use config::{ConfigError, PoolConfig, parse_pools};
 pub use endpoint::Endpoint;

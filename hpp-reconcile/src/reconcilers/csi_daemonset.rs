@@ -222,6 +222,8 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
                 "--strict-topology=true",
                 "--node-deployment=true",
                 "--default-fstype=xfs",
+                // Clones and restores copy data: far longer than the 10 s default.
+                "--timeout=5m",
             ],
             "env": [
                 env_field("NODE_NAME", "spec.nodeName"),
@@ -238,7 +240,7 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
             "name": "csi-snapshotter",
             "image": img.csi_snapshotter,
             "imagePullPolicy": pull,
-            "args": [format!("--v={v}"), format!("--csi-address={CSI_SOCKET}"), "--leader-election"],
+            "args": [format!("--v={v}"), format!("--csi-address={CSI_SOCKET}"), "--leader-election", "--timeout=5m"],
             "securityContext": privileged,
             "volumeMounts": [{ "name": "socket-dir", "mountPath": "/csi" }],
         }));
