@@ -16,6 +16,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod authority;
 pub mod caps;
 pub mod client;
 pub mod config;

@@ -360,7 +360,13 @@ impl BoundDriver {
             Listener::Unix(sock) => {
                 let UnixSocket { listener, path, ino } = sock;
                 let r = router
-                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+                    .serve_with_incoming_shutdown(
+                        // Non-Go clients send the socket path as :authority; see authority.rs.
+                        tokio_stream::StreamExt::map(UnixListenerStream::new(listener), |conn| {
+                            conn.map(crate::authority::AuthorityFix::new)
+                        }),
+                        shutdown,
+                    )
                     .await;
                 if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == ino) {
                     let _ = std::fs::remove_file(&path);
