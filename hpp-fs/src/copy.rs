@@ -68,7 +68,7 @@ pub fn copy_tree(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, opts: CopyOptions) ->
     // First destination path of every multiply-linked source inode.
     let mut links: HashMap<((u32, u32), u64), PathBuf> = HashMap::new();
     let mut stats = CopyStats::default();
-    while let Some(step) = walk.next()? {
+    while let Some(step) = walk.step()? {
         match step {
             Step::Entry(name, meta) => match meta.kind {
                 FileType::Directory => {

@@ -42,7 +42,7 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &OsStr) -> Result<(), WalkError
     let mut walk = Walker::new(fd)?;
     let root = *walk.root_meta();
     let prefix = PathBuf::from(name);
-    while let Some(step) = walk.next()? {
+    while let Some(step) = walk.step()? {
         match step {
             Step::Entry(child, meta) if meta.is_dir() => {
                 if !meta.same_mount(&root) {

@@ -23,7 +23,7 @@ pub fn usage(dir: BorrowedFd<'_>) -> Result<Usage, WalkError> {
         bytes: root.blocks.saturating_mul(512),
         inodes: 1,
     };
-    while let Some(step) = walk.next()? {
+    while let Some(step) = walk.step()? {
         if let Step::Entry(name, meta) = step {
             u.bytes = u.bytes.saturating_add(meta.blocks.saturating_mul(512));
             u.inodes = u.inodes.saturating_add(1);

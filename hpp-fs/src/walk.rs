@@ -1,7 +1,7 @@
 //! The one directory walker: depth first, iterative (an explicit stack, no recursion), never
 //! following symlinks, with a bounded number of open descriptors (see [`crate::stack`]).
 //!
-//! The caller drives it: [`Walker::next`] yields each entry of the current directory, the caller
+//! The caller drives it: [`Walker::step`] yields each entry of the current directory, the caller
 //! decides whether to [`Walker::descend`] into a directory entry, and once a directory is done
 //! the walker climbs back and yields [`Step::Leave`] with the walker in the parent again (so the
 //! caller can `rmdir` it or finish its copy).
@@ -60,7 +60,7 @@ impl Walker {
 
     /// The next step, or `None` when the whole tree has been visited. Entries that vanish
     /// between listing and stat are skipped.
-    pub fn next(&mut self) -> Result<Option<Step>, WalkError> {
+    pub fn step(&mut self) -> Result<Option<Step>, WalkError> {
         loop {
             let Some(names) = self.pending.last_mut() else {
                 return Ok(None);
@@ -84,7 +84,7 @@ impl Walker {
         }
     }
 
-    /// Enters the directory `name` of the current directory (just yielded by [`Self::next`]).
+    /// Enters the directory `name` of the current directory (just yielded by [`Self::step`]).
     /// Its entries come next, then a [`Step::Leave`] for it.
     pub fn descend(&mut self, name: &CStr) -> Result<(), WalkError> {
         self.stack.enter(name)?;

@@ -55,7 +55,7 @@ fn usage_and_removal_survive_100000_levels_with_bounded_fds() {
     // The walker never holds more than a small, fixed number of descriptors.
     let mut walk = Walker::new_dup(top.as_fd()).unwrap();
     let (mut max_open, mut deepest) = (0, 0);
-    while let Some(step) = walk.next().unwrap() {
+    while let Some(step) = walk.step().unwrap() {
         if let Step::Entry(name, meta) = step
             && meta.is_dir()
         {
@@ -108,13 +108,13 @@ fn removal_refuses_to_cross_a_bind_mount_of_the_same_filesystem() {
     std::fs::create_dir_all(vol.join("sub/mnt")).unwrap();
     std::fs::create_dir(&outside).unwrap();
     std::fs::write(outside.join("precious"), b"keep").unwrap();
-    if rustix::mount::mount_bind(&outside, &vol.join("sub/mnt")).is_err() {
+    if rustix::mount::mount_bind(&outside, vol.join("sub/mnt")).is_err() {
         eprintln!("skipping: bind mounts need root");
         return;
     }
     let root = open_dir(tmp.path());
     let err = remove_tree(root.as_fd(), OsStr::new("vol")).unwrap_err();
-    rustix::mount::unmount(&vol.join("sub/mnt"), rustix::mount::UnmountFlags::empty()).unwrap();
+    rustix::mount::unmount(vol.join("sub/mnt"), rustix::mount::UnmountFlags::empty()).unwrap();
     assert!(
         matches!(err, WalkError::CrossesMount { ref path } if path.ends_with("sub/mnt")),
         "{err}"
