@@ -14,7 +14,7 @@ use crate::mountinfo::MountTable;
 use crate::pagination::{self, pool_key};
 use crate::pool::{Pool, PoolHealth};
 use crate::snapshots::{self, SnapshotInfo};
-use crate::state::{DriverState, blocking};
+use crate::state::{DriverState, blocking, blocking_locked};
 use crate::validate::check_id;
 use crate::volumes::{self, Created};
 
@@ -192,9 +192,9 @@ impl ControllerService {
             Some(Source::Volume { id, .. }) => vec![volume_key(id)],
             None => vec![],
         };
-        let _guard = self.state.inflight.acquire(&[volume_key(&name)], &shared_key)?;
+        let guard = self.state.inflight.acquire(&[volume_key(&name)], &shared_key)?;
         let (p, n) = (pool.clone(), name.clone());
-        let (health, created) = blocking(move || {
+        let (health, created) = blocking_locked(guard, move || {
             let health = require_usable(&p)?;
             let required = u64::try_from(required).unwrap_or(0);
             if required > health.total_bytes {
@@ -208,7 +208,11 @@ impl ControllerService {
                 Some(Source::Volume { id, pool }) => Some(volumes::open(pool, id)?),
                 None => None,
             };
-            let created = volumes::create(&p, &n, src_fd.as_ref())?;
+            let requested = volumes::Requested {
+                required,
+                limit: u64::try_from(limit).unwrap_or(0),
+            };
+            let created = volumes::create(&p, &n, src_fd.as_ref(), requested)?;
             Ok((health, created))
         })
         .await?;
@@ -238,9 +242,9 @@ impl ControllerService {
     async fn delete_volume_inner(&self, req: csi::DeleteVolumeRequest) -> Result<()> {
         let id = check_id("volume_id", &req.volume_id)?.to_owned();
         record("volume_id", &id);
-        let _guard = self.state.inflight.acquire(&[volume_key(&id)], &[])?;
+        let guard = self.state.inflight.acquire(&[volume_key(&id)], &[])?;
         let state = self.state.clone();
-        blocking(move || {
+        blocking_locked(guard, move || {
             let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
             let mut unavailable = Vec::new();
             let mut deleted = false;
@@ -272,7 +276,7 @@ impl ControllerService {
     async fn list_volumes_inner(&self, req: csi::ListVolumesRequest) -> Result<csi::ListVolumesResponse> {
         let state = self.state.clone();
         // Ids and pool indexes only: entries are built for the requested page alone.
-        let (mut all, health) = blocking(move || {
+        let (all, health) = blocking(move || {
             let mounts = MountTable::read().unwrap_or_default();
             let mut all = Vec::new();
             let mut health = Vec::new();
@@ -286,7 +290,6 @@ impl ControllerService {
         })
         .await?;
         let pools = &self.state.pools;
-        all.sort_by(|a, b| (&a.0, &pools[a.1].name).cmp(&(&b.0, &pools[b.1].name)));
         let page = pagination::paginate(
             all,
             |(id, idx)| pool_key(id, &pools[*idx].name),
@@ -357,12 +360,12 @@ impl ControllerService {
                 pool.name
             )));
         }
-        let _guard = self
+        let guard = self
             .state
             .inflight
             .acquire(&[snapshot_key(&name)], &[volume_key(&source)])?;
         let state = self.state.clone();
-        let info = blocking(move || {
+        let info = blocking_locked(guard, move || {
             if let Some((spool, info)) = locate_snapshot(&state, &name, Some(&pool))? {
                 if info.source_volume_id == source && spool.name == pool.name {
                     return Ok(info);
@@ -385,9 +388,9 @@ impl ControllerService {
     async fn delete_snapshot_inner(&self, req: csi::DeleteSnapshotRequest) -> Result<()> {
         let id = check_id("snapshot_id", &req.snapshot_id)?.to_owned();
         record("snapshot_id", &id);
-        let _guard = self.state.inflight.acquire(&[snapshot_key(&id)], &[])?;
+        let guard = self.state.inflight.acquire(&[snapshot_key(&id)], &[])?;
         let state = self.state.clone();
-        blocking(move || {
+        blocking_locked(guard, move || {
             for pool in &state.pools {
                 if snapshots::delete(pool, &id)? {
                     tracing::info!(snapshot_id = %id, pool = %pool.name, "snapshot deleted");
@@ -401,7 +404,7 @@ impl ControllerService {
     async fn list_snapshots_inner(&self, req: csi::ListSnapshotsRequest) -> Result<csi::ListSnapshotsResponse> {
         let state = self.state.clone();
         let (by_id, by_source) = (req.snapshot_id.clone(), req.source_volume_id.clone());
-        let mut all = blocking(move || {
+        let all = blocking(move || {
             let mut all = Vec::new();
             if !by_id.is_empty() {
                 // An id this driver could never have issued simply matches nothing.
@@ -421,7 +424,6 @@ impl ControllerService {
             Ok(all)
         })
         .await?;
-        all.sort_by(|a, b| (&a.id, &a.pool).cmp(&(&b.id, &b.pool)));
         let page = pagination::paginate(all, |s| pool_key(&s.id, &s.pool), req.max_entries, &req.starting_token)?;
         Ok(csi::ListSnapshotsResponse {
             entries: page

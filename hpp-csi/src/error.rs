@@ -91,6 +91,21 @@ fn io_code(err: &io::Error) -> Code {
     }
 }
 
+/// Walk errors carry the path they happened at (relative to the walk's root); the message
+/// names it and the code says what the CO can do.
+impl From<hpp_fs::WalkError> for Error {
+    fn from(e: hpp_fs::WalkError) -> Self {
+        use hpp_fs::WalkError as W;
+        match e {
+            W::CrossesMount { .. } | W::TooDeep { .. } => Error::FailedPrecondition(e.to_string()),
+            W::Moved { .. } => Error::Aborted(format!("{e}; retry")),
+            W::NoSpace { .. } => Error::ResourceExhausted(e.to_string()),
+            W::Io { op, path, source } => Error::io(format!("{op} {}", path.display()), source),
+            other => Error::Internal(other.to_string()),
+        }
+    }
+}
+
 impl From<Error> for Status {
     fn from(err: Error) -> Self {
         let code = err.code();

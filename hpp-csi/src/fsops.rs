@@ -3,8 +3,7 @@
 //! a symlink planted inside a pool can make the driver touch anything outside it.
 
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags, Stat};
@@ -109,46 +108,11 @@ pub fn sync_dir(dir: BorrowedFd<'_>) {
 }
 
 /// Removes `name` inside `dir` and everything below it, never following symlinks and never
-/// crossing onto another filesystem (a mount inside the tree stops the removal with an error).
-/// Missing is success, so interrupted removals can simply be retried.
+/// crossing into another mount (a mount inside the tree stops the removal with
+/// FailedPrecondition). Any depth works: the walk is [`hpp_fs::remove_tree`]. Missing is
+/// success, so interrupted removals can simply be retried.
 pub fn remove_tree(dir: BorrowedFd<'_>, name: &str) -> Result<()> {
-    let dev = dev_of(dir).map_err(|e| Error::io("stat of parent directory", e))?;
-    remove_tree_on_raw(dir, name.as_bytes(), dev)
-}
-
-/// Like [`list_names`] but keeps non-UTF-8 names: removal must not leave them behind.
-fn list_names_raw(dir: BorrowedFd<'_>) -> Result<Vec<Vec<u8>>> {
-    list_names_bytes(dir).map_err(|e| Error::io("reading directory", e))
-}
-
-fn remove_tree_on_raw(dir: BorrowedFd<'_>, name: &[u8], dev: u64) -> Result<()> {
-    let os = OsStr::from_bytes(name);
-    let st = match rustix::fs::statat(dir, os, AtFlags::SYMLINK_NOFOLLOW) {
-        Ok(st) => st,
-        Err(Errno::NOENT) => return Ok(()),
-        Err(e) => return Err(Error::io("stat during removal", e)),
-    };
-    let shown = os.to_string_lossy();
-    match classify(&st) {
-        Entry::Dir { dev: d } if d != dev => Err(Error::FailedPrecondition(format!(
-            "{shown} is on another filesystem (a mount point); refusing to delete across it"
-        ))),
-        Entry::Dir { .. } => {
-            let child = rustix::fs::openat(
-                dir,
-                os,
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| Error::io(format!("open {shown}"), e))?;
-            for sub in list_names_raw(child.as_fd())? {
-                remove_tree_on_raw(child.as_fd(), &sub, dev)?;
-            }
-            rustix::fs::unlinkat(dir, os, AtFlags::REMOVEDIR)
-                .map_err(|e| Error::io(format!("removing directory {shown}"), e))
-        }
-        _ => rustix::fs::unlinkat(dir, os, AtFlags::empty()).map_err(|e| Error::io(format!("removing {shown}"), e)),
-    }
+    Ok(hpp_fs::remove_tree(dir, OsStr::new(name))?)
 }
 
 /// Whether `path` is the root of a mount, from `statx` (Linux 5.8+) without reading the mount
@@ -165,34 +129,11 @@ pub fn is_mount_root(path: &std::path::Path) -> Option<bool> {
         .then(|| st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT))
 }
 
-/// Bytes (allocated blocks) and inodes used by the tree below `dir`, not crossing filesystems.
-pub fn usage(dir: BorrowedFd<'_>) -> rustix::io::Result<(u64, u64)> {
-    let root = rustix::fs::fstat(dir)?;
-    let mut bytes = (root.st_blocks as u64).saturating_mul(512);
-    let mut inodes = 1u64;
-    for name in list_names_bytes(dir)? {
-        let os = OsStr::from_bytes(&name);
-        let st = match rustix::fs::statat(dir, os, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => st,
-            Err(Errno::NOENT) => continue,
-            Err(e) => return Err(e),
-        };
-        if FileType::from_raw_mode(st.st_mode) == FileType::Directory && st.st_dev == root.st_dev {
-            let child = rustix::fs::openat(
-                dir,
-                os,
-                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )?;
-            let (b, i) = usage(child.as_fd())?;
-            bytes = bytes.saturating_add(b);
-            inodes = inodes.saturating_add(i);
-        } else {
-            bytes = bytes.saturating_add((st.st_blocks as u64).saturating_mul(512));
-            inodes = inodes.saturating_add(1);
-        }
-    }
-    Ok((bytes, inodes))
+/// Bytes (allocated blocks) and inodes used by the tree below `dir`, not crossing mounts;
+/// any depth (the walk is [`hpp_fs::usage`]).
+pub fn usage(dir: BorrowedFd<'_>) -> Result<(u64, u64)> {
+    let u = hpp_fs::usage(dir)?;
+    Ok((u.bytes, u.inodes))
 }
 
 /// Raw names in a directory (including non-UTF-8 ones), without `.` and `..`.
@@ -211,6 +152,8 @@ pub fn list_names_bytes(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<Vec<u8>>>
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+    use std::os::fd::AsFd;
+
     use super::*;
 
     #[test]

@@ -16,6 +16,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod authority;
 pub mod caps;
 pub mod client;
 pub mod config;
@@ -29,7 +30,6 @@ pub mod identity;
 pub mod inflight;
 pub mod metrics;
 pub mod mount;
-pub mod mountinfo;
 pub mod node;
 pub mod pagination;
 pub mod pool;
@@ -39,6 +39,9 @@ pub mod snapshots;
 pub mod state;
 pub mod validate;
 pub mod volumes;
+
+/// The mount table parser, shared with the rest of hpp (see [`hpp_fs::mountinfo`]).
+pub use hpp_fs::mountinfo;
 
 pub use config::{ConfigError, PoolConfig, parse_pools};
 pub use endpoint::Endpoint;

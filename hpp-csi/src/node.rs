@@ -18,7 +18,7 @@ use crate::inflight::{target_key, volume_key};
 use crate::mount::{self, BindOptions};
 use crate::mountinfo::MountTable;
 use crate::pool::Pool;
-use crate::state::{DriverState, blocking};
+use crate::state::{DriverState, blocking, blocking_locked};
 use crate::validate::{check_id, check_target_path};
 use crate::volumes::{self, Created};
 
@@ -116,7 +116,7 @@ struct Publish {
 
 fn publish(p: &Publish) -> Result<()> {
     if p.ephemeral {
-        let created = volumes::create(&p.pool, &p.id, None)?;
+        let created = volumes::create(&p.pool, &p.id, None, volumes::Requested::default())?;
         if created != Created::Existing {
             mark_ephemeral(&p.pool, &p.id)?;
         }
@@ -285,8 +285,7 @@ fn volume_stats(pool: Option<Pool>, id: &str, path: &Path) -> Result<csi::NodeGe
         };
     }
     let fs = rustix::fs::fstatvfs(&path_fd).map_err(|e| Error::io("statvfs of volume", e))?;
-    let (used_bytes, used_inodes) =
-        fsops::usage(path_fd.as_fd()).map_err(|e| Error::io("measuring volume usage", e))?;
+    let (used_bytes, used_inodes) = fsops::usage(path_fd.as_fd())?;
     let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     Ok(csi::NodeGetVolumeStatsResponse {
         usage: vec![
@@ -356,7 +355,7 @@ impl NodeService {
             .await?
         };
         pool.check_volume_name(&id)?;
-        let _guard = self
+        let guard = self
             .state
             .inflight
             .acquire(&[target_key(&target)], &[volume_key(&id)])?;
@@ -367,7 +366,7 @@ impl NodeService {
             opts,
             ephemeral,
         };
-        blocking(move || {
+        blocking_locked(guard, move || {
             // Never publish the shadow directory of an unmounted guarded pool.
             if p.ephemeral || p.pool.require_mount_point {
                 let h = pool_health(&p.pool);
@@ -387,15 +386,23 @@ impl NodeService {
         record("volume_id", &id);
         let target = canonical(check_target_path("target_path", &req.target_path)?);
         check_target_outside_pools(&self.state, &target)?;
-        let _guard = self.state.inflight.acquire(&[target_key(&target)], &[])?;
+        let guard = self.state.inflight.acquire(&[target_key(&target)], &[])?;
         let state = self.state.clone();
-        blocking(move || unpublish(&state, &id, &target)).await
+        blocking_locked(guard, move || unpublish(&state, &id, &target)).await
     }
 
     async fn stats_inner(&self, req: csi::NodeGetVolumeStatsRequest) -> Result<csi::NodeGetVolumeStatsResponse> {
         let id = check_id("volume_id", &req.volume_id)?.to_owned();
         record("volume_id", &id);
-        let path = canonical(check_target_path("volume_path", &req.volume_path)?);
+        // A path that is given but cannot be where a volume is published (relative, not
+        // normalised) names no volume: NotFound, as the CSI spec and its conformance suite want.
+        if req.volume_path.is_empty() {
+            return Err(Error::InvalidArgument("volume_path is required".into()));
+        }
+        let path = canonical(check_target_path("volume_path", &req.volume_path).map_err(|e| match e {
+            Error::InvalidArgument(m) => Error::NotFound(format!("{m}; no volume can be published there")),
+            other => other,
+        })?);
         let state = self.state.clone();
         blocking(move || {
             let pool = state

@@ -1,10 +1,13 @@
-//! Cursor pagination for ListVolumes and ListSnapshots. The token is the sort key of the first
-//! entry of the next page, so pages stay correct when entries are added or removed between calls
-//! (KubeVirt's integer-vs-name token mix-up broke page 2 entirely).
+//! Cursor pagination for ListVolumes and ListSnapshots. The token is the key `(id, pool)` of the
+//! first entry of the next page, encoded `id/pool`, so pages stay correct when entries are added
+//! or removed between calls (KubeVirt's integer-vs-name token mix-up broke page 2 entirely).
+//! Entries are sorted and compared by the same key, the `(id, pool)` pair: comparing the encoded
+//! string instead would order `vol/p` after `vol-2/p` (`-` sorts before `/`) while the pair
+//! orders `vol` first, losing or repeating entries.
 
 use crate::error::{Error, Result};
 
-/// One page of `items`, which must be sorted by `key`.
+/// One page of `items`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Page<T> {
     /// Entries of this page.
@@ -13,11 +16,14 @@ pub struct Page<T> {
     pub next_token: String,
 }
 
-/// Cuts a page out of `items` (sorted ascending by `key`), starting at the first item whose key
-/// is `>= starting_token`. `max_entries == 0` means no limit; negative is invalid.
+/// Sort key of an object that lives in a pool.
+pub type Key = (String, String);
+
+/// Cuts a page out of `items`, sorted here by `key`, starting at the first item whose key is
+/// `>=` the key in `starting_token`. `max_entries == 0` means no limit; negative is invalid.
 pub fn paginate<T>(
-    items: Vec<T>,
-    key: impl Fn(&T) -> String,
+    mut items: Vec<T>,
+    key: impl Fn(&T) -> Key,
     max_entries: i32,
     starting_token: &str,
 ) -> Result<Page<T>> {
@@ -26,15 +32,20 @@ pub fn paginate<T>(
             "max_entries must not be negative, got {max_entries}"
         )));
     }
-    if !starting_token.is_empty() && !valid_token(starting_token) {
-        return Err(Error::Aborted(format!(
-            "starting_token {starting_token:?} was not issued by this driver"
-        )));
-    }
-    let mut rest: Vec<T> = items
-        .into_iter()
-        .filter(|t| starting_token.is_empty() || key(t).as_str() >= starting_token)
-        .collect();
+    let start = if starting_token.is_empty() {
+        None
+    } else {
+        Some(parse_token(starting_token).ok_or_else(|| {
+            Error::Aborted(format!(
+                "starting_token {starting_token:?} was not issued by this driver"
+            ))
+        })?)
+    };
+    items.sort_by_cached_key(&key);
+    let mut rest: Vec<T> = match &start {
+        None => items,
+        Some(start) => items.into_iter().filter(|t| key(t) >= *start).collect(),
+    };
     let limit = usize::try_from(max_entries).unwrap_or(0);
     if limit == 0 || rest.len() <= limit {
         return Ok(Page {
@@ -43,55 +54,96 @@ pub fn paginate<T>(
         });
     }
     let tail = rest.split_off(limit);
-    let next_token = tail.first().map(&key).unwrap_or_default();
+    let next_token = tail.first().map(|t| encode(&key(t))).unwrap_or_default();
     Ok(Page {
         items: rest,
         next_token,
     })
 }
 
-/// Sort key of an object that lives in a pool: `<id>/<pool>` (neither may contain `/`).
-pub fn pool_key(id: &str, pool: &str) -> String {
+/// Key of an object that lives in a pool.
+pub fn pool_key(id: &str, pool: &str) -> Key {
+    (id.to_owned(), pool.to_owned())
+}
+
+/// `id/pool` (neither may contain `/`).
+fn encode((id, pool): &Key) -> String {
     format!("{id}/{pool}")
 }
 
-fn valid_token(token: &str) -> bool {
-    match token.split_once('/') {
-        Some((id, pool)) => {
-            crate::validate::check_id("token", id).is_ok() && crate::validate::check_pool_name(pool).is_ok()
-        }
-        None => false,
-    }
+fn parse_token(token: &str) -> Option<Key> {
+    let (id, pool) = token.split_once('/')?;
+    crate::validate::check_id("token", id).ok()?;
+    crate::validate::check_pool_name(pool).ok()?;
+    Some(pool_key(id, pool))
 }
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
 
-    fn keys(n: usize) -> Vec<String> {
-        let mut v: Vec<String> = (0..n).map(|i| pool_key(&format!("pvc-{i:03}"), "p")).collect();
+    fn keys(n: usize) -> Vec<Key> {
+        let mut v: Vec<Key> = (0..n).map(|i| pool_key(&format!("pvc-{i:03}"), "p")).collect();
         v.sort();
         v
+    }
+
+    /// Walks all pages; returns the entries in the order they came back.
+    fn walk(all: &[Key], size: i32) -> Vec<Key> {
+        let mut seen = Vec::new();
+        let mut token = String::new();
+        for _ in 0..=all.len() + 1 {
+            let page = paginate(all.to_vec(), |s| s.clone(), size, &token).unwrap();
+            seen.extend(page.items);
+            if page.next_token.is_empty() {
+                return seen;
+            }
+            token = page.next_token;
+        }
+        panic!("pagination did not terminate");
+    }
+
+    #[test]
+    fn ids_that_sort_differently_as_strings_are_each_returned_once() {
+        let all: Vec<Key> = ["a", "vol", "vol-2"].iter().map(|i| pool_key(i, "legacy")).collect();
+        assert_eq!(walk(&all, 1).len(), 3);
+        let all: Vec<Key> = ["vol", "vol-2"].iter().map(|i| pool_key(i, "legacy")).collect();
+        assert_eq!(walk(&all, 1).len(), 2);
+    }
+
+    proptest::proptest! {
+        /// Any set of (id, pool) pairs, any page size: every entry comes back exactly once.
+        #[test]
+        fn every_entry_comes_back_exactly_once(
+            set in proptest::collection::btree_set(("[a-z0-9][a-z0-9._ -]{0,6}", "[a-z][a-z0-9-]{0,3}"), 0..40),
+            size in 0i32..8,
+        ) {
+            let all: Vec<Key> = set.into_iter().collect();
+            let mut seen = walk(&all, size);
+            seen.sort();
+            proptest::prop_assert_eq!(seen, all);
+        }
+
+        /// A token is accepted exactly when it encodes a valid id and pool name.
+        #[test]
+        fn tokens_round_trip(id in "[a-z0-9][a-z0-9._ -]{0,20}", pool in "[a-z][a-z0-9-]{0,10}") {
+            proptest::prop_assert_eq!(parse_token(&encode(&pool_key(&id, &pool))), Some(pool_key(&id, &pool)));
+        }
+
+        /// Garbage tokens are refused with Aborted, never a panic.
+        #[test]
+        fn garbage_tokens_are_refused(token in ".{1,40}") {
+            if parse_token(&token).is_none() {
+                proptest::prop_assert!(matches!(paginate(keys(3), |s| s.clone(), 1, &token), Err(Error::Aborted(_))));
+            }
+        }
     }
 
     #[test]
     fn walks_every_page_exactly_once() {
         let all = keys(25);
-        let mut seen = Vec::new();
-        let mut token = String::new();
-        let mut pages = 0;
-        loop {
-            let page = paginate(all.clone(), |s| s.clone(), 7, &token).unwrap();
-            pages += 1;
-            seen.extend(page.items);
-            if page.next_token.is_empty() {
-                break;
-            }
-            token = page.next_token;
-        }
-        assert_eq!(pages, 4);
-        assert_eq!(seen, all);
+        assert_eq!(walk(&all, 7), all);
     }
 
     #[test]
@@ -110,7 +162,7 @@ mod tests {
     fn survives_deletion_of_the_token_entry_and_rejects_garbage() {
         let mut all = keys(6);
         let p = paginate(all.clone(), |s| s.clone(), 3, "").unwrap();
-        all.retain(|k| *k != p.next_token);
+        all.retain(|k| encode(k) != p.next_token);
         let p2 = paginate(all, |s| s.clone(), 3, &p.next_token).unwrap();
         assert_eq!(p2.items.len(), 2);
         assert!(matches!(

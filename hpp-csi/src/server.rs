@@ -143,6 +143,9 @@ impl DriverBuilder {
         check_pools(&self.pools)?;
         let mut pools = self.pools.iter().map(Pool::prepare).collect::<Result<Vec<_>, _>>()?;
         Pool::reserve_nested(&mut pools);
+        for pool in &pools {
+            sweep_pool(pool);
+        }
         let os_reference = self.os_reference.unwrap_or_else(|| match &self.endpoint {
             Some(Endpoint::Unix(p)) => p.parent().map(Path::to_path_buf).unwrap_or_else(|| "/".into()),
             _ => PathBuf::from("/"),
@@ -160,6 +163,27 @@ impl DriverBuilder {
             }),
             endpoint: self.endpoint,
         })
+    }
+}
+
+/// Removes what crashed attempts left in a node-local pool: temporaries of creates and
+/// snapshots, interrupted deletions. Shared pools are left alone: another node's driver may be
+/// building in them right now.
+fn sweep_pool(pool: &Pool) {
+    if pool.shared {
+        return;
+    }
+    let volumes = pool
+        .open()
+        .and_then(|dir| crate::volumes::sweep(std::os::fd::AsFd::as_fd(&dir)));
+    for (what, result) in [("volumes", volumes), ("snapshots", crate::snapshots::sweep(pool))] {
+        match result {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(pool = %pool.name, what, swept = n, "removed leftovers of interrupted operations"),
+            Err(e) => {
+                tracing::warn!(pool = %pool.name, what, error = %e, "cannot sweep leftovers of interrupted operations")
+            }
+        }
     }
 }
 
@@ -336,7 +360,13 @@ impl BoundDriver {
             Listener::Unix(sock) => {
                 let UnixSocket { listener, path, ino } = sock;
                 let r = router
-                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+                    .serve_with_incoming_shutdown(
+                        // Non-Go clients send the socket path as :authority; see authority.rs.
+                        tokio_stream::StreamExt::map(UnixListenerStream::new(listener), |conn| {
+                            conn.map(crate::authority::AuthorityFix::new)
+                        }),
+                        shutdown,
+                    )
                     .await;
                 if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == ino) {
                     let _ = std::fs::remove_file(&path);

@@ -1,7 +1,7 @@
 //! Reflink snapshots on disk, in KubeVirt's layout so existing snapshots keep working:
 //! `<snapshotPath>/<name>/data/` holds the copy of the volume and the empty directory
 //! `<snapshotPath>/<name>/<source volume id>/` records where it came from. Built under
-//! `.hpp-tmp-<name>` and renamed into place, like volumes.
+//! a per-attempt `.hpp-tmp-<name>-<attempt>` and renamed into place, like volumes.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
@@ -126,7 +126,6 @@ pub fn list(pool: &Pool) -> Result<Vec<SnapshotInfo>> {
 pub fn create(pool: &Pool, id: &str, source_id: &str, source: &OwnedFd) -> Result<SnapshotInfo> {
     let root = open_root(pool, true)?.ok_or_else(|| Error::Internal("snapshot root vanished".into()))?;
     let tmp = temp_name(id);
-    fsops::remove_tree(root.as_fd(), &tmp)?;
     let tmp_fd = fsops::mkdir_exact(root.as_fd(), &tmp, 0o750).map_err(|e| Error::io("creating snapshot", e))?;
     let result = (|| {
         fsops::mkdir_exact(tmp_fd.as_fd(), source_id, 0o750).map_err(|e| Error::io("creating source marker", e))?;
@@ -161,6 +160,17 @@ pub fn create(pool: &Pool, id: &str, source_id: &str, source: &OwnedFd) -> Resul
         "snapshot data copied"
     );
     read_info(pool, root.as_fd(), id)?.ok_or_else(|| Error::Internal(format!("snapshot {id} vanished after creation")))
+}
+
+/// Removes temporaries and interrupted deletions left in `pool`'s snapshot directory.
+pub fn sweep(pool: &Pool) -> Result<usize> {
+    if pool.snapshot_path.is_none() {
+        return Ok(0);
+    }
+    match open_root(pool, false)? {
+        Some(root) => crate::volumes::sweep(root.as_fd()),
+        None => Ok(0),
+    }
 }
 
 /// Deletes snapshot `id` from `pool`; missing is success.

@@ -8,7 +8,7 @@ use hpp_api::constants::{DEFAULT_POOL_NAME, PARAM_STORAGE_POOL, TOPOLOGY_KEY};
 
 use crate::csi;
 use crate::error::{Error, Result};
-use crate::inflight::InFlight;
+use crate::inflight::{Guard, InFlight};
 use crate::metrics::DriverMetrics;
 use crate::mountinfo::MountTable;
 use crate::pool::{Pool, PoolHealth};
@@ -106,4 +106,20 @@ where
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
+}
+
+/// Runs blocking work that owns the in-flight `guard`. The guard moves into the blocking task,
+/// so it is released when the work ends, not when the request is dropped: a CO whose deadline
+/// passed cancels only its wait, and its retry answers Aborted until the first attempt is done
+/// instead of racing it.
+pub async fn blocking_locked<T, F>(guard: Guard, f: F) -> Result<T>
+where
+    F: FnOnce() -> Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    blocking(move || {
+        let _guard = guard;
+        f()
+    })
+    .await
 }

@@ -1,7 +1,8 @@
-//! Creating and deleting volume directories with crash safety. A volume is built under the
-//! deterministic temporary name `.hpp-tmp-<id>` and renamed into place in one atomic step, so a
-//! crash leaves either no volume or a complete one; a retry removes the half-built temporary and
-//! starts over. Deletion renames to `.hpp-del-<id>` first, so a half-deleted volume is never
+//! Creating and deleting volume directories with crash safety. A volume is built under a
+//! temporary name unique to the attempt, `.hpp-tmp-<id>-<attempt>`, and renamed into place in
+//! one atomic step, so a crash leaves either no volume or a complete one. No attempt ever
+//! touches another attempt's temporary (an abandoned attempt may still be copying); temporaries
+//! left by a crash are swept when the driver starts ([`sweep`]). Deletion renames to `.hpp-del-<id>` first, so a half-deleted volume is never
 //! served and a retry finishes the job.
 
 use std::os::fd::{AsFd, OwnedFd};
@@ -17,14 +18,105 @@ use crate::pool::Pool;
 /// Mode of a new volume directory: what KubeVirt's `mkdir 0777` gives under the usual umask.
 pub const VOLUME_MODE: u32 = 0o755;
 
-/// Temporary name used while building volume `id`.
+/// Prefix of every temporary the driver builds a volume or snapshot under.
+pub const TEMP_PREFIX: &str = ".hpp-tmp-";
+/// Prefix of every volume or snapshot being deleted.
+pub const DELETING_PREFIX: &str = ".hpp-del-";
+
+/// A temporary name for building `id`, unique to this attempt: `.hpp-tmp-<id>-<8 hex digits>`
+/// (at most 248 bytes for the longest valid id, under NAME_MAX).
 pub fn temp_name(id: &str) -> String {
-    format!(".hpp-tmp-{id}")
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static ATTEMPT: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(ATTEMPT.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    format!("{TEMP_PREFIX}{id}-{:08x}", h.finish() as u32)
+}
+
+/// Removes every temporary (and finishes every interrupted deletion) directly in `dir`. Run at
+/// start-up, before any request can start an attempt of its own.
+pub fn sweep(dir: std::os::fd::BorrowedFd<'_>) -> Result<usize> {
+    let mut swept = 0;
+    for name in fsops::list_names(dir).map_err(|e| Error::io("listing for temporaries", e))? {
+        if name.starts_with(TEMP_PREFIX) || name.starts_with(DELETING_PREFIX) {
+            fsops::remove_tree(dir, &name)?;
+            swept += 1;
+        }
+    }
+    Ok(swept)
 }
 
 /// Name a volume is renamed to while being deleted.
 pub fn deleting_name(id: &str) -> String {
-    format!(".hpp-del-{id}")
+    format!("{DELETING_PREFIX}{id}")
+}
+
+/// Extended attribute recording the capacity a volume was requested with, set on the temporary
+/// before the rename so a volume never exists without it. `trusted.*`: only the driver (root)
+/// can read or change it, the tenant cannot. A directory without it (made by KubeVirt, or on a
+/// filesystem without xattrs) is still served; only the capacity check is skipped.
+pub const CAPACITY_XATTR: &str = "trusted.hpp.capacity";
+
+/// The capacity range of a CreateVolume, in bytes (0 = not set).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Requested {
+    /// `required_bytes`.
+    pub required: u64,
+    /// `limit_bytes`.
+    pub limit: u64,
+}
+
+impl Requested {
+    /// Whether a volume recorded with `capacity` bytes satisfies this request (what CSI calls
+    /// a compatible existing volume; otherwise AlreadyExists).
+    pub fn satisfied_by(&self, capacity: u64) -> bool {
+        capacity >= self.required && (self.limit == 0 || capacity <= self.limit)
+    }
+}
+
+/// Records `bytes` on the volume directory `dir`.
+fn record_capacity(dir: std::os::fd::BorrowedFd<'_>, bytes: u64) -> Result<()> {
+    match rustix::fs::fsetxattr(
+        dir,
+        CAPACITY_XATTR,
+        bytes.to_string().as_bytes(),
+        rustix::fs::XattrFlags::empty(),
+    ) {
+        Ok(()) => Ok(()),
+        Err(Errno::OPNOTSUPP | Errno::PERM) => {
+            tracing::debug!("filesystem keeps no trusted xattrs; the volume's capacity is not recorded");
+            Ok(())
+        }
+        Err(e) => Err(Error::io("recording the volume's capacity", e)),
+    }
+}
+
+/// The capacity volume `id` was created with, when recorded.
+pub fn recorded_capacity(pool_dir: std::os::fd::BorrowedFd<'_>, id: &str) -> Result<Option<u64>> {
+    let dir = match fsops::open_child_dir(pool_dir, id) {
+        Ok(d) => d,
+        Err(Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(Error::io(format!("opening volume {id}"), e)),
+    };
+    let mut buf = [0u8; 32];
+    match rustix::fs::fgetxattr(&dir, CAPACITY_XATTR, &mut buf[..]) {
+        Ok(n) => Ok(std::str::from_utf8(&buf[..n]).ok().and_then(|s| s.parse().ok())),
+        Err(Errno::NODATA | Errno::OPNOTSUPP | Errno::RANGE) => Ok(None),
+        Err(e) => Err(Error::io(format!("reading the capacity of volume {id}"), e)),
+    }
+}
+
+fn check_existing(pool: &Pool, dir: std::os::fd::BorrowedFd<'_>, id: &str, want: Requested) -> Result<Created> {
+    match recorded_capacity(dir, id)? {
+        Some(have) if !want.satisfied_by(have) => Err(Error::AlreadyExists(format!(
+            "volume {id} already exists in storage pool {} with capacity {have} bytes, which does not \
+             satisfy the requested range (required {}, limit {})",
+            pool.name, want.required, want.limit
+        ))),
+        _ => Ok(Created::Existing),
+    }
 }
 
 /// Outcome of [`create`].
@@ -37,11 +129,12 @@ pub enum Created {
     New(CopyStats),
 }
 
-/// Creates volume `id` in `pool`, filled with a copy of `source` when given.
-pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>) -> Result<Created> {
+/// Creates volume `id` in `pool` with the `requested` capacity, filled with a copy of `source`
+/// when given. An existing volume is fine when its recorded capacity satisfies the request.
+pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>, requested: Requested) -> Result<Created> {
     let dir = pool.open()?;
     match fsops::entry(dir.as_fd(), id).map_err(|e| Error::io(format!("stat volume {id}"), e))? {
-        Entry::Dir { .. } => return Ok(Created::Existing),
+        Entry::Dir { .. } => return check_existing(pool, dir.as_fd(), id, requested),
         Entry::Missing => {}
         Entry::Symlink | Entry::Other => {
             return Err(Error::AlreadyExists(format!(
@@ -51,8 +144,6 @@ pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>) -> Result<Created
         }
     }
     let tmp = temp_name(id);
-    // Leftover of a crashed attempt: start over, its content may be partial.
-    fsops::remove_tree(dir.as_fd(), &tmp)?;
     let tmp_fd = fsops::mkdir_exact(dir.as_fd(), &tmp, VOLUME_MODE)
         .map_err(|e| Error::io(format!("creating {}", pool.path.join(&tmp).display()), e))?;
     let stats = match source {
@@ -69,6 +160,12 @@ pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>) -> Result<Created
         },
         None => CopyStats::default(),
     };
+    // After the copy: the source's own record came along with its xattrs.
+    if let Err(e) = record_capacity(tmp_fd.as_fd(), requested.required) {
+        drop(tmp_fd);
+        let _ = fsops::remove_tree(dir.as_fd(), &tmp);
+        return Err(e);
+    }
     if source.is_some() {
         // Copied data must be on disk before the volume becomes visible; one syncfs is far
         // cheaper than an fsync per file. An empty directory needs only the parent's fsync below.

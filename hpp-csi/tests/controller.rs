@@ -46,6 +46,69 @@ async fn create_is_idempotent_and_returns_kubevirt_shape() {
     h.stop().await;
 }
 
+fn sized(name: &str, required: i64, limit: i64) -> csi::CreateVolumeRequest {
+    let mut req = create_req(name);
+    req.capacity_range = Some(csi::CapacityRange {
+        required_bytes: required,
+        limit_bytes: limit,
+    });
+    req
+}
+
+#[tokio::test]
+async fn same_name_with_another_capacity_is_already_exists() {
+    let mut h = Harness::start().await;
+    h.controller.create_volume(sized("pvc-cap", 4096, 0)).await.unwrap();
+    // Same request again, and a range the recorded capacity satisfies: idempotent.
+    h.controller.create_volume(sized("pvc-cap", 4096, 0)).await.unwrap();
+    h.controller.create_volume(sized("pvc-cap", 1024, 8192)).await.unwrap();
+    h.controller.create_volume(create_req("pvc-cap")).await.unwrap();
+    // A capacity the volume was not created with.
+    assert_eq!(
+        code(h.controller.create_volume(sized("pvc-cap", 8192, 8192)).await),
+        Code::AlreadyExists
+    );
+    assert_eq!(
+        code(h.controller.create_volume(sized("pvc-cap", 0, 1024)).await),
+        Code::AlreadyExists
+    );
+    // A directory KubeVirt made (no record) is still served whatever the request says.
+    std::fs::create_dir(h.pool_path().join("pvc-kubevirt")).unwrap();
+    h.controller
+        .create_volume(sized("pvc-kubevirt", 8192, 8192))
+        .await
+        .unwrap();
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn ids_that_sort_differently_as_strings_are_listed_once_each() {
+    let mut h = Harness::start().await;
+    for id in ["a", "vol", "vol-2"] {
+        h.create(id).await;
+    }
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    for _ in 0..10 {
+        let resp = h
+            .controller
+            .list_volumes(csi::ListVolumesRequest {
+                max_entries: 1,
+                starting_token: token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        seen.extend(resp.entries.into_iter().map(|e| e.volume.unwrap().volume_id));
+        if resp.next_token.is_empty() {
+            break;
+        }
+        token = resp.next_token;
+    }
+    assert_eq!(seen, ["a", "vol", "vol-2"]);
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn create_validates_everything_up_front() {
     let mut h = Harness::start().await;

@@ -217,7 +217,11 @@ async fn stats_report_usage_and_condition() {
             staging_target_path: String::new(),
         })
         .await;
-    assert_eq!(code(invalid), Code::InvalidArgument);
+    assert_eq!(
+        code(invalid),
+        Code::NotFound,
+        "a relative path names no published volume"
+    );
     h.stop().await;
 }
 

@@ -219,7 +219,7 @@ async fn concurrent_creates_of_one_volume_converge_or_abort() {
         }
         assert!(ok >= 1, "at least one create succeeds");
         assert!(h.pool_path().join(&name).is_dir());
-        assert!(!h.pool_path().join(format!(".hpp-tmp-{name}")).exists());
+        assert!(no_temporaries(&h.pool_path()), "no temporary left behind");
     }
     // Concurrent create and delete of the same volume: each outcome is OK or Aborted, never
     // anything else, and the final state is consistent with a serial order.
@@ -266,14 +266,25 @@ async fn concurrent_publishes_to_one_target_mount_once() {
 
 #[tokio::test]
 async fn crash_leftovers_are_completed_on_retry() {
-    let mut h = Harness::start().await;
-    // A create that crashed after mkdir of the temporary and a partial copy.
+    let h = Harness::start().await;
+    // A create that crashed after mkdir of the temporary and a partial copy (old and new
+    // temporary names): swept when the driver starts again.
     let tmp = h.pool_path().join(".hpp-tmp-pvc-crash");
-    std::fs::create_dir_all(tmp.join("partial")).unwrap();
-    std::fs::write(tmp.join("partial/half"), b"torn").unwrap();
+    let tmp2 = h.pool_path().join(".hpp-tmp-pvc-crash-0badcafe");
+    for t in [&tmp, &tmp2] {
+        std::fs::create_dir_all(t.join("partial")).unwrap();
+        std::fs::write(t.join("partial/half"), b"torn").unwrap();
+    }
+    let stmp = h.snap_path().join(".hpp-tmp-snap-crash-12345678");
+    std::fs::create_dir_all(stmp.join("data")).unwrap();
+    let mut h = h.restart().await;
+    assert!(
+        !tmp.exists() && !tmp2.exists(),
+        "stale temporaries are swept at start-up"
+    );
+    assert!(!stmp.exists(), "stale snapshot temporaries are swept at start-up");
     let v = h.create("pvc-crash").await;
     assert_eq!(v.volume_id, "pvc-crash");
-    assert!(!tmp.exists(), "stale temporary is cleaned");
     assert_eq!(
         std::fs::read_dir(h.pool_path().join("pvc-crash")).unwrap().count(),
         0,
@@ -305,8 +316,6 @@ async fn crash_leftovers_are_completed_on_retry() {
     // A snapshot that crashed half-way is rebuilt on retry.
     h.create("pvc-src").await;
     std::fs::write(h.pool_path().join("pvc-src/f"), b"content").unwrap();
-    let stmp = h.snap_path().join(".hpp-tmp-snap-crash");
-    std::fs::create_dir_all(stmp.join("data")).unwrap();
     let snap = h
         .controller
         .create_snapshot(csi::CreateSnapshotRequest {
@@ -320,7 +329,7 @@ async fn crash_leftovers_are_completed_on_retry() {
         .snapshot
         .unwrap();
     assert!(snap.ready_to_use);
-    assert!(!stmp.exists());
+    assert!(no_temporaries(&h.snap_path()));
     assert_eq!(
         std::fs::read(h.snap_path().join("snap-crash/data/f")).unwrap(),
         b"content"
@@ -332,4 +341,11 @@ async fn crash_leftovers_are_completed_on_retry() {
     assert!(is_mount_point(&target));
     h.unpublish("pvc-src", &target).await.unwrap();
     h.stop().await;
+}
+
+/// Whether no `.hpp-tmp-*` entry is left in `dir`.
+fn no_temporaries(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .all(|e| !e.unwrap().file_name().to_string_lossy().starts_with(".hpp-tmp-"))
 }

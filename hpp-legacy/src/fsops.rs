@@ -1,6 +1,7 @@
 //! Volume directories on disk: created and removed through directory file descriptors with
 //! `O_NOFOLLOW`, so a symlink planted inside the base directory can never redirect a mkdir,
-//! chmod or recursive delete elsewhere, and deletion stops at mount points.
+//! chmod or recursive delete elsewhere, and deletion stops at mount points. The recursive
+//! delete is hpp's one tree walker ([`hpp_fs::remove_tree`]): any depth, bounded descriptors.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
@@ -12,8 +13,6 @@ use crate::config::ARCHIVE_PREFIX;
 use crate::selinux::Labeler;
 use crate::{Error, Result};
 
-/// Deepest directory tree a delete walks before giving up (bounds file descriptors in use).
-pub const MAX_DELETE_DEPTH: usize = 128;
 /// Mode of intermediate directories created by templates with `/`.
 const INTERMEDIATE_MODE: u32 = 0o755;
 
@@ -236,8 +235,8 @@ pub fn remove_volume_dir(base: &Path, dir: &Path, archive: bool) -> Result<Remov
             reason: "is a mount point".into(),
         });
     }
-    remove_tree(&top, &path, parent_mount, 0)?;
-    rustix::fs::unlinkat(&parent, leaf, AtFlags::REMOVEDIR).map_err(|e| Error::fs("rmdir", &path, e))?;
+    drop(top);
+    hpp_fs::remove_tree(parent.as_fd(), leaf).map_err(|e| walk_error(e, &path))?;
     Ok(Removed::Deleted)
 }
 
@@ -263,46 +262,20 @@ fn archive_dir(parent: &OwnedFd, leaf: &std::ffi::OsStr, path: &Path) -> Result<
     })
 }
 
-fn remove_tree(dir: &OwnedFd, path: &Path, mount: (u64, u32, u32), depth: usize) -> Result<()> {
-    if depth >= MAX_DELETE_DEPTH {
-        return Err(Error::UnsafeDelete {
-            path: path.to_path_buf(),
-            reason: "directory tree too deep".into(),
-        });
+/// Maps a walk error below `dir` (whose parent the walk started in) to this crate's errors.
+fn walk_error(e: hpp_fs::WalkError, dir: &Path) -> Error {
+    let under = |p: &Path| dir.parent().map_or_else(|| p.to_path_buf(), |d| d.join(p));
+    match e {
+        hpp_fs::WalkError::CrossesMount { path } => Error::UnsafeDelete {
+            path: under(&path),
+            reason: "a mount point inside the volume".into(),
+        },
+        hpp_fs::WalkError::Io { op, path, source } => Error::fs(op, under(&path), source),
+        other => Error::UnsafeDelete {
+            path: dir.to_path_buf(),
+            reason: other.to_string(),
+        },
     }
-    // Collect names first: unlinking while iterating a directory stream is unspecified.
-    let mut names = Vec::new();
-    for entry in rustix::fs::Dir::read_from(dir).map_err(|e| Error::fs("readdir", path, e))? {
-        let entry = entry.map_err(|e| Error::fs("readdir", path, e))?;
-        let name = entry.file_name().to_bytes();
-        if name != b"." && name != b".." {
-            names.push(entry.file_name().to_owned());
-        }
-    }
-    for name in names {
-        let child = path.join(name.to_string_lossy().as_ref());
-        let st = match rustix::fs::statat(dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => st,
-            Err(Errno::NOENT) => continue,
-            Err(e) => return Err(Error::fs("stat", &child, e)),
-        };
-        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
-            let sub = rustix::fs::openat(dir, name.as_c_str(), dir_flags(), Mode::empty())
-                .map_err(|e| Error::fs("open", &child, e))?;
-            if mount_key(&sub, &child)? != mount {
-                return Err(Error::UnsafeDelete {
-                    path: child,
-                    reason: "a mount point inside the volume".into(),
-                });
-            }
-            remove_tree(&sub, &child, mount, depth + 1)?;
-            rustix::fs::unlinkat(dir, name.as_c_str(), AtFlags::REMOVEDIR)
-                .map_err(|e| Error::fs("rmdir", &child, e))?;
-        } else {
-            rustix::fs::unlinkat(dir, name.as_c_str(), AtFlags::empty()).map_err(|e| Error::fs("unlink", &child, e))?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -9,52 +9,13 @@ use crate::params::ClassParams;
 /// Where the kernel lists the mounts of this process.
 pub const MOUNTINFO_PATH: &str = "/proc/self/mountinfo";
 
-/// One line of `/proc/self/mountinfo`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MountEntry {
-    /// Mount point, unescaped.
-    pub mount_point: PathBuf,
-    /// Filesystem type, e.g. `ceph`, `nfs4`, `tmpfs`.
-    pub fs_type: String,
-    /// Mount source, e.g. `server:/export`.
-    pub source: String,
-}
-
-fn unescape(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escape = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| bytes[i] == b'\\' && d.iter().all(|b| (b'0'..=b'7').contains(b)));
-        if let Some(d) = escape {
-            out.push(d.iter().fold(0u8, |acc, b| acc.wrapping_mul(8).wrapping_add(b - b'0')));
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
+/// One line of `/proc/self/mountinfo`, from hpp's one parser.
+pub use hpp_fs::mountinfo::Mount as MountEntry;
+use hpp_fs::mountinfo::MountTable;
 
 /// Parses the text of `/proc/self/mountinfo`; malformed lines are skipped.
 pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
-    text.lines()
-        .filter_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            let mount_point = left.split(' ').nth(4)?;
-            let mut right = right.split(' ');
-            let fs_type = right.next()?;
-            let source = right.next().unwrap_or("");
-            Some(MountEntry {
-                mount_point: PathBuf::from(unescape(mount_point)),
-                fs_type: fs_type.to_owned(),
-                source: unescape(source),
-            })
-        })
-        .collect()
+    MountTable::parse(text).mounts().to_vec()
 }
 
 /// The mount holding `path`: the longest mount point that is a prefix of it (the last one

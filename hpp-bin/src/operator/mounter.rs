@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use hpp_csi::mountinfo::MountTable;
+use hpp_fs::mountinfo::MountTable;
 use tracing::{info, warn};
 
 /// Arguments of `hpp-mounter`.
@@ -178,7 +178,7 @@ mod tests {
         ]);
         assert_eq!(target(&args), PathBuf::from("/host/var/hpvolumes/csi"));
         assert!(!args.unmount);
-        // Mount points with escaped spaces are found (the parser is hpp-csi's).
+        // Mount points with escaped spaces are found (the parser is hpp-fs's, shared by every crate).
         let info = "36 35 98:0 /mnt1 /mnt/a\\040b rw,noatime master:1 - ext3 /dev/root rw\n";
         assert!(MountTable::parse(info).is_mount_point(Path::new("/mnt/a b")));
     }

@@ -40,7 +40,27 @@ impl Harness {
     }
 
     pub async fn with(configure: impl FnOnce(&Path, DriverBuilder) -> DriverBuilder) -> Harness {
-        let dir = tempfile::tempdir().unwrap();
+        Self::start_in(tempfile::tempdir().unwrap(), configure).await
+    }
+
+    /// Stops the driver and starts a new one with the default pool on the same directory, as
+    /// after a crash or an upgrade.
+    pub async fn restart(mut self) -> Harness {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
+        Self::start_in(dir, |root, b| b.pool(legacy_pool(root))).await
+    }
+
+    /// Starts a driver in `dir`.
+    pub async fn start_in(
+        dir: tempfile::TempDir,
+        configure: impl FnOnce(&Path, DriverBuilder) -> DriverBuilder,
+    ) -> Harness {
         let root = std::fs::canonicalize(dir.path()).unwrap();
         let endpoint = Endpoint::Unix(root.join("csi.sock"));
         let mut registry = prometheus_client::registry::Registry::default();

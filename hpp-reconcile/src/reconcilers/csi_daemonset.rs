@@ -297,6 +297,8 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
                 "--strict-topology=true".into(),
                 "--node-deployment=true".into(),
                 "--default-fstype=xfs".into(),
+                // Clones and restores copy data: far longer than the 10 s default.
+                "--timeout=5m".into(),
             ],
             vec![socket_mount()],
         )
@@ -314,6 +316,7 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
                     format!("--v={v}"),
                     format!("--csi-address={CSI_SOCKET}"),
                     "--leader-election".into(),
+                    "--timeout=5m".into(),
                 ],
                 vec![socket_mount()],
             )
