@@ -8,7 +8,8 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DeleteParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use hpp_reconcile::events::EventRecorder;
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource};
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -56,7 +57,7 @@ pub enum VolumeOutcome {
 pub struct Provisioner {
     client: Client,
     cfg: ProvisionerConfig,
-    recorder: Recorder,
+    recorder: EventRecorder,
     metrics: Arc<Metrics>,
     labeler: Labeler,
     mountinfo: PathBuf,
@@ -91,7 +92,7 @@ impl Provisioner {
             instance,
         };
         Provisioner {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: EventRecorder::new(client.clone(), reporter),
             client,
             cfg,
             metrics,

@@ -10,6 +10,7 @@ pub mod apply;
 pub mod config;
 pub mod controller;
 pub mod error;
+pub mod events;
 pub mod facts;
 pub mod gather;
 pub mod metrics;

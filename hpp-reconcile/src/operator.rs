@@ -11,7 +11,7 @@ use hpp_api::constants::FINALIZER;
 use hpp_api::v1beta1::HostPathProvisionerStatus;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
@@ -20,6 +20,7 @@ use tracing::{info, instrument, warn};
 use crate::apply::Applier;
 use crate::config::OperatorConfig;
 use crate::error::{Error, Result};
+use crate::events::EventRecorder;
 use crate::gather;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
@@ -39,7 +40,7 @@ pub struct Context {
     /// Metric handles.
     pub metrics: Metrics,
     /// Event recorder (None disables Events).
-    pub recorder: Option<Recorder>,
+    pub recorder: Option<EventRecorder>,
     /// First retry delay after an error; doubles per consecutive failure up to `max_backoff`.
     pub base_backoff: Duration,
     /// Longest retry delay.
@@ -65,7 +66,7 @@ impl Context {
             instance: std::env::var("POD_NAME").ok(),
         };
         Context {
-            recorder: Some(Recorder::new(client.clone(), reporter)),
+            recorder: Some(EventRecorder::new(client.clone(), reporter)),
             client,
             config,
             pipeline,
