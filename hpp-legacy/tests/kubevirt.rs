@@ -378,7 +378,13 @@ async fn an_unmounted_node_local_disk_keeps_the_pv_and_warns_until_it_is_back() 
     let fake = FakeApiServer::new();
     let disk = Tmpfs::new("16m");
     let base = disk.path().to_str().unwrap().to_owned();
-    fake.seed(&storage_class("guarded", KV, false, "Delete", &[("expectedMount", &base)]));
+    fake.seed(&storage_class(
+        "guarded",
+        KV,
+        false,
+        "Delete",
+        &[("expectedMount", &base)],
+    ));
     fake.seed(&node("node-a", "host-a.example.com"));
     let p = provisioner(
         &fake,

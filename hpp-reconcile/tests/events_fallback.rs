@@ -40,12 +40,18 @@ async fn forbidden_events_k8s_io_falls_back_to_core_events() {
     let server = FakeApiServer::new();
     server.fail_requests(FailureRule::new(403).path_contains("/apis/events.k8s.io/"));
     let recorder = EventRecorder::new(server.client(), reporter());
-    recorder.publish(&event("BaseDirectoryNotMounted"), &claim()).await.unwrap();
+    recorder
+        .publish(&event("BaseDirectoryNotMounted"), &claim())
+        .await
+        .unwrap();
     recorder.publish(&event("StillNotMounted"), &claim()).await.unwrap();
     assert!(recorder.uses_core_events());
     let core: Vec<CoreEvent> = server.list();
     assert_eq!(core.len(), 2, "{core:?}");
-    let first = core.iter().find(|e| e.reason.as_deref() == Some("BaseDirectoryNotMounted")).unwrap();
+    let first = core
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("BaseDirectoryNotMounted"))
+        .unwrap();
     assert_eq!(first.type_.as_deref(), Some("Warning"));
     assert_eq!(first.involved_object.name.as_deref(), Some("data"));
     assert_eq!(first.metadata.namespace.as_deref(), Some("apps"));
