@@ -79,7 +79,11 @@ fn main() {
         }
         "identical" => {
             let e = identical(n).validate_create().unwrap_err();
-            (format!("CREATE with {n} identical pools"), e.errors().len(), e.to_string().len())
+            (
+                format!("CREATE with {n} identical pools"),
+                e.errors().len(),
+                e.to_string().len(),
+            )
         }
         "update" => {
             let s = identical(n);

@@ -68,7 +68,11 @@ fn bound(schema: &mut serde_json::Value) {
     match obj.get("type").and_then(serde_json::Value::as_str) {
         Some("string") if !obj.contains_key("enum") => limit("maxLength", DEFAULT_MAX_STRING_LENGTH, obj),
         Some("array") => limit("maxItems", DEFAULT_MAX_ITEMS, obj),
-        Some("object") if obj.get("additionalProperties").is_some_and(serde_json::Value::is_object) => {
+        Some("object")
+            if obj
+                .get("additionalProperties")
+                .is_some_and(serde_json::Value::is_object) =>
+        {
             limit("maxProperties", DEFAULT_MAX_PROPERTIES, obj);
         }
         _ => {}

@@ -268,14 +268,12 @@ fn duplicates_are_reported_once_per_pool_and_capped() {
     let max = hpp_api::constants::MAX_STORAGE_POOLS;
     let errors = identical(max).validate_create().unwrap_err();
     // One name and one path error per repeated pool (2 * 63), not one per pair (2 * 2016).
-    assert_eq!(
-        errors.errors().len() + errors.omitted(),
-        2 * (max - 1),
-        "{errors}"
-    );
+    assert_eq!(errors.errors().len() + errors.omitted(), 2 * (max - 1), "{errors}");
     assert_eq!(errors.errors().len(), hpp_api::constants::MAX_REPORTED_ERRORS);
     assert!(
-        errors.to_string().ends_with(&format!("; and {} more", 2 * (max - 1) - 20)),
+        errors
+            .to_string()
+            .ends_with(&format!("; and {} more", 2 * (max - 1) - 20)),
         "{errors}"
     );
     assert!(errors.to_string().contains("already used by spec.storagePools[0].name"));
@@ -296,7 +294,11 @@ fn update_of_a_spec_with_many_duplicates_compares_error_sets() {
 #[test]
 fn nested_pools_report_one_error_per_inner_pool() {
     let paths: Vec<String> = (1..=10).map(|d| "/a".repeat(d)).collect();
-    let p: Vec<(String, &str)> = paths.iter().enumerate().map(|(i, p)| (format!("p{i}"), p.as_str())).collect();
+    let p: Vec<(String, &str)> = paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (format!("p{i}"), p.as_str()))
+        .collect();
     let p: Vec<(&str, &str)> = p.iter().map(|(n, path)| (n.as_str(), *path)).collect();
     let errors = pools(&p).validate_create().unwrap_err();
     assert_eq!(errors.errors().len() + errors.omitted(), 9, "{errors}");

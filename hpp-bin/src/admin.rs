@@ -69,7 +69,11 @@ pub const BIND_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
 /// hostNetwork, or a test) is not fatal: the error is logged and the bind retried every
 /// [`BIND_RETRY`] in the background, and `serve` runs once it succeeds. Returns the bound
 /// address when the first attempt succeeded.
-pub async fn bind_or_retry<F, Fut>(addr: std::net::SocketAddr, what: &'static str, serve: F) -> Option<std::net::SocketAddr>
+pub async fn bind_or_retry<F, Fut>(
+    addr: std::net::SocketAddr,
+    what: &'static str,
+    serve: F,
+) -> Option<std::net::SocketAddr>
 where
     F: FnOnce(TcpListener) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,

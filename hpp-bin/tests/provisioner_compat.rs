@@ -23,7 +23,12 @@ fn start(args: &[&str], env: &[(&str, &str)]) -> String {
 fn torchbox_deployment_args() {
     // torchbox/k8s-hostpath-provisioner's Deployment: Go flags, no mode.
     let out = start(
-        &["-name=torchbox.com/hostpath", "-kubeconfig=/etc/kube/config", "-master", "https://10.0.0.1:6443"],
+        &[
+            "-name=torchbox.com/hostpath",
+            "-kubeconfig=/etc/kube/config",
+            "-master",
+            "https://10.0.0.1:6443",
+        ],
         &[],
     );
     assert!(out.contains("mode=shared"), "{out}");
@@ -40,11 +45,18 @@ fn kubevirt_legacy_daemonset_env_and_klog_flags() {
     // quay.io/kubevirt/hostpath-provisioner: no own flags (klog's only), environment.
     let out = start(
         &["-v=3", "-logtostderr"],
-        &[("NODE_NAME", "node-1"), ("PV_DIR", "/var/hpvolumes"), ("USE_NAMING_PREFIX", "true")],
+        &[
+            ("NODE_NAME", "node-1"),
+            ("PV_DIR", "/var/hpvolumes"),
+            ("USE_NAMING_PREFIX", "true"),
+        ],
     );
     assert!(out.contains("mode=kubevirt"), "{out}");
     assert!(out.contains("name=kubevirt.io/hostpath-provisioner"), "{out}");
-    assert!(out.contains("node=node-1") && out.contains("pv_dir=/var/hpvolumes"), "{out}");
+    assert!(
+        out.contains("node=node-1") && out.contains("pv_dir=/var/hpvolumes"),
+        "{out}"
+    );
     assert!(out.contains("naming_prefix=true"), "{out}");
 }
 

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use hpp_reconcile::events::EventRecorder;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DeleteParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource};
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -56,7 +57,7 @@ pub enum VolumeOutcome {
 pub struct Provisioner {
     client: Client,
     cfg: ProvisionerConfig,
-    recorder: Recorder,
+    recorder: EventRecorder,
     metrics: Arc<Metrics>,
     labeler: Labeler,
     mountinfo: PathBuf,
@@ -91,7 +92,7 @@ impl Provisioner {
             instance,
         };
         Provisioner {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: EventRecorder::new(client.clone(), reporter),
             client,
             cfg,
             metrics,
@@ -393,22 +394,22 @@ impl Provisioner {
         if let VolumeDecision::Ignore(why) = quick {
             return Ok(VolumeOutcome::Ignored(why));
         }
-        let class_params = if self.cfg.mode == Mode::Shared {
-            let name = pv.spec.as_ref().and_then(|s| s.storage_class_name.clone());
-            self.storage_class(name.as_deref())
-                .await?
-                .and_then(|c| ClassParams::parse(c.parameters.as_ref()).ok())
-        } else {
-            None
-        };
+        // The class gives the shared base directory and, in every mode, the mount guard.
+        let name = pv.spec.as_ref().and_then(|s| s.storage_class_name.clone());
+        let class_params = self
+            .storage_class(name.as_deref())
+            .await?
+            .and_then(|c| ClassParams::parse(c.parameters.as_ref()).ok());
         let (dir, base, archive) = match decision::decide_volume(&self.cfg, pv, class_params.as_ref()) {
             VolumeDecision::Ignore(why) => return Ok(VolumeOutcome::Ignored(why)),
             VolumeDecision::Refuse(why) => return Ok(self.refuse_delete(pv, why).await),
             VolumeDecision::Delete { dir, base_dir, archive } => (dir, base_dir, archive),
         };
-        if self.cfg.mode == Mode::Shared {
-            // A vanished mount would make the directory look already gone.
-            let guard = GuardSpec::from_params(&class_params.unwrap_or_default(), true);
+        // In every mode where a guard is configured (always in shared mode): a node-local disk
+        // or shared filesystem that is not mounted would make the directory look already gone,
+        // and deleting the PV would orphan the data. Keep the PV, warn, retry later.
+        let guard = GuardSpec::from_params(&class_params.unwrap_or_default(), self.cfg.mode == Mode::Shared);
+        if guard.is_active() {
             let (b, m) = (base.clone(), self.mountinfo.clone());
             if let Err(r) = blocking(move || mount_guard::check_live(&guard, &b, &m)).await? {
                 return Ok(self.refuse_delete(pv, r.message).await);

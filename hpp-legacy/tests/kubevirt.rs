@@ -370,3 +370,54 @@ async fn cached_classes_spare_api_calls_for_other_nodes_claims() {
         disk.path().join(format!("ns-{}", pv_name(&here)))
     );
 }
+
+#[tokio::test]
+async fn an_unmounted_node_local_disk_keeps_the_pv_and_warns_until_it_is_back() {
+    // Before: the guard ran only in shared mode, so this delete found no directory, deleted the
+    // PV and orphaned the data on the disk that was not mounted.
+    let fake = FakeApiServer::new();
+    let disk = Tmpfs::new("16m");
+    let base = disk.path().to_str().unwrap().to_owned();
+    fake.seed(&storage_class(
+        "guarded",
+        KV,
+        false,
+        "Delete",
+        &[("expectedMount", &base)],
+    ));
+    fake.seed(&node("node-a", "host-a.example.com"));
+    let p = provisioner(
+        &fake,
+        config(Mode::Kubevirt, Some("node-a"), Some(disk.path())),
+        disk.path(),
+    );
+    let c = seed_claim(
+        &fake,
+        &claim(
+            "vm",
+            "disk0",
+            "guarded",
+            KV,
+            "1Mi",
+            &["ReadWriteOnce"],
+            &[(ANNOTATION_PROVISION_ON_NODE, "node-a")],
+        ),
+    );
+    let name = pv_name(&c);
+    assert_eq!(
+        p.reconcile_claim(&c).await.unwrap(),
+        ClaimOutcome::Provisioned(name.clone())
+    );
+    bind(&fake, "vm", "disk0", &name).await;
+    release(&fake, "vm", "disk0", &name);
+    let status = std::process::Command::new("umount").arg(disk.path()).status().unwrap();
+    assert!(status.success());
+    assert!(matches!(
+        p.reconcile_volume(&pv(&fake, &name)).await.unwrap(),
+        VolumeOutcome::Refused(_)
+    ));
+    assert!(fake.get::<PersistentVolume>(None, &name).is_some(), "PV kept");
+    let warnings = events_for(&fake, &name, "VolumeDeletionRefused");
+    assert_eq!(warnings.len(), 1);
+    assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
+}

@@ -11,6 +11,7 @@ pub mod cache;
 pub mod config;
 pub mod controller;
 pub mod error;
+pub mod events;
 pub mod facts;
 pub mod gather;
 pub mod metrics;

@@ -11,7 +11,7 @@ use hpp_api::constants::FINALIZER;
 use hpp_api::v1beta1::HostPathProvisionerStatus;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
@@ -21,6 +21,7 @@ use crate::apply::Applier;
 use crate::cache::Cache;
 use crate::config::OperatorConfig;
 use crate::error::{Error, Result};
+use crate::events::EventRecorder;
 use crate::gather;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
@@ -42,7 +43,7 @@ pub struct Context {
     /// Watch caches the controller fills; passes read from them once they are synced.
     pub cache: Cache,
     /// Event recorder (None disables Events).
-    pub recorder: Option<Recorder>,
+    pub recorder: Option<EventRecorder>,
     /// First retry delay after an error; doubles per consecutive failure up to `max_backoff`.
     pub base_backoff: Duration,
     /// Longest retry delay.
@@ -68,7 +69,7 @@ impl Context {
             instance: std::env::var("POD_NAME").ok(),
         };
         Context {
-            recorder: Some(Recorder::new(client.clone(), reporter)),
+            recorder: Some(EventRecorder::new(client.clone(), reporter)),
             client,
             config,
             pipeline,

@@ -27,30 +27,162 @@ const MUTATING: [&str; 8] = [
 /// verbs, reason). `create` is allowed everywhere: Kubernetes cannot restrict it by name.
 const ALLOWED: &[(&str, &str, &str, &[&str], &str)] = &[
     // --- The operator (deploy/operator/rbac.yaml).
-    ("hostpath-provisioner-operator", "hostpathprovisioner.kubevirt.io", "hostpathprovisioners", &["patch", "update"], "the CR is the operator's own API and its name is the user's"),
-    ("hostpath-provisioner-operator", "hostpathprovisioner.kubevirt.io", "hostpathprovisioners/status", &["patch", "update"], "status of the operator's own CR"),
-    ("hostpath-provisioner-operator", "hostpathprovisioner.kubevirt.io", "hostpathprovisioners/finalizers", &["update"], "owner references to the operator's own CR"),
-    ("hostpath-provisioner-operator", "events.k8s.io", "events", &["patch"], "Event names are generated per occurrence"),
-    ("hostpath-provisioner-operator", "", "events", &["patch"], "Event names are generated per occurrence"),
-    ("hostpath-provisioner-operator", "apps", "deployments", &["patch", "delete"], "pool mounter Deployments are named after pools and nodes, in the operator's namespace only"),
-    ("hostpath-provisioner-operator", "", "persistentvolumeclaims", &["delete"], "pool PVCs are named after pools and nodes, in the operator's namespace only"),
-    ("hostpath-provisioner-operator", "batch", "jobs", &["delete"], "cleanup Jobs are named after pools and nodes, in the operator's namespace only"),
+    (
+        "hostpath-provisioner-operator",
+        "hostpathprovisioner.kubevirt.io",
+        "hostpathprovisioners",
+        &["patch", "update"],
+        "the CR is the operator's own API and its name is the user's",
+    ),
+    (
+        "hostpath-provisioner-operator",
+        "hostpathprovisioner.kubevirt.io",
+        "hostpathprovisioners/status",
+        &["patch", "update"],
+        "status of the operator's own CR",
+    ),
+    (
+        "hostpath-provisioner-operator",
+        "hostpathprovisioner.kubevirt.io",
+        "hostpathprovisioners/finalizers",
+        &["update"],
+        "owner references to the operator's own CR",
+    ),
+    (
+        "hostpath-provisioner-operator",
+        "events.k8s.io",
+        "events",
+        &["patch"],
+        "Event names are generated per occurrence",
+    ),
+    (
+        "hostpath-provisioner-operator",
+        "",
+        "events",
+        &["patch"],
+        "Event names are generated per occurrence",
+    ),
+    (
+        "hostpath-provisioner-operator",
+        "apps",
+        "deployments",
+        &["patch", "delete"],
+        "pool mounter Deployments are named after pools and nodes, in the operator's namespace only",
+    ),
+    (
+        "hostpath-provisioner-operator",
+        "",
+        "persistentvolumeclaims",
+        &["delete"],
+        "pool PVCs are named after pools and nodes, in the operator's namespace only",
+    ),
+    (
+        "hostpath-provisioner-operator",
+        "batch",
+        "jobs",
+        &["delete"],
+        "cleanup Jobs are named after pools and nodes, in the operator's namespace only",
+    ),
     // --- The CSI driver and its sidecars (rendered, and the standalone deploy/csi).
-    ("*csi*", "", "persistentvolumes", &["patch", "delete"], "PV names are generated per claim (pvc-<uid>)"),
-    ("*csi*", "", "persistentvolumeclaims", &["update"], "the external provisioner annotates any claim of the driver"),
-    ("*csi*", "", "events", &["update", "patch"], "Event names are generated per occurrence"),
-    ("*csi*", "events.k8s.io", "events", &["update", "patch"], "Event names are generated per occurrence"),
-    ("*csi*", "storage.k8s.io", "volumeattachments", &["patch"], "attachment names are hashes of PV and node"),
-    ("*csi*", "storage.k8s.io", "volumeattachments/status", &["patch"], "attachment names are hashes of PV and node"),
-    ("*csi*", "snapshot.storage.k8s.io", "volumesnapshotcontents", &["update", "patch", "delete"], "content names are generated per snapshot (snapcontent-<uid>)"),
-    ("*csi*", "snapshot.storage.k8s.io", "volumesnapshotcontents/status", &["update", "patch"], "content names are generated per snapshot"),
-    ("*csi*", "storage.k8s.io", "csistoragecapacities", &["update", "patch", "delete"], "capacity objects have generated names (csisc-*), namespaced"),
-    ("*csi*", "coordination.k8s.io", "leases", &["update", "patch", "delete"], "sidecar leader-election leases are named by the sidecar images, namespaced"),
+    (
+        "*csi*",
+        "",
+        "persistentvolumes",
+        &["patch", "delete"],
+        "PV names are generated per claim (pvc-<uid>)",
+    ),
+    (
+        "*csi*",
+        "",
+        "persistentvolumeclaims",
+        &["update"],
+        "the external provisioner annotates any claim of the driver",
+    ),
+    (
+        "*csi*",
+        "",
+        "events",
+        &["update", "patch"],
+        "Event names are generated per occurrence",
+    ),
+    (
+        "*csi*",
+        "events.k8s.io",
+        "events",
+        &["update", "patch"],
+        "Event names are generated per occurrence",
+    ),
+    (
+        "*csi*",
+        "storage.k8s.io",
+        "volumeattachments",
+        &["patch"],
+        "attachment names are hashes of PV and node",
+    ),
+    (
+        "*csi*",
+        "storage.k8s.io",
+        "volumeattachments/status",
+        &["patch"],
+        "attachment names are hashes of PV and node",
+    ),
+    (
+        "*csi*",
+        "snapshot.storage.k8s.io",
+        "volumesnapshotcontents",
+        &["update", "patch", "delete"],
+        "content names are generated per snapshot (snapcontent-<uid>)",
+    ),
+    (
+        "*csi*",
+        "snapshot.storage.k8s.io",
+        "volumesnapshotcontents/status",
+        &["update", "patch"],
+        "content names are generated per snapshot",
+    ),
+    (
+        "*csi*",
+        "storage.k8s.io",
+        "csistoragecapacities",
+        &["update", "patch", "delete"],
+        "capacity objects have generated names (csisc-*), namespaced",
+    ),
+    (
+        "*csi*",
+        "coordination.k8s.io",
+        "leases",
+        &["update", "patch", "delete"],
+        "sidecar leader-election leases are named by the sidecar images, namespaced",
+    ),
     // --- The legacy provisioner (rendered and deploy/legacy).
-    ("*", "", "persistentvolumes", &["delete"], "PV names are generated per claim (pvc-<uid>)"),
-    ("hostpath-provisioner", "", "persistentvolumeclaims", &["update"], "KubeVirt's legacy role; claims of any name"),
-    ("*", "", "events", &["update", "patch"], "Event names are generated per occurrence"),
-    ("*", "events.k8s.io", "events", &["update", "patch"], "Event names are generated per occurrence"),
+    (
+        "*",
+        "",
+        "persistentvolumes",
+        &["delete"],
+        "PV names are generated per claim (pvc-<uid>)",
+    ),
+    (
+        "hostpath-provisioner",
+        "",
+        "persistentvolumeclaims",
+        &["update"],
+        "KubeVirt's legacy role; claims of any name",
+    ),
+    (
+        "*",
+        "",
+        "events",
+        &["update", "patch"],
+        "Event names are generated per occurrence",
+    ),
+    (
+        "*",
+        "events.k8s.io",
+        "events",
+        &["update", "patch"],
+        "Event names are generated per occurrence",
+    ),
 ];
 
 fn role_matches(pattern: &str, role: &str) -> bool {
@@ -192,10 +324,21 @@ fn the_operator_cannot_touch_foreign_sccs_or_cluster_roles() {
     let shipped = shipped_roles();
     let (_, rules) = shipped
         .iter()
-        .find(|(n, rules)| n == "hostpath-provisioner-operator" && rules.iter().any(|r| r["resources"][0] == "hostpathprovisioners"))
+        .find(|(n, rules)| {
+            n == "hostpath-provisioner-operator" && rules.iter().any(|r| r["resources"][0] == "hostpathprovisioners")
+        })
         .unwrap();
-    for resource in ["securitycontextconstraints", "clusterroles", "clusterrolebindings", "csidrivers", "storageclasses"] {
-        for rule in rules.iter().filter(|r| r["resources"].as_array().unwrap().iter().any(|x| x == resource)) {
+    for resource in [
+        "securitycontextconstraints",
+        "clusterroles",
+        "clusterrolebindings",
+        "csidrivers",
+        "storageclasses",
+    ] {
+        for rule in rules
+            .iter()
+            .filter(|r| r["resources"].as_array().unwrap().iter().any(|x| x == resource))
+        {
             let mutating = rule["verbs"]
                 .as_array()
                 .unwrap()
@@ -218,7 +361,10 @@ fn pod_spec(ds: &Value) -> &Value {
 fn only_the_driver_and_registrar_are_privileged() {
     let mut hpp = example("hostpathprovisioner_cr");
     hpp.spec.feature_gates = Some(vec!["Snapshotting".into()]);
-    let ds = csi_daemonset::desired_csi_daemonset(&hpp, &cfg()).unwrap().to_value().unwrap();
+    let ds = csi_daemonset::desired_csi_daemonset(&hpp, &cfg())
+        .unwrap()
+        .to_value()
+        .unwrap();
     let containers = pod_spec(&ds)["containers"].as_array().unwrap();
     assert_eq!(containers.len(), 5);
     for c in containers {
@@ -352,7 +498,13 @@ fn network_policy_admits_monitoring_to_metrics_and_nothing_to_admin() {
     let rules = operator["spec"]["ingress"].as_array().unwrap();
     let ports: Vec<i64> = rules
         .iter()
-        .flat_map(|r| r["ports"].as_array().unwrap().iter().map(|p| p["port"].as_i64().unwrap()))
+        .flat_map(|r| {
+            r["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["port"].as_i64().unwrap())
+        })
         .collect();
     assert!(ports.contains(&9443) && ports.contains(&8443), "{ports:?}");
     assert!(!ports.contains(&6060), "the admin port is for the kubelet only");
@@ -362,7 +514,10 @@ fn network_policy_admits_monitoring_to_metrics_and_nothing_to_admin() {
         "monitoring"
     );
     // The node pods the operator renders carry the selected label.
-    let node = docs.iter().find(|d| d["metadata"]["name"] == "hostpath-provisioner-node").unwrap();
+    let node = docs
+        .iter()
+        .find(|d| d["metadata"]["name"] == "hostpath-provisioner-node")
+        .unwrap();
     let ds = csi_daemonset::desired_csi_daemonset(&example("hostpathprovisioner_cr"), &cfg())
         .unwrap()
         .to_value()

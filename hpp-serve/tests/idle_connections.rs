@@ -78,7 +78,9 @@ async fn a_new_client_is_served_while_idle_connections_hold_every_slot_and_idle_
 async fn a_keep_alive_connection_that_stops_talking_is_closed() {
     let (addr, stop) = start(Server::new("test", limits())).await;
     let mut conn = TcpStream::connect(addr).await.unwrap();
-    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n").await.unwrap();
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .unwrap();
     let mut buf = vec![0u8; 1024];
     let n = conn.read(&mut buf).await.unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));

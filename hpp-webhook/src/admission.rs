@@ -232,9 +232,11 @@ fn forbidden(name: &str, message: String, cause: Option<(String, String)>) -> Bo
 async fn off_worker<T: Send + 'static>(check: impl FnOnce() -> T + Send + 'static) -> Result<T, Box<Status>> {
     match tokio::time::timeout(VALIDATION_BUDGET, tokio::task::spawn_blocking(check)).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(Status::failure(&format!("validation did not complete: {e}"), "InternalError")
-            .with_code(500)
-            .boxed()),
+        Ok(Err(e)) => Err(
+            Status::failure(&format!("validation did not complete: {e}"), "InternalError")
+                .with_code(500)
+                .boxed(),
+        ),
         Err(_) => Err(Status::failure(
             &format!(
                 "validation took longer than {}s and was abandoned; the object is too large or complex",

@@ -235,7 +235,11 @@ async fn a_flood_of_identical_pools_gets_a_short_bounded_answer() {
     let server = Server::builder().start().await;
     let list: Vec<(&str, &str)> = (0..3000).map(|_| ("local", "/var/hpvolumes")).collect();
     let object = hpp("hpp", pools(&list));
-    let response = send(&server, &review(VERSIONS[0], "CREATE", "hpp", Some(object.clone()), None)).await;
+    let response = send(
+        &server,
+        &review(VERSIONS[0], "CREATE", "hpp", Some(object.clone()), None),
+    )
+    .await;
     assert_eq!(response["allowed"], false, "{response}");
     let causes = response["status"]["details"]["causes"].as_array().unwrap();
     assert_eq!(causes.len(), 1, "{causes:?}");
@@ -259,7 +263,10 @@ async fn a_flood_of_identical_pools_gets_a_short_bounded_answer() {
     let causes = response["status"]["details"]["causes"].as_array().unwrap();
     assert_eq!(causes.len(), hpp_api::constants::MAX_REPORTED_ERRORS + 1);
     let last = causes.last().unwrap()["message"].as_str().unwrap();
-    assert_eq!(last, format!("and {} more", 2 * (max - 1) - hpp_api::constants::MAX_REPORTED_ERRORS));
+    assert_eq!(
+        last,
+        format!("and {} more", 2 * (max - 1) - hpp_api::constants::MAX_REPORTED_ERRORS)
+    );
     server.stop().await;
 }
 

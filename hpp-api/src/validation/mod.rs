@@ -78,7 +78,11 @@ impl ValidationErrors {
     }
 
     fn result(errors: Vec<FieldError>) -> Result<(), Self> {
-        if errors.is_empty() { Ok(()) } else { Err(Self::new(errors)) }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Self::new(errors))
+        }
     }
 }
 

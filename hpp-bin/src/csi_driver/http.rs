@@ -171,5 +171,9 @@ pub async fn start(
     })
     .await
     .unwrap_or(addr);
-    Ok(if https { format!("https://{local}") } else { format!("http://{local}") })
+    Ok(if https {
+        format!("https://{local}")
+    } else {
+        format!("http://{local}")
+    })
 }

@@ -230,7 +230,11 @@ mod tests {
     #[test]
     fn formats_an_empty_block_device_once_and_mounts_it() {
         // Needs xfsprogs and blkid (CI installs them, README says why); skip visibly without.
-        for (tool, package) in [("mkfs.xfs", "xfsprogs"), ("blkid", "util-linux"), ("losetup", "util-linux")] {
+        for (tool, package) in [
+            ("mkfs.xfs", "xfsprogs"),
+            ("blkid", "util-linux"),
+            ("losetup", "util-linux"),
+        ] {
             if Command::new(tool).arg("-V").output().is_err() {
                 eprintln!("skipping: {tool} not installed (apt-get install {package})");
                 return;

@@ -68,8 +68,22 @@ mod tests {
     #[test]
     fn go_spellings_become_long_flags() {
         assert_eq!(
-            n(&["p", "-name=torchbox.com/hostpath", "-kubeconfig", "/k", "-v=3", "--id=x"]),
-            ["p", "--provisioner-name=torchbox.com/hostpath", "--kubeconfig", "/k", "--v=3", "--identity=x"]
+            n(&[
+                "p",
+                "-name=torchbox.com/hostpath",
+                "-kubeconfig",
+                "/k",
+                "-v=3",
+                "--id=x"
+            ]),
+            [
+                "p",
+                "--provisioner-name=torchbox.com/hostpath",
+                "--kubeconfig",
+                "/k",
+                "--v=3",
+                "--identity=x"
+            ]
         );
         // Our own flags and unknown ones are untouched; so is everything after `--`.
         assert_eq!(

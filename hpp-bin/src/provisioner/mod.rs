@@ -225,9 +225,13 @@ pub async fn main_with(args: Args) -> anyhow::Result<()> {
             cfg.provisioner_name,
             cfg.identity,
             cfg.node_name.as_deref().unwrap_or("-"),
-            cfg.pv_dir.as_ref().map_or_else(|| "-".into(), |p| p.display().to_string()),
+            cfg.pv_dir
+                .as_ref()
+                .map_or_else(|| "-".into(), |p| p.display().to_string()),
             cfg.use_naming_prefix,
-            args.kubeconfig.as_ref().map_or_else(|| "-".into(), |p| p.display().to_string()),
+            args.kubeconfig
+                .as_ref()
+                .map_or_else(|| "-".into(), |p| p.display().to_string()),
             args.master.as_deref().unwrap_or("-"),
         );
         return Ok(());
