@@ -12,6 +12,7 @@ pub mod controller;
 pub mod error;
 pub mod facts;
 pub mod gather;
+pub mod leader;
 pub mod metrics;
 pub mod names;
 pub mod object;
