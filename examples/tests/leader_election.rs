@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use hpp_reconcile::leader::{Election, LeaseSettings};
 use hpp_reconcile::deps::k8s_openapi::api::coordination::v1::Lease;
+use hpp_reconcile::leader::{Election, LeaseSettings};
 use hpp_testkit::FakeApiServer;
 
 #[tokio::test]
@@ -27,9 +27,12 @@ async fn a_replica_leads_then_hands_over_on_step_down() {
     .unwrap()
     .unwrap();
     // The lease was released, so the next replica leads at once.
-    let mut next = Election::start(fake.client(), LeaseSettings::new("my-controller-lock", "default", "replica-b"))
-        .await
-        .unwrap();
+    let mut next = Election::start(
+        fake.client(),
+        LeaseSettings::new("my-controller-lock", "default", "replica-b"),
+    )
+    .await
+    .unwrap();
     tokio::time::timeout(guard, next.acquired()).await.unwrap().unwrap();
     let lease = fake.get::<Lease>(Some("default"), "my-controller-lock").unwrap();
     assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("replica-b"));

@@ -74,7 +74,11 @@ impl Metrics {
             "Failed reconcile passes by error category",
             m.errors.clone(),
         );
-        r.register("reconcile_duration_seconds", "Reconcile pass duration", m.duration.clone());
+        r.register(
+            "reconcile_duration_seconds",
+            "Reconcile pass duration",
+            m.duration.clone(),
+        );
         m
     }
 
@@ -107,6 +111,9 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("hpp_operator_reconcile_total{result=\"ok\"} 1"), "{out}");
-        assert!(out.contains("# TYPE hpp_operator_reconcile_duration_seconds histogram"), "{out}");
+        assert!(
+            out.contains("# TYPE hpp_operator_reconcile_duration_seconds histogram"),
+            "{out}"
+        );
     }
 }

@@ -68,7 +68,14 @@ async fn bad_settings_are_reported() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, LeaderError::InvalidTiming { duration_seconds: 2, grace_seconds: 5, .. }),
+        matches!(
+            err,
+            LeaderError::InvalidTiming {
+                duration_seconds: 2,
+                grace_seconds: 5,
+                ..
+            }
+        ),
         "{err}"
     );
     assert!(err.to_string().contains("hpp/test-lock"), "{err}");

@@ -20,7 +20,10 @@ fn shortened_object_names_are_unchanged() {
     );
     let long_node = "worker-node-with-a-really-long-name-in-the-cluster-zone-a-001";
     assert_eq!(pool_node_name("local", long_node), "hpp-pool-local-373e2884");
-    assert_eq!(cleanup_job_name("local", &"n".repeat(60)), "cleanup-pool-local-70521aa9");
+    assert_eq!(
+        cleanup_job_name("local", &"n".repeat(60)),
+        "cleanup-pool-local-70521aa9"
+    );
     // Short names are not hashed at all.
     assert_eq!(pool_node_name("local", "node-1"), "hpp-pool-local-node-1");
     assert_eq!(name_with_max_length("a", "b", 63), "a-b");

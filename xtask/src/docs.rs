@@ -363,7 +363,11 @@ pub fn metrics_block(which: &str) -> anyhow::Result<String> {
             .get(&name)
             .map(|s| s.iter().cloned().collect::<Vec<_>>().join(", "))
             .unwrap_or_default();
-        let _ = writeln!(out, "| `{name}` | {ty} | {series} | {l} | {} |", cell(help.get(&name).map_or("", String::as_str)));
+        let _ = writeln!(
+            out,
+            "| `{name}` | {ty} | {series} | {l} | {} |",
+            cell(help.get(&name).map_or("", String::as_str))
+        );
     }
     Ok(out)
 }
@@ -580,11 +584,7 @@ pub fn regenerate(doc: &str) -> anyhow::Result<Regenerated> {
         rest = &rest[end..];
     }
     out.push_str(rest);
-    Ok(Regenerated {
-        text: out,
-        stale,
-        seen,
-    })
+    Ok(Regenerated { text: out, stale, seen })
 }
 
 /// Keys of [`KEYS`] that `fresh` did not find in the document.
