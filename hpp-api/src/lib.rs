@@ -21,6 +21,7 @@ pub mod condition;
 pub mod constants;
 pub mod conversion;
 pub mod crd;
+pub mod names;
 pub mod v1alpha1;
 pub mod v1beta1;
 pub mod validation;

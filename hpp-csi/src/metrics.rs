@@ -1,6 +1,9 @@
 //! Prometheus metrics of the driver: RPC counts and latencies by method and code, pool capacity
 //! gauges and KubeVirt's `kubevirt_hpp_pool_path_shared_with_os`. Registered into a
 //! caller-supplied `prometheus_client` registry so an embedder serves them wherever it likes.
+//!
+//! As in every hpp crate: a sub-registry per prefix (`hpp` for the driver's own metrics,
+//! `kubevirt_hpp` for KubeVirt's names), counters named without `_total`, typed label sets.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -29,6 +32,11 @@ pub struct PoolLabels {
     pub pool: String,
 }
 
+/// The prefix of the driver's own metrics (`hpp_csi_*`, `hpp_pool_*`).
+pub const PREFIX: &str = "hpp";
+/// The prefix of the metrics that keep KubeVirt's names.
+pub const KUBEVIRT_PREFIX: &str = "kubevirt_hpp";
+
 fn latency_histogram() -> Histogram {
     // 100 µs .. ~3.3 s
     Histogram::new(exponential_buckets(0.0001, 2.0, 16))
@@ -47,7 +55,8 @@ pub struct DriverMetrics {
 }
 
 impl DriverMetrics {
-    /// Creates the metrics and registers them in `registry`.
+    /// Creates the metrics and registers them in `registry` under [`PREFIX`] and
+    /// [`KUBEVIRT_PREFIX`].
     pub fn register(registry: &mut Registry) -> Self {
         let m = DriverMetrics {
             rpc_requests: Family::default(),
@@ -58,38 +67,39 @@ impl DriverMetrics {
             pool_shared: Family::default(),
             shared_with_os: Gauge::default(),
         };
-        registry.register(
-            "hpp_csi_rpc_requests",
+        let r = registry.sub_registry_with_prefix(PREFIX);
+        r.register(
+            "csi_rpc_requests",
             "CSI RPCs served, by service, method and gRPC code",
             m.rpc_requests.clone(),
         );
-        registry.register(
-            "hpp_csi_rpc_duration_seconds",
+        r.register(
+            "csi_rpc_duration_seconds",
             "CSI RPC latency, by service, method and gRPC code",
             m.rpc_duration.clone(),
         );
-        registry.register(
-            "hpp_pool_capacity_bytes",
+        r.register(
+            "pool_capacity_bytes",
             "Size of the filesystem holding the pool (0 while the pool is unusable)",
             m.pool_capacity.clone(),
         );
-        registry.register(
-            "hpp_pool_available_bytes",
+        r.register(
+            "pool_available_bytes",
             "Bytes available for new data in the pool (0 while the pool is unusable)",
             m.pool_available.clone(),
         );
-        registry.register(
-            "hpp_pool_usable",
+        r.register(
+            "pool_usable",
             "1 when the pool can serve volumes (exists, mount guard satisfied), else 0",
             m.pool_usable.clone(),
         );
-        registry.register(
-            "hpp_pool_path_shared_with_os",
+        r.register(
+            "pool_path_shared_with_os",
             "1 when the pool lives on the same device as the OS disk",
             m.pool_shared.clone(),
         );
-        registry.register(
-            "kubevirt_hpp_pool_path_shared_with_os",
+        registry.sub_registry_with_prefix(KUBEVIRT_PREFIX).register(
+            "pool_path_shared_with_os",
             "Whether any hostpath provisioner pool shares a device with the OS (1) or not (0)",
             m.shared_with_os.clone(),
         );
@@ -120,5 +130,34 @@ impl DriverMetrics {
     /// Sets KubeVirt's aggregate gauge.
     pub fn set_shared_with_os(&self, any: bool) {
         self.shared_with_os.set(i64::from(any));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The exported names are KubeVirt's and the documented ones, whatever the sub-registries.
+    #[test]
+    fn exported_names_are_unchanged() {
+        let mut registry = Registry::default();
+        let m = DriverMetrics::register(&mut registry);
+        m.observe_rpc("Controller", "CreateVolume", tonic::Code::Ok, 0.001);
+        m.set_pool("local", &PoolHealth::default(), true);
+        m.set_shared_with_os(true);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        for line in [
+            "hpp_csi_rpc_requests_total{service=\"Controller\",method=\"CreateVolume\",code=\"Ok\"} 1",
+            "hpp_csi_rpc_duration_seconds_count{service=\"Controller\",method=\"CreateVolume\",code=\"Ok\"} 1",
+            "hpp_pool_capacity_bytes{pool=\"local\"} 0",
+            "hpp_pool_available_bytes{pool=\"local\"} 0",
+            "hpp_pool_usable{pool=\"local\"} 0",
+            "hpp_pool_path_shared_with_os{pool=\"local\"} 1",
+            "kubevirt_hpp_pool_path_shared_with_os 1",
+        ] {
+            assert!(out.contains(line), "{line} missing from\n{out}");
+        }
     }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use hpp_reconcile::leader::Election;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Api;
@@ -12,7 +13,6 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
-use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -125,26 +125,11 @@ pub async fn run(prov: Arc<Provisioner>, shutdown: impl Future<Output = ()> + Se
     run_controllers(prov, rx).await;
 }
 
-/// Where the leader Lease lives and who we are.
-#[derive(Clone, Debug)]
-pub struct LeaseSettings {
-    /// Lease name; every instance of one provisioner must use the same.
-    pub name: String,
-    /// Namespace of the Lease.
-    pub namespace: String,
-    /// This instance's identity (pod name, or host name out of cluster).
-    pub identity: String,
-    /// Seconds a holder keeps the lease without renewing.
-    pub duration_seconds: u64,
-    /// Seconds before expiry the holder renews.
-    pub grace_seconds: u64,
-}
+/// Where the leader Lease lives and who we are (the shared `hpp_reconcile::leader` settings).
+pub use hpp_reconcile::leader::LeaseSettings;
 
-async fn wait_leader(rx: &mut watch::Receiver<bool>, want: bool) -> bool {
-    rx.wait_for(|l| *l == want).await.is_ok()
-}
-
-/// Runs the controllers only while this instance holds the Lease (shared mode).
+/// Runs the controllers only while this instance holds the Lease (shared mode): stops them when
+/// another instance takes the lease over and contends again; releases the lease on shutdown.
 pub async fn run_with_leader_election(
     prov: Arc<Provisioner>,
     lease: LeaseSettings,
@@ -155,42 +140,27 @@ pub async fn run_with_leader_election(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let manager = LeaseManagerBuilder::new(prov.client().clone(), &lease.name)
-        .with_namespace(&lease.namespace)
-        .with_identity(&lease.identity)
-        .with_duration(lease.duration_seconds)
-        .with_grace(lease.grace_seconds)
-        .build()
-        .await?;
-    let (mut leader, task) = manager.watch().await;
-    let mut lease_lost = false;
+    let identity = lease.identity.clone();
+    let mut election = Election::start(prov.client().clone(), lease).await?;
     loop {
         tokio::select! {
-            ok = wait_leader(&mut leader, true) => if !ok { lease_lost = true; break },
+            acquired = election.acquired() => acquired?,
             () = stopped(stop_rx.clone()) => break,
         }
-        info!(identity = %lease.identity, lease = %lease.name, "became leader; provisioning");
+        info!(%identity, "became leader; provisioning");
         let (lead_tx, lead_rx) = watch::channel(false);
         let running = tokio::spawn(run_controllers(prov.clone(), lead_rx));
         let stop_now = tokio::select! {
-            ok = wait_leader(&mut leader, false) => { warn!("lost the lease; stopping"); lease_lost = !ok; false }
+            () = election.lost() => false,
             () = stopped(stop_rx.clone()) => true,
         };
         let _ = lead_tx.send(true);
         let _ = running.await;
-        if stop_now || lease_lost {
+        if stop_now {
             break;
         }
     }
-    drop(leader);
-    match task.await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(e.into()),
-        Err(e) => warn!(error = %e, "lease task failed"),
-    }
-    if lease_lost && !*stop_rx.borrow() {
-        return Err(Error::Config("the lease manager stopped unexpectedly".into()));
-    }
+    election.step_down().await?;
     Ok(())
 }
 

@@ -34,7 +34,7 @@ pub enum Error {
     Config(String),
     /// Leader election failed.
     #[error("leader election: {0}")]
-    Lease(#[from] kube_lease_manager::LeaseManagerError),
+    Lease(#[from] hpp_reconcile::leader::LeaderError),
 }
 
 impl Error {

@@ -1,10 +1,16 @@
 //! Prometheus metrics of the provisioner; every label comes from a bounded set.
+//!
+//! As in every hpp crate: one sub-registry ([`PREFIX`]), counters named without `_total`,
+//! typed label sets.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+/// The prefix of the provisioner's metrics.
+pub const PREFIX: &str = "hpp_provisioner";
 
 /// Label of the mode.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -47,7 +53,7 @@ fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 14))
 }
 
-/// The provisioner's metrics, registered under the `hpp_provisioner` prefix.
+/// The provisioner's metrics, registered under the [`PREFIX`] prefix.
 #[derive(Clone, Debug)]
 pub struct Metrics {
     /// Volumes provisioned.
@@ -75,7 +81,7 @@ impl Metrics {
             errors: Family::default(),
             duration_seconds: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
         };
-        let r = registry.sub_registry_with_prefix("hpp_provisioner");
+        let r = registry.sub_registry_with_prefix(PREFIX);
         r.register("volumes_provisioned", "Volumes provisioned", m.provisioned.clone());
         r.register("volumes_deleted", "Released volumes cleaned up", m.deleted.clone());
         r.register("claims_refused", "Claims refused, by reason", m.refused.clone());

@@ -253,13 +253,7 @@ async fn leader_election_lets_one_instance_provision() {
             fs.path(),
             id,
         ));
-        let lease = LeaseSettings {
-            name: "hpp-shared".into(),
-            namespace: "kube-system".into(),
-            identity: id.into(),
-            duration_seconds: 15,
-            grace_seconds: 5,
-        };
+        let lease = LeaseSettings::new("hpp-shared", "kube-system", id);
         let mut rx = stop_rx.clone();
         tasks.push(tokio::spawn(run_with_leader_election(p, lease, async move {
             let _ = rx.wait_for(|s| *s).await;
@@ -327,13 +321,7 @@ async fn standby_takes_over_when_the_leader_stops() {
             fs.path(),
             id,
         ));
-        let lease = LeaseSettings {
-            name: "hpp-ha".into(),
-            namespace: "kube-system".into(),
-            identity: id.into(),
-            duration_seconds: 3,
-            grace_seconds: 1,
-        };
+        let lease = LeaseSettings::new("hpp-ha", "kube-system", id).with_timing(3, 1);
         let (tx, mut rx) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(run_with_leader_election(p, lease, async move {
             let _ = rx.wait_for(|s| *s).await;

@@ -14,6 +14,7 @@ pub mod error;
 pub mod events;
 pub mod facts;
 pub mod gather;
+pub mod leader;
 pub mod metrics;
 pub mod names;
 pub mod object;

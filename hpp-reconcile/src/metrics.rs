@@ -1,14 +1,36 @@
 //! Operator metrics: `kubevirt_hpp_cr_ready` (KubeVirt's name, kept for its alert) plus
 //! reconcile counts, durations and errors by bounded category.
+//!
+//! The workspace's metrics convention: each crate registers into a sub-registry of the
+//! caller's registry (`sub_registry_with_prefix`), `hpp_operator` here, and KubeVirt's names
+//! into a `kubevirt_hpp` sub-registry; names are `<noun>[_<unit>]` (counters without `_total`,
+//! which the encoder adds); labels are typed `EncodeLabelSet` structs over bounded values.
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-/// Label set `{result="ok|error"}` or `{category="..."}`.
-pub type Labels = Vec<(&'static str, &'static str)>;
+/// The prefix of the operator's own metrics.
+pub const PREFIX: &str = "hpp_operator";
+/// The prefix of the metrics that keep KubeVirt's names.
+pub const KUBEVIRT_PREFIX: &str = "kubevirt_hpp";
+
+/// Label of a reconcile pass.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
+/// Label of a failed pass.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CategoryLabels {
+    /// The error's bounded category (`conflict`, `api`, ...).
+    pub category: &'static str,
+}
 
 /// Handles to every operator metric.
 #[derive(Clone, Debug)]
@@ -16,9 +38,9 @@ pub struct Metrics {
     /// 1 when the CR is Available, 0 when neither Available nor Progressing, -1 before the first pass.
     pub cr_ready: Gauge,
     /// Reconcile passes by result.
-    pub reconciles: Family<Labels, Counter>,
+    pub reconciles: Family<ResultLabels, Counter>,
     /// Failed passes by error category.
-    pub errors: Family<Labels, Counter>,
+    pub errors: Family<CategoryLabels, Counter>,
     /// Pass duration in seconds.
     pub duration: Histogram,
 }
@@ -37,26 +59,23 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Creates the metrics and registers them (without a prefix, so the KubeVirt name stays).
+    /// Creates the metrics and registers them under [`PREFIX`] and [`KUBEVIRT_PREFIX`].
     pub fn register(registry: &mut Registry) -> Self {
         let m = Metrics::default();
-        registry.register(
-            "kubevirt_hpp_cr_ready",
+        registry.sub_registry_with_prefix(KUBEVIRT_PREFIX).register(
+            "cr_ready",
             "HPP CR ready (1), not ready (0), unknown (-1)",
             m.cr_ready.clone(),
         );
-        registry.register(
-            "hpp_operator_reconcile",
-            "Reconcile passes by result",
-            m.reconciles.clone(),
-        );
-        registry.register(
-            "hpp_operator_reconcile_errors",
+        let r = registry.sub_registry_with_prefix(PREFIX);
+        r.register("reconcile", "Reconcile passes by result", m.reconciles.clone());
+        r.register(
+            "reconcile_errors",
             "Failed reconcile passes by error category",
             m.errors.clone(),
         );
-        registry.register(
-            "hpp_operator_reconcile_duration_seconds",
+        r.register(
+            "reconcile_duration_seconds",
             "Reconcile pass duration",
             m.duration.clone(),
         );
@@ -67,9 +86,9 @@ impl Metrics {
     pub fn observe(&self, seconds: f64, error_category: Option<&'static str>) {
         self.duration.observe(seconds);
         let result = if error_category.is_some() { "error" } else { "ok" };
-        self.reconciles.get_or_create(&vec![("result", result)]).inc();
+        self.reconciles.get_or_create(&ResultLabels { result }).inc();
         if let Some(category) = error_category {
-            self.errors.get_or_create(&vec![("category", category)]).inc();
+            self.errors.get_or_create(&CategoryLabels { category }).inc();
         }
     }
 }
@@ -92,5 +111,9 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("hpp_operator_reconcile_total{result=\"ok\"} 1"), "{out}");
+        assert!(
+            out.contains("# TYPE hpp_operator_reconcile_duration_seconds histogram"),
+            "{out}"
+        );
     }
 }

@@ -67,15 +67,9 @@ pub fn managed_selector() -> String {
     format!("{}={}", c::LABEL_MANAGED_BY, c::LABEL_MANAGED_BY_VALUE)
 }
 
-/// FNV-1a 32-bit hash as 8 hex digits (KubeVirt's name hash).
-pub fn fnv1a32_hex(s: &str) -> String {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in s.bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    format!("{h:08x}")
-}
+/// FNV-1a 32-bit hash as 8 hex digits (KubeVirt's name hash); the workspace's one
+/// implementation lives in `hpp_api::names`.
+pub use hpp_api::names::fnv1a32_hex;
 
 /// `<base>-<suffix>`, shortened with a hash exactly as KubeVirt does when longer than `max`.
 pub fn name_with_max_length(base: &str, suffix: &str, max: usize) -> String {

@@ -204,16 +204,11 @@ pub fn key_of(kind: &Kind, obj: &DynamicObject) -> ObjectKey {
     }
 }
 
-/// Stable hash of a JSON value (object keys sorted), as 16 hex digits.
+/// Stable hash of a JSON value (object keys sorted), as 16 hex digits (FNV-1a 64).
 pub fn content_hash(value: &Value) -> String {
     let mut canonical = String::new();
     canonicalize(value, &mut canonical);
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in canonical.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    format!("{h:016x}")
+    hpp_api::names::fnv1a64_hex(&canonical)
 }
 
 fn canonicalize(value: &Value, out: &mut String) {

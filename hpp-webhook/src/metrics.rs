@@ -1,18 +1,38 @@
 //! Prometheus metrics of the webhook. Label values come from small fixed sets.
+//!
+//! Registered as the workspace's other crates do: into a sub-registry (`webhook`, so the
+//! exported names stay `webhook_*`), counters named without `_total`, typed label sets.
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+/// The prefix of the webhook's metrics.
+pub const PREFIX: &str = "webhook";
+
 /// Labels of a request: which endpoint and how it ended.
-pub type RequestLabels = [(&'static str, &'static str); 2];
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `validate` or `convert`.
+    pub endpoint: &'static str,
+    /// `allowed`, `denied`, `converted`, `failed` or `rejected`.
+    pub result: &'static str,
+}
+
+/// Label of an endpoint.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabels {
+    /// `validate` or `convert`.
+    pub endpoint: &'static str,
+}
 
 /// Counters and timings, registered into the caller's registry.
 #[derive(Clone, Debug)]
 pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
-    durations: Family<[(&'static str, &'static str); 1], Histogram>,
+    durations: Family<EndpointLabels, Histogram>,
     handshake_failures: Counter,
 }
 
@@ -27,22 +47,23 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Creates the metrics and registers them in `registry` as `webhook_*` (so `hpp_webhook_*`
-    /// in a registry prefixed `hpp`).
+    /// Creates the metrics and registers them in `registry` under [`PREFIX`], as `webhook_*`
+    /// (so `hpp_webhook_*` in a registry prefixed `hpp`).
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
-        registry.register(
-            "webhook_requests",
+        let r = registry.sub_registry_with_prefix(PREFIX);
+        r.register(
+            "requests",
             "Webhook requests by endpoint (validate, convert) and result (allowed, denied, converted, failed, rejected)",
             m.requests.clone(),
         );
-        registry.register(
-            "webhook_request_duration_seconds",
+        r.register(
+            "request_duration_seconds",
             "Time to answer a webhook request",
             m.durations.clone(),
         );
-        registry.register(
-            "webhook_tls_handshake_failures",
+        r.register(
+            "tls_handshake_failures",
             "TLS handshakes that failed or timed out (wrong version, unknown CA, no certificate)",
             m.handshake_failures.clone(),
         );
@@ -51,10 +72,10 @@ impl Metrics {
 
     /// Counts one answered request.
     pub fn request(&self, endpoint: &'static str, result: &'static str, seconds: f64) {
-        self.requests
-            .get_or_create(&[("endpoint", endpoint), ("result", result)])
-            .inc();
-        self.durations.get_or_create(&[("endpoint", endpoint)]).observe(seconds);
+        self.requests.get_or_create(&RequestLabels { endpoint, result }).inc();
+        self.durations
+            .get_or_create(&EndpointLabels { endpoint })
+            .observe(seconds);
     }
 
     /// Counts one failed handshake.
@@ -64,9 +85,7 @@ impl Metrics {
 
     /// Requests counted so far for this endpoint and result (for tests and status pages).
     pub fn request_count(&self, endpoint: &'static str, result: &'static str) -> u64 {
-        self.requests
-            .get_or_create(&[("endpoint", endpoint), ("result", result)])
-            .get()
+        self.requests.get_or_create(&RequestLabels { endpoint, result }).get()
     }
 
     /// Handshake failures counted so far.

@@ -52,13 +52,12 @@ async fn lists_provisioners_and_counts_volumes_across_pages() {
     assert_eq!(state.hostpath_provisioners().await.unwrap(), ["hostpath-provisioner"]);
     assert_eq!(state.hpp_volume_count().await.unwrap(), 3);
     let seen = fake.requests();
-    let pv_requests: Vec<_> = seen
-        .iter()
-        .filter(|r| r.path == "/api/v1/persistentvolumes")
-        .collect();
+    let pv_requests: Vec<_> = seen.iter().filter(|r| r.path == "/api/v1/persistentvolumes").collect();
     assert_eq!(pv_requests.len(), 2, "{seen:?}");
     assert!(
-        pv_requests.iter().all(|r| r.query_param("limit").as_deref() == Some("500")),
+        pv_requests
+            .iter()
+            .all(|r| r.query_param("limit").as_deref() == Some("500")),
         "{seen:?}"
     );
     assert!(pv_requests[0].query_param("continue").is_none(), "{seen:?}");

@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
-use tokio::signal::unix::{SignalKind, signal};
 use hpp_csi::csi::{self, controller_client::ControllerClient, node_client::NodeClient};
 use hpp_csi::{Driver, Endpoint, PoolConfig};
+use tokio::signal::unix::{SignalKind, signal};
 
 /// Options of `cargo xtask bench`.
 #[derive(Debug, Parser)]

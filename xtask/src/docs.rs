@@ -250,14 +250,24 @@ fn crd_block(version: &str) -> anyhow::Result<String> {
 // ---------------------------------------------------------------------------------------------
 // Metrics and alerts
 
-/// Where each binary's metrics are registered: the source files whose `register(` calls name them,
-/// and the prefix their registry adds.
-pub const METRIC_SOURCES: &[(&str, &str, &str)] = &[
-    ("hpp-csi-driver", "hpp-csi/src/metrics.rs", ""),
-    ("hpp-operator", "hpp-reconcile/src/metrics.rs", ""),
-    ("hpp-operator", "hpp-webhook/src/metrics.rs", ""),
-    ("hpp-provisioner", "hpp-legacy/src/metrics.rs", "hpp_provisioner_"),
+/// Where each binary's metrics are registered: the source files whose `register(` calls name
+/// them (relative to the crate's sub-registry prefix, see [`exported_as`]).
+pub const METRIC_SOURCES: &[(&str, &str)] = &[
+    ("hpp-csi-driver", "hpp-csi/src/metrics.rs"),
+    ("hpp-operator", "hpp-reconcile/src/metrics.rs"),
+    ("hpp-operator", "hpp-webhook/src/metrics.rs"),
+    ("hpp-provisioner", "hpp-legacy/src/metrics.rs"),
 ];
+
+/// Whether the metrics `table` has a row for `name` as registered in a sub-registry: the
+/// exported name is `name` behind whatever prefix the sub-registry adds.
+pub fn exported_as(table: &str, name: &str) -> bool {
+    table.lines().any(|line| {
+        line.strip_prefix("| `")
+            .and_then(|rest| rest.split('`').next())
+            .is_some_and(|exported| exported == name || exported.ends_with(&format!("_{name}")))
+    })
+}
 
 /// The registry of a binary, with one sample in every family so the encoder shows each metric
 /// and its label names.
@@ -353,7 +363,11 @@ pub fn metrics_block(which: &str) -> anyhow::Result<String> {
             .get(&name)
             .map(|s| s.iter().cloned().collect::<Vec<_>>().join(", "))
             .unwrap_or_default();
-        let _ = writeln!(out, "| `{name}` | {ty} | {series} | {l} | {} |", cell(help.get(&name).map_or("", String::as_str)));
+        let _ = writeln!(
+            out,
+            "| `{name}` | {ty} | {series} | {l} | {} |",
+            cell(help.get(&name).map_or("", String::as_str))
+        );
     }
     Ok(out)
 }
@@ -570,11 +584,7 @@ pub fn regenerate(doc: &str) -> anyhow::Result<Regenerated> {
         rest = &rest[end..];
     }
     out.push_str(rest);
-    Ok(Regenerated {
-        text: out,
-        stale,
-        seen,
-    })
+    Ok(Regenerated { text: out, stale, seen })
 }
 
 /// Keys of [`KEYS`] that `fresh` did not find in the document.

@@ -8,7 +8,16 @@ use std::process::Command;
 fn bench_runs_and_prints_every_table() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .args(["bench", "--ops", "8", "--mount-ops", "2", "--rss-volumes", "20", "--dir"])
+        .args([
+            "bench",
+            "--ops",
+            "8",
+            "--mount-ops",
+            "2",
+            "--rss-volumes",
+            "20",
+            "--dir",
+        ])
         .arg(dir.path())
         .output()
         .unwrap();

@@ -9,8 +9,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use xtask::docs::{
-    DOC, EMBEDDED, METRIC_SOURCES, OPERATOR_CONFIG, REGENERATE_HINT, all_flags_and_env, alerts_block, block, crd_rows,
-    flags_block, metrics_block, missing_keys, regenerate, registered_names, repo_root,
+    DOC, EMBEDDED, METRIC_SOURCES, OPERATOR_CONFIG, REGENERATE_HINT, alerts_block, all_flags_and_env, block, crd_rows,
+    exported_as, flags_block, metrics_block, missing_keys, regenerate, registered_names, repo_root,
 };
 
 fn read(rel: &str) -> String {
@@ -73,13 +73,13 @@ fn generators_see_what_the_code_defines() {
         assert!(paths.contains(p), "{p} not found in {paths:?}");
     }
     assert!(!paths.iter().any(|p| p.starts_with("spec.storagePools[].pvcTemplate.")));
-    for (bin, rel, prefix) in METRIC_SOURCES {
+    for (bin, rel) in METRIC_SOURCES {
         let names = registered_names(rel).unwrap();
         assert!(!names.is_empty(), "no register(\"…\") calls found in {rel}");
         let table = metrics_block(bin).unwrap();
         for n in names {
             assert!(
-                table.contains(&format!("| `{prefix}{n}` |")),
+                exported_as(&table, &n),
                 "{rel} registers {n}, but the {bin} metrics table does not show it: exercise it in exercised_registry()"
             );
         }
@@ -87,15 +87,28 @@ fn generators_see_what_the_code_defines() {
     let m = metrics_block("hpp-csi-driver").unwrap();
     assert!(m.contains("`kubevirt_hpp_pool_path_shared_with_os`"), "{m}");
     assert!(m.contains("`hpp_csi_rpc_requests_total`"), "{m}");
-    assert!(metrics_block("hpp-operator").unwrap().contains("`kubevirt_hpp_cr_ready`"));
-    assert!(metrics_block("hpp-provisioner").unwrap().contains("`hpp_provisioner_volumes_provisioned_total`"));
+    assert!(
+        metrics_block("hpp-operator")
+            .unwrap()
+            .contains("`kubevirt_hpp_cr_ready`")
+    );
+    assert!(
+        metrics_block("hpp-provisioner")
+            .unwrap()
+            .contains("`hpp_provisioner_volumes_provisioned_total`")
+    );
     let a = alerts_block();
     for alert in ["HPPOperatorDown", "HPPNotReady", "HPPSharingPoolPathWithOS"] {
         assert!(a.contains(alert), "{a}");
     }
     assert!(block("params:csi").unwrap().unwrap().contains("`storagePool`"));
     assert!(block("params:legacy").unwrap().unwrap().contains("`pathTemplate`"));
-    assert!(block("conditions:reasons").unwrap().unwrap().contains("`StoragePoolNotReady`"));
+    assert!(
+        block("conditions:reasons")
+            .unwrap()
+            .unwrap()
+            .contains("`StoragePoolNotReady`")
+    );
 }
 
 /// Env names the operator reads in `OperatorConfig::from_env` (string literals in config.rs).

@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use axum::Router;
 use axum::routing::get;
 use futures::FutureExt;
+use hpp_reconcile::leader::Election;
 use hpp_reconcile::metrics::Metrics;
 use hpp_reconcile::operator::Context;
 use hpp_reconcile::{OperatorConfig, Pipeline};
@@ -130,24 +131,35 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     .await?;
     let admin_task = tokio::spawn(admin::serve(listener, admin_router(registry), shutdown.clone()));
 
-    let stop: futures::future::BoxFuture<'static, ()> = if args.no_leader_election {
-        shutdown.clone().boxed()
+    let (stop, election) = if args.no_leader_election {
+        (shutdown.clone().boxed(), None)
     } else {
         let identity = args
             .identity
             .clone()
             .or_else(|| std::env::var("HOSTNAME").ok())
             .unwrap_or_else(|| format!("hpp-operator-{}", std::process::id()));
-        let mut rx = leader::elect(client.clone(), &config.namespace, &identity).await?;
+        let mut election = Election::start(client.clone(), leader::settings(&config.namespace, &identity)).await?;
         tokio::select! {
-            r = leader::until_leader(&mut rx) => r?,
+            r = election.acquired() => r?,
             () = shutdown.clone() => return Ok(()),
         }
-        info!("acquired leadership");
-        let lost = leader::lost(rx).map(|()| warn!("lost leadership, stopping"));
-        futures::future::select(shutdown.clone().boxed(), lost.boxed())
-            .map(|_| ())
-            .boxed()
+        // Stop the controller on shutdown or when another replica took the lease; the election
+        // comes back afterwards so the lease is released only once the controller has stopped.
+        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+        let until_stop = shutdown.clone();
+        let watcher = tokio::spawn(async move {
+            tokio::select! {
+                () = election.lost() => warn!("lost leadership, stopping"),
+                () = until_stop => {}
+            }
+            let _ = stop_tx.send(true);
+            election
+        });
+        let stop = async move {
+            let _ = stop_rx.wait_for(|stopped| *stopped).await;
+        };
+        (stop.boxed(), Some(watcher))
     };
     let tls_source = policy.clone();
     let ctx =
@@ -156,6 +168,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }));
     let ctx = Arc::new(ctx);
     hpp_reconcile::controller::run(ctx, stop.shared()).await;
+    if let Some(watcher) = election {
+        match watcher.await {
+            Ok(election) => {
+                if let Err(e) = election.step_down().await {
+                    warn!(error = %e, "releasing the leader lease");
+                }
+            }
+            Err(e) => warn!(error = %e, "leader election task failed"),
+        }
+    }
     info!("controller stopped");
     admin_task.abort();
     if let Some(task) = webhook_task {

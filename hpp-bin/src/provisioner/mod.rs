@@ -269,13 +269,7 @@ pub async fn main_with(args: Args) -> anyhow::Result<()> {
         let _ = stop_tx.send(true);
     });
     if leader_elect {
-        let lease = LeaseSettings {
-            name: args.lease_name.clone(),
-            namespace: args.lease_namespace.clone(),
-            identity: instance,
-            duration_seconds: 15,
-            grace_seconds: 5,
-        };
+        let lease = LeaseSettings::new(args.lease_name.clone(), args.lease_namespace.clone(), instance);
         run_with_leader_election(prov, lease, stop(stop_rx)).await?;
     } else {
         run(prov, stop(stop_rx)).await;

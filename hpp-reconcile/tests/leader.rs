@@ -1,0 +1,82 @@
+//! Leader election against the fake API server: two candidates, one leads; when the leader steps
+//! down or its lease lapses, the other takes over.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
+use std::time::Duration;
+
+use hpp_reconcile::leader::{Election, LeaderError, LeaseSettings};
+use hpp_testkit::{FailureRule, FakeApiServer};
+use k8s_openapi::api::coordination::v1::Lease;
+
+const NS: &str = "hpp";
+const LEASE: &str = "test-lock";
+/// Hang guard only: every wait below ends on an event, not on this.
+const HANG: Duration = Duration::from_secs(60);
+
+fn settings(identity: &str) -> LeaseSettings {
+    // Short leases so a lapse takes seconds; each candidate writes with its own field manager
+    // so a test can cut off one candidate's renewals.
+    LeaseSettings::new(LEASE, NS, identity)
+        .with_timing(2, 1)
+        .with_field_manager(format!("candidate-{identity}"))
+}
+
+fn holder(fake: &FakeApiServer) -> Option<String> {
+    fake.get::<Lease>(Some(NS), LEASE)
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+}
+
+/// Starts `a`, waits until it leads, then starts `b`.
+async fn a_leads_b_waits(fake: &FakeApiServer) -> (Election, Election) {
+    let mut a = Election::start(fake.client_in(NS), settings("a")).await.unwrap();
+    tokio::time::timeout(HANG, a.acquired()).await.unwrap().unwrap();
+    assert!(a.is_leader());
+    assert_eq!(holder(fake).as_deref(), Some("a"));
+    let b = Election::start(fake.client_in(NS), settings("b")).await.unwrap();
+    assert!(!b.is_leader(), "only one candidate leads");
+    (a, b)
+}
+
+#[tokio::test]
+async fn the_other_candidate_takes_over_when_the_leader_steps_down() {
+    let fake = FakeApiServer::new();
+    let (a, mut b) = a_leads_b_waits(&fake).await;
+    a.step_down().await.unwrap();
+    tokio::time::timeout(HANG, b.acquired()).await.unwrap().unwrap();
+    assert_eq!(holder(&fake).as_deref(), Some("b"));
+}
+
+#[tokio::test]
+async fn the_other_candidate_takes_over_when_the_leaders_lease_lapses() {
+    let fake = FakeApiServer::new();
+    let (mut a, mut b) = a_leads_b_waits(&fake).await;
+    // The leader can no longer renew (its writes fail, as in a partition): its lease lapses.
+    fake.fail_requests(FailureRule::new(503).query_contains("fieldManager=candidate-a"));
+    tokio::time::timeout(HANG, b.acquired()).await.unwrap().unwrap();
+    assert_eq!(holder(&fake).as_deref(), Some("b"));
+    // The old leader sees it lost the lease and stops acting.
+    tokio::time::timeout(HANG, a.lost()).await.unwrap();
+    assert!(!a.is_leader());
+}
+
+#[tokio::test]
+async fn bad_settings_are_reported() {
+    let fake = FakeApiServer::new();
+    // The grace period must be shorter than the lease.
+    let err = Election::start(fake.client_in(NS), settings("a").with_timing(2, 5))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LeaderError::InvalidTiming {
+                duration_seconds: 2,
+                grace_seconds: 5,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("hpp/test-lock"), "{err}");
+}
