@@ -163,8 +163,3 @@ impl Applier {
         Ok(list.items)
     }
 }
-
-/// Whether a live object is already being deleted.
-pub fn is_deleting(obj: &DynamicObject) -> bool {
-    obj.metadata.deletion_timestamp.is_some()
-}

@@ -17,10 +17,13 @@ use hpp_api::HostPathProvisioner;
 
 use crate::object::Kind;
 
+/// One store per watched kind and label selector.
+type Stores = BTreeMap<(Kind, String), Store<DynamicObject>>;
+
 /// Watch caches keyed by kind and label selector. Cheap to clone (shared).
 #[derive(Clone, Default)]
 pub struct Cache {
-    stores: Arc<RwLock<BTreeMap<(Kind, String), Store<DynamicObject>>>>,
+    stores: Arc<RwLock<Stores>>,
     provisioners: Arc<RwLock<Option<Store<HostPathProvisioner>>>>,
 }
 

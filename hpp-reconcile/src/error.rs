@@ -5,6 +5,7 @@ use kube::runtime::finalizer;
 
 /// Everything a reconcile can fail with.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A call to the Kubernetes API failed.
     #[error("{action} {what}: {source}")]
@@ -95,12 +96,16 @@ impl Error {
         }
     }
 
-    /// Whether retrying soon is the right response (cleanup waiting, transient API trouble).
-    pub fn is_transient(&self) -> bool {
-        matches!(
-            self.category(),
-            "cleanup_pending" | "api_unavailable" | "conflict" | "client"
-        )
+    /// The error itself, or the one the finalizer helper wrapped when applying or cleaning up
+    /// failed: what retry decisions look at.
+    pub fn root(&self) -> &Error {
+        match self {
+            Error::Finalizer(inner) => match inner.as_ref() {
+                finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.root(),
+                _ => self,
+            },
+            other => other,
+        }
     }
 }
 
@@ -135,6 +140,6 @@ mod tests {
         assert_eq!(wrapped.category(), "cleanup_pending");
         assert_eq!(wrapped.event_reason(), "CleanupPending");
         assert_eq!(api_error(500).event_reason(), "ApiUnavailable");
-        assert!(wrapped.is_transient());
+        assert!(matches!(wrapped.root(), Error::CleanupPending(_)));
     }
 }

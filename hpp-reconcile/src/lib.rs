@@ -1,37 +1,63 @@
-//! The hpp operator as a library.
+//! A controller-runtime-style framework for operators built from pluggable sub-reconcilers,
+//! and the hpp operator (the KubeVirt-compatible HPP distribution) built with it.
 //!
-//! One sub-reconciler per owned object kind builds its desired objects with a pure function,
-//! applies them with server-side apply and reports readiness; a pipeline runs an ordered list of
-//! them inside the `finalizer.delete.hostpath-provisioner` finalizer, sweeps labelled leftovers and
-//! derives the `HostPathProvisioner` status conditions. Embedders add, remove or replace
-//! sub-reconcilers to build their own distribution.
+//! # The framework
+//!
+//! - [`SubReconciler`]: one step of an operator. It names the [`Kind`]s it owns, may
+//!   [`gather`](SubReconciler::gather) facts of its own into [`ClusterFacts::extensions`]
+//!   ([`FactMap`]), builds its [`DesiredObject`]s with a pure function (typed k8s-openapi
+//!   structs via [`DesiredObject::typed`], JSON only for kinds without types), and reports
+//!   [`Readiness`], including [`StepCondition`]s that land in the CR's status.
+//! - [`Decorate`] ([`Pipeline::decorate`], [`SubReconcilerExt::decorate`]): wrap a step to edit
+//!   what it builds, keeping everything else it does.
+//! - [`Pipeline`]: the ordered steps of a distribution; applies them, sweeps labelled leftovers,
+//!   cleans up in reverse order on deletion.
+//! - [`Applier`]: the only writer (server-side apply per step field manager, skipped when the
+//!   live object already matches); reads go through the controller's watch [`Cache`].
+//! - [`controller`]: watches every kind [`Pipeline::kinds`] returns, so a plugged-in step's
+//!   objects get drift repair exactly like the built-in ones; [`operator`] runs one reconcile
+//!   (finalizer, pass, status, Events) and decides retries from error variants.
+//! - Feature `testkit`: an in-process fake API server behind a real `kube::Client`.
+//!
+//! A new step is a type implementing [`SubReconciler`] (`name`, `kinds`, `desired`; the rest
+//! has defaults) added with [`Pipeline::with`]; see `examples/custom_sub_reconciler.rs`.
+//!
+//! # The HPP distribution
+//!
+//! [`Pipeline::standard`] lists the HPP steps in [`reconcilers`] (ServiceAccounts, RBAC,
+//! CSIDriver, SCC, CSI DaemonSet, legacy DaemonSet, storage pools, Prometheus) with the names in
+//! [`names`], configured by [`OperatorConfig`]; [`status`] derives KubeVirt's conditions and
+//! [`render`] prints every object offline.
 
 pub mod apply;
-pub mod cache;
-pub mod config;
 pub mod controller;
-pub mod error;
 pub mod events;
-pub mod facts;
-pub mod gather;
 pub mod leader;
+pub mod operator;
+
+mod cache;
+mod error;
+mod gather;
+mod pipeline;
+mod subreconciler;
+
+pub mod config;
+pub mod facts;
 pub mod metrics;
 pub mod names;
 pub mod object;
-pub mod operator;
-pub mod pipeline;
 pub mod reconcilers;
 pub mod render;
 pub mod status;
-pub mod subreconciler;
 
 pub use apply::Applier;
+pub use cache::Cache;
 pub use config::OperatorConfig;
 pub use error::{Error, Result};
 pub use facts::{ClusterFacts, FactMap};
-pub use object::{ApplyStrategy, DesiredObject, Kind};
-pub use pipeline::Pipeline;
-pub use subreconciler::{Decorate, Readiness, StepCondition, SubReconciler, SubReconcilerExt};
+pub use object::{ApplyStrategy, DesiredObject, Kind, StaticScope};
+pub use pipeline::{PassReport, Pipeline};
+pub use subreconciler::{Decorate, Edit, Readiness, StepCondition, SubReconciler, SubReconcilerExt};
 
 /// The crates a custom sub-reconciler needs, re-exported so an embedder depends on one crate
 /// and always gets the versions this library was built with.

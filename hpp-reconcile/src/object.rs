@@ -196,7 +196,7 @@ impl DesiredObject {
 }
 
 /// Key of a live or desired object of a given kind.
-pub fn key_of(kind: &Kind, obj: &DynamicObject) -> ObjectKey {
+pub(crate) fn key_of(kind: &Kind, obj: &DynamicObject) -> ObjectKey {
     ObjectKey {
         kind: format!("{}/{}", kind.group, kind.kind),
         namespace: if kind.namespaced { obj.namespace() } else { None },
@@ -205,7 +205,7 @@ pub fn key_of(kind: &Kind, obj: &DynamicObject) -> ObjectKey {
 }
 
 /// Stable hash of a JSON value (object keys sorted), as 16 hex digits (FNV-1a 64).
-pub fn content_hash(value: &Value) -> String {
+pub(crate) fn content_hash(value: &Value) -> String {
     let mut canonical = String::new();
     canonicalize(value, &mut canonical);
     hpp_api::names::fnv1a64_hex(&canonical)
@@ -240,7 +240,7 @@ fn canonicalize(value: &Value, out: &mut String) {
 
 /// Whether every field of `desired` is present with the same value in `live`. Server defaults
 /// and fields other managers own are ignored; lists must have the same length.
-pub fn is_subset(desired: &Value, live: &Value) -> bool {
+pub(crate) fn is_subset(desired: &Value, live: &Value) -> bool {
     match (desired, live) {
         (Value::Null, _) => true,
         (Value::Object(d), Value::Object(l)) => d.iter().all(|(k, dv)| match l.get(k) {
@@ -255,7 +255,7 @@ pub fn is_subset(desired: &Value, live: &Value) -> bool {
 
 /// Whether a live object already matches the stamped desired object, so applying it would
 /// change nothing the operator owns.
-pub fn live_matches(stamped: &Value, live: &DynamicObject) -> bool {
+pub(crate) fn live_matches(stamped: &Value, live: &DynamicObject) -> bool {
     match serde_json::to_value(live) {
         Ok(live) => is_subset(stamped, &live),
         Err(_) => false,

@@ -142,9 +142,9 @@ pub async fn reconcile(hpp: Arc<HostPathProvisioner>, ctx: Arc<Context>) -> Resu
 /// Retry policy: exponential backoff per CR; deletion waits poll quickly; a downgrade waits for a change.
 pub fn error_policy(hpp: Arc<HostPathProvisioner>, err: &Error, ctx: Arc<Context>) -> Action {
     warn!(hpp = %hpp.name_any(), category = err.category(), error = %err, "reconcile failed");
-    match err.category() {
-        "downgrade" => Action::await_change(),
-        "cleanup_pending" => Action::requeue(ctx.base_backoff.max(Duration::from_millis(10))),
+    match err.root() {
+        Error::Downgrade { .. } => Action::await_change(),
+        Error::CleanupPending(_) => Action::requeue(ctx.base_backoff.max(Duration::from_millis(10))),
         _ => {
             let attempts = ctx
                 .failures

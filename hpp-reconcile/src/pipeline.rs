@@ -182,3 +182,40 @@ impl Pipeline {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reconcilers::common::{daemonset_kind, object_meta, typed_ssa};
+
+    #[test]
+    fn decorate_edits_one_step_in_place_and_keeps_the_rest() {
+        let mut pipeline = Pipeline::standard();
+        let names_before: Vec<String> = pipeline.names().iter().map(|n| (*n).to_owned()).collect();
+        assert!(!pipeline.decorate(
+            "no-such-step",
+            |_: &HostPathProvisioner, _: &OperatorConfig, _: &ClusterFacts, _: &mut Vec<DesiredObject>| Ok(())
+        ));
+        assert!(pipeline.decorate(
+            "csi-driver",
+            |_: &HostPathProvisioner, cfg: &OperatorConfig, _: &ClusterFacts, objects: &mut Vec<DesiredObject>| {
+                let extra = k8s_openapi::api::core::v1::ConfigMap {
+                    metadata: object_meta("extra", Some(&cfg.namespace), cfg, &[], None),
+                    ..Default::default()
+                };
+                objects.push(typed_ssa(&extra)?);
+                Ok(())
+            },
+        ));
+        assert_eq!(pipeline.names(), names_before, "same names, same positions");
+        let hpp = HostPathProvisioner::new("hpp", Default::default());
+        let desired = pipeline
+            .desired(&hpp, &OperatorConfig::default(), &ClusterFacts::default())
+            .unwrap();
+        let (_, driver) = desired.iter().find(|(n, _)| n == "csi-driver").unwrap();
+        assert_eq!(driver.len(), 2);
+        assert_eq!(driver[1].key().name, "extra");
+        let (_, ds) = desired.iter().find(|(n, _)| n == "csi-daemonset").unwrap();
+        assert!(ds.iter().all(|o| o.kind == daemonset_kind()), "other steps untouched");
+    }
+}
