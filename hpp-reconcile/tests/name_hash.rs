@@ -1,10 +1,8 @@
-//! The shortened names of rendered objects and the desired-object fingerprint are the values
-//! they were before the hash moved to `hpp_api::names`: live clusters hold objects by these names.
+//! The shortened names of rendered objects are the values they were before the hash moved to
+//! `hpp_api::names`: live clusters hold objects by these names.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
 
 use hpp_reconcile::names::{cleanup_job_name, name_with_max_length, pool_node_name, pool_shared_claim_name};
-use hpp_reconcile::object::content_hash;
-use serde_json::json;
 
 const LONG_POOL: &str = "a-very-long-storage-pool-name-for-testing-purposes";
 
@@ -27,11 +25,4 @@ fn shortened_object_names_are_unchanged() {
     // Short names are not hashed at all.
     assert_eq!(pool_node_name("local", "node-1"), "hpp-pool-local-node-1");
     assert_eq!(name_with_max_length("a", "b", 63), "a-b");
-}
-
-#[test]
-fn desired_object_fingerprint_is_unchanged() {
-    assert_eq!(content_hash(&json!({"a": 1, "b": [true, null]})), "39fec673a60c0b54");
-    // Key order does not matter.
-    assert_eq!(content_hash(&json!({"b": [true, null], "a": 1})), "39fec673a60c0b54");
 }
