@@ -67,7 +67,21 @@ impl Applier {
     pub async fn apply(&self, field_manager: &str, desired: &DesiredObject) -> Result<DynamicObject> {
         let key = desired.key();
         let api = self.api(&desired.kind, key.namespace.as_deref());
-        let live = self.get(&desired.kind, key.namespace.as_deref(), &key.name).await?;
+        let cached = self
+            .cache
+            .get(&desired.kind, &managed_selector(), key.namespace.as_deref(), &key.name);
+        let live = match (cached, desired.strategy) {
+            (Some(Some(live)), _) => Some((*live).clone()),
+            // Not in the cache: applying creates or adopts it either way.
+            (Some(None), ApplyStrategy::ServerSideApply) => None,
+            // The cache holds only labelled objects: ask the API before creating, so an
+            // unlabelled object an older operator created is found instead of re-created each
+            // pass (and without a synced cache, the API is the only source).
+            (_, _) => api
+                .get_opt(&key.name)
+                .await
+                .map_err(|e| Error::kube("get", key.to_string(), e))?,
+        };
         let stamped = desired.stamped()?;
         match (desired.strategy, live) {
             (ApplyStrategy::CreateOnly, Some(live)) => Ok(live),
