@@ -10,8 +10,8 @@
 
 use std::time::Instant;
 
-use hpp_api::validation::{ValidateCreate, ValidateUpdate};
-use hpp_api::{HostPathProvisionerSpec, StoragePool};
+use hpp_api::HostPathProvisionerSpec;
+use hpp_api::validation::{ValidateCreate, ValidateUpdate, worst_case};
 
 /// Peak resident memory of this process in KiB.
 fn peak_rss_kib() -> u64 {
@@ -23,44 +23,12 @@ fn peak_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
-fn spec(pools: Vec<StoragePool>) -> HostPathProvisionerSpec {
-    HostPathProvisionerSpec {
-        storage_pools: Some(pools),
-        feature_gates: Some(vec!["Snapshotting".into()]),
-        ..Default::default()
-    }
-}
-
 fn identical(n: usize) -> HostPathProvisionerSpec {
-    spec(
-        (0..n)
-            .map(|_| StoragePool {
-                name: "local".into(),
-                path: "/var/hpvolumes".into(),
-                ..Default::default()
-            })
-            .collect(),
-    )
+    worst_case::identical_pools(n)
 }
 
-/// 64 distinct pools with 50-character names and 255-character paths, siblings under one
-/// parent so every nesting comparison walks the long common prefix.
 fn largest() -> HostPathProvisionerSpec {
-    spec(
-        (0..64)
-            .map(|i| {
-                let name = format!("{i:02}{}", "a".repeat(48));
-                let dir = format!("/{}", "d".repeat(200));
-                let leaf = format!("{i:02}{}", "p".repeat(255 - dir.len() - 3));
-                StoragePool {
-                    name,
-                    path: format!("{dir}/{leaf}"),
-                    snapshot_provider: Some("reflink".into()),
-                    ..Default::default()
-                }
-            })
-            .collect(),
-    )
+    worst_case::largest_admitted()
 }
 
 fn main() {

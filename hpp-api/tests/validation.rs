@@ -303,3 +303,19 @@ fn nested_pools_report_one_error_per_inner_pool() {
     let errors = pools(&p).validate_create().unwrap_err();
     assert_eq!(errors.errors().len() + errors.omitted(), 9, "{errors}");
 }
+
+#[test]
+fn the_largest_admitted_spec_is_valid_and_at_the_limits() {
+    use hpp_api::validation::worst_case;
+    let spec = worst_case::largest_admitted();
+    let pools = spec.storage_pools.as_ref().unwrap();
+    assert_eq!(pools.len(), hpp_api::constants::MAX_STORAGE_POOLS);
+    assert!(pools.iter().all(|p| p.name.len() == 50 && p.path.len() >= 250));
+    spec.validate_create().unwrap();
+    spec.validate_update(&spec).unwrap();
+    // One more pool is refused with a single error.
+    let mut over = spec.clone();
+    over.storage_pools.as_mut().unwrap().push(pool("extra", "/extra"));
+    let errors = over.validate_create().unwrap_err();
+    assert_eq!(errors.errors().len(), 1, "{errors}");
+}

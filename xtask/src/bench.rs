@@ -14,6 +14,9 @@
 //! `bench --serve-driver`) so its RSS is its own. It uses only hpp-csi's public API (the
 //! builder, the generated CSI clients, `client::connect`, `mountinfo`).
 //! `cargo run --release -p xtask -- bench --dir /var/tmp/hpp-bench` for release numbers.
+//!
+//! `--validation` instead measures the webhook's CR validation: the largest spec the schema
+//! admits and floods of identical pools (`hpp_api::validation::worst_case`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -43,6 +46,10 @@ pub struct Args {
     /// Volumes to hold before reading the driver's resident memory.
     #[arg(long, default_value_t = 10_000)]
     rss_volumes: usize,
+    /// Only measure CR validation (the webhook's cost): the largest spec the schema admits and
+    /// floods of identical pools, then exit. Needs no root and no driver.
+    #[arg(long)]
+    validation: bool,
     /// Internal: serve a driver on DIR (used for the child process).
     #[arg(long, hide = true, value_name = "DIR")]
     serve_driver: Option<PathBuf>,
@@ -219,8 +226,77 @@ fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
+/// Peak resident memory of this process (VmHWM) in KiB.
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Median time of `runs` calls of `f` (at least one), and what the last call returned.
+fn median_of<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
+    let start = Instant::now();
+    let mut last = f();
+    let mut times = vec![start.elapsed()];
+    for _ in 1..runs {
+        let start = Instant::now();
+        last = f();
+        times.push(start.elapsed());
+    }
+    times.sort();
+    (times[times.len() / 2], last)
+}
+
+/// `--validation`: validation time of the largest admitted CR and of adversarial floods.
+fn bench_validation() {
+    use hpp_api::validation::{ValidateCreate, ValidateUpdate, worst_case};
+    let errors = |r: Result<(), hpp_api::validation::ValidationErrors>| {
+        r.err()
+            .map_or((0, 0), |e| (e.errors().len() + e.omitted(), e.to_string().len()))
+    };
+    println!("| case | median | errors found | message bytes |");
+    println!("|---|---|---|---|");
+    let largest = worst_case::largest_admitted();
+    let flood = worst_case::identical_pools(3000);
+    let max_dupes = worst_case::identical_pools(hpp_api::constants::MAX_STORAGE_POOLS);
+    type Check<'a> = Box<dyn Fn() -> Result<(), hpp_api::validation::ValidationErrors> + 'a>;
+    let cases: Vec<(&str, Check<'_>)> = vec![
+        (
+            "CREATE, largest admitted (64 pools)",
+            Box::new(|| largest.validate_create()),
+        ),
+        (
+            "UPDATE, largest admitted (64 pools)",
+            Box::new(|| largest.validate_update(&largest)),
+        ),
+        ("CREATE, 64 identical pools", Box::new(|| max_dupes.validate_create())),
+        (
+            "UPDATE, 64 identical pools",
+            Box::new(|| max_dupes.validate_update(&max_dupes)),
+        ),
+        ("CREATE, 3000 identical pools", Box::new(|| flood.validate_create())),
+        (
+            "UPDATE, 3000 identical pools",
+            Box::new(|| flood.validate_update(&flood)),
+        ),
+    ];
+    for (name, case) in cases {
+        let (median, result) = median_of(21, case);
+        let (found, bytes) = errors(result);
+        println!("| {name} | {} | {found} | {bytes} |", fmt_d(median));
+    }
+    println!("peak RSS of the whole run: {} KiB", peak_rss_kib());
+}
+
 /// Runs the benchmark (or, with `--serve-driver`, the driver it measures) and prints the tables.
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    if args.validation {
+        bench_validation();
+        return Ok(());
+    }
     if let Some(dir) = &args.serve_driver {
         return serve_driver(dir).await;
     }

@@ -11,6 +11,7 @@
 //! kept ("and N more").
 
 pub mod rules;
+pub mod worst_case;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
