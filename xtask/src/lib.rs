@@ -1,8 +1,8 @@
 //! Developer tasks of the hpp workspace, run as `cargo xtask <task>` (an alias in
 //! `.cargo/config.toml`). Not shipped: nothing here is part of the product's crates.
 //!
-//! - `cargo xtask bench`: the CSI driver against the bare system calls it wraps ([`bench`]);
-//! - `cargo xtask docs [--check]`: the generated blocks of docs/reference.md ([`docs`]).
+//! - `cargo xtask bench`: the CSI driver against the bare system calls it wraps ([`mod@bench`]);
+//! - `cargo xtask docs [--check]`: the generated blocks of docs/reference.md ([`mod@docs`]).
 
 pub mod bench;
 pub mod docs;
