@@ -104,3 +104,44 @@ async fn a_cr_delete_resets_the_gauge_and_a_gone_cr_is_not_an_error() {
         .get();
     assert_eq!(errors, 0, "no reconcile error counted");
 }
+
+#[tokio::test]
+async fn pvc_template_pool_phase_follows_claims_then_mounters() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &["node01", "node02"]);
+    env.converge().await;
+    env.daemonset_ready(CSI_DS, 2);
+    env.converge().await;
+    let pool = |env: &Env| env.hpp().status.unwrap().storage_pool_statuses[0].clone();
+    assert_eq!(pool(&env).phase.as_deref(), Some("Preparing"), "claims Pending");
+    env.bind_claims();
+    env.converge().await;
+    let p = pool(&env);
+    assert_eq!(
+        p.phase.as_deref(),
+        Some("Mounting"),
+        "claims Bound, 0 of 2 mounters ready"
+    );
+    assert_eq!((p.current_ready, p.desired_ready), (Some(0), Some(2)));
+    let mounter_ready = |name: &str| {
+        let generation = env
+            .fake
+            .get::<Deployment>(Some(NS), name)
+            .and_then(|d| d.metadata.generation)
+            .unwrap();
+        assert!(env.fake.set_status::<Deployment>(
+            Some(NS),
+            name,
+            serde_json::json!({ "observedGeneration": generation, "replicas": 1, "updatedReplicas": 1,
+                                "readyReplicas": 1, "availableReplicas": 1 }),
+        ));
+    };
+    mounter_ready("hpp-pool-local-node01");
+    env.converge().await;
+    assert_eq!(pool(&env).phase.as_deref(), Some("Mounting"), "1 of 2 mounters ready");
+    mounter_ready("hpp-pool-local-node02");
+    env.converge().await;
+    let p = pool(&env);
+    assert_eq!(p.phase.as_deref(), Some("Ready"));
+    assert_eq!(p.current_ready, Some(2));
+}
