@@ -345,6 +345,43 @@ mod tests {
     }
 
     #[test]
+    fn a_rollout_is_progressing_until_its_updated_pods_are_ready() {
+        let ready = Readiness::ready();
+        let healthy = derive(&Default::default(), "v1", &Outcome::Applied(&ready), "t0");
+        assert_eq!(healthy.state, State::Healthy);
+        let rolling = Readiness {
+            workloads_rolling_out: vec!["DaemonSet ds: 0 of 2 pods updated".into()],
+            ..Default::default()
+        };
+        let r = derive(&healthy.status, "v1", &Outcome::Applied(&rolling), "t1");
+        assert_eq!((r.state, r.reason.as_str()), (State::RollingOut, "UpgradeStarted"));
+        assert!(!r.state.is_warning(), "a rollout is routine");
+        assert_eq!(
+            flags(&r.status),
+            [
+                ("Available".into(), "True".into()),
+                ("Progressing".into(), "True".into()),
+                ("Degraded".into(), "False".into())
+            ]
+        );
+        assert_eq!(cr_ready_value(&r.status), 0);
+        // Every pod updated, not all ready yet: still the rollout, not Degraded.
+        let r2 = derive(&r.status, "v1", &Outcome::Applied(&not_ready()), "t2");
+        assert_eq!((r2.state, r2.reason.as_str()), (State::RollingOut, "UpgradeStarted"));
+        let done = derive(&r2.status, "v1", &Outcome::Applied(&ready), "t3");
+        assert_eq!(done.state, State::Healthy);
+        // Once healthy, pods going unready is Degraded again.
+        let degraded = derive(&done.status, "v1", &Outcome::Applied(&not_ready()), "t4");
+        assert_eq!(degraded.state, State::Failed);
+        // A rollout on a CR that was not Available is failing-and-healing.
+        let from_failed = derive(&degraded.status, "v1", &Outcome::Applied(&rolling), "t5");
+        assert_eq!(
+            (from_failed.state, from_failed.reason.as_str()),
+            (State::FailedHealing, "UpgradeStarted")
+        );
+    }
+
+    #[test]
     fn steps_contribute_conditions_that_keep_their_transition_time() {
         let quota = |ok: bool| Readiness {
             conditions: vec![crate::subreconciler::StepCondition {
