@@ -145,3 +145,20 @@ async fn pvc_template_pool_phase_follows_claims_then_mounters() {
     assert_eq!(p.phase.as_deref(), Some("Ready"));
     assert_eq!(p.current_ready, Some(2));
 }
+
+#[tokio::test]
+async fn releasing_a_gone_second_cr_is_not_an_error() {
+    let env = Env::new("hostpathprovisioner_cr", &["node01"]);
+    env.converge().await;
+    // A stale copy of a deleted second CR, still carrying our finalizer; the API no longer has it.
+    let mut second: HostPathProvisioner = support::example("hostpathprovisioner_cr");
+    second.metadata.name = Some("second".into());
+    second.metadata.finalizers = Some(vec![hpp_api::constants::FINALIZER.to_owned()]);
+    second.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    second.metadata.resource_version = Some("1".into());
+    reconcile(Arc::new(second), env.ctx.clone())
+        .await
+        .expect("NotFound while releasing a gone CR means done");
+}
