@@ -18,6 +18,9 @@ pub const PREFIX: &str = "hpp_operator";
 /// The prefix of the metrics that keep KubeVirt's names.
 pub const KUBEVIRT_PREFIX: &str = "kubevirt_hpp";
 
+/// `kubevirt_hpp_cr_ready` before the first pass and after the CR is deleted: no CR to judge.
+pub const CR_READY_UNKNOWN: i64 = -1;
+
 /// Label of a reconcile pass.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
@@ -35,7 +38,8 @@ pub struct CategoryLabels {
 /// Handles to every operator metric.
 #[derive(Clone, Debug)]
 pub struct Metrics {
-    /// 1 when the CR is Available, 0 when neither Available nor Progressing, -1 before the first pass.
+    /// 1 when the CR is Available and neither Progressing nor Degraded, 0 otherwise, -1 before
+    /// the first pass and after the CR is deleted.
     pub cr_ready: Gauge,
     /// Reconcile passes by result.
     pub reconciles: Family<ResultLabels, Counter>,
@@ -48,7 +52,7 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let cr_ready = Gauge::default();
-        cr_ready.set(-1);
+        cr_ready.set(CR_READY_UNKNOWN);
         Metrics {
             cr_ready,
             reconciles: Family::default(),

@@ -15,7 +15,7 @@ use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
-use tracing::{info, instrument, warn};
+use tracing::{debug, info, instrument, warn};
 
 use crate::apply::Applier;
 use crate::cache::Cache;
@@ -167,14 +167,27 @@ async fn reconcile_inner(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result
     if let Some(active) = active.filter(|a| a.name_any() != hpp.name_any()) {
         return refuse_second(&api, &hpp, active, all.len(), ctx).await;
     }
-    finalizer(&api, FINALIZER, hpp, |event| async move {
+    let deleting = hpp.metadata.deletion_timestamp.is_some();
+    let result = finalizer(&api, FINALIZER, hpp, |event| async move {
         match event {
             FinalizerEvent::Apply(h) => apply(h, ctx).await,
             FinalizerEvent::Cleanup(h) => cleanup(h, ctx).await,
         }
     })
-    .await
-    .map_err(Error::from)
+    .await;
+    let action = match result {
+        // The CR went away between our read and the finalizer patch: cleanup is done.
+        Err(kube::runtime::finalizer::Error::RemoveFinalizer(kube::Error::Api(s))) if s.code == 404 => {
+            debug!("CR already gone while removing the finalizer");
+            Action::await_change()
+        }
+        other => other.map_err(Error::from)?,
+    };
+    if deleting {
+        // No CR, no readiness: the gauge must not keep the deleted CR's last value.
+        ctx.metrics.cr_ready.set(crate::metrics::CR_READY_UNKNOWN);
+    }
+    Ok(action)
 }
 
 /// A second CR is reported in its own status and otherwise left alone.
@@ -190,9 +203,15 @@ async fn refuse_second(
             // Merge patch guarded by resourceVersion: never drops someone else's finalizer.
             let keep: Vec<&String> = hpp.finalizers().iter().filter(|f| *f != FINALIZER).collect();
             let patch = json!({ "metadata": { "finalizers": keep, "resourceVersion": hpp.resource_version() } });
-            api.patch(&hpp.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            match api
+                .patch(&hpp.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-                .map_err(|e| Error::kube("remove finalizer", hpp.name_any(), e))?;
+            {
+                Ok(_) => {}
+                // Already gone: nothing left to release.
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(Error::kube("remove finalizer", hpp.name_any(), e)),
+            }
         }
         return Ok(Action::await_change());
     }
@@ -298,9 +317,7 @@ async fn write_status(
         .await
         .map_err(|e| Error::kube("patch status", hpp.name_any(), e))?;
     }
-    if let Some(v) = status::cr_ready_value(&derived.status) {
-        ctx.metrics.cr_ready.set(v);
-    }
+    ctx.metrics.cr_ready.set(status::cr_ready_value(&derived.status));
     if derived.transition {
         let type_ = if derived.state.is_warning() {
             EventType::Warning

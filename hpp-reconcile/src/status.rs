@@ -27,6 +27,8 @@ pub enum State {
     Deploying,
     /// T/F/F: everything ready.
     Healthy,
+    /// T/T/F: a rollout (new pod template) is under way on a CR that was Available.
+    RollingOut,
     /// T/T/T: upgrade under way.
     UpgradeHealingDegraded,
     /// F/F/T: deployed but not working, or refused.
@@ -40,6 +42,7 @@ impl State {
         match self {
             State::Deploying => [false, true, false],
             State::Healthy => [true, false, false],
+            State::RollingOut => [true, true, false],
             State::UpgradeHealingDegraded => [true, true, true],
             State::Failed => [false, false, true],
             State::FailedHealing => [false, true, true],
@@ -49,7 +52,7 @@ impl State {
     /// The condition type that carries reason and message in this state.
     fn carrier(self) -> &'static str {
         match self {
-            State::Deploying => cond::PROGRESSING,
+            State::Deploying | State::RollingOut => cond::PROGRESSING,
             State::Healthy => cond::AVAILABLE,
             _ => cond::DEGRADED,
         }
@@ -118,6 +121,14 @@ pub fn derive(prev: &HostPathProvisionerStatus, version: &str, outcome: &Outcome
     let observed = prev.observed_version.clone().filter(|v| !v.is_empty());
     let deploying = observed.is_none();
     let upgrading = observed.as_deref().is_some_and(|o| o != version);
+    let was = |ty: &str| prev.conditions.iter().any(|c| c.type_ == ty && c.status == "True");
+    let was_available = was(cond::AVAILABLE);
+    // A rollout stays under way until its new pods are ready, even once every pod is updated.
+    let rollout_pending = was(cond::PROGRESSING)
+        && prev
+            .conditions
+            .iter()
+            .any(|c| c.reason.as_deref() == Some(cond::REASON_UPGRADE_STARTED));
     let mut status = HostPathProvisionerStatus {
         operator_version: Some(version.to_owned()),
         target_version: Some(version.to_owned()),
@@ -126,7 +137,15 @@ pub fn derive(prev: &HostPathProvisionerStatus, version: &str, outcome: &Outcome
     let (state, reason, message) = match outcome {
         Outcome::Applied(r) => {
             status.storage_pool_statuses = r.pool_statuses.clone();
-            if !r.workloads_not_ready.is_empty() {
+            let rolling_out = !r.workloads_rolling_out.is_empty();
+            if rolling_out || !r.workloads_not_ready.is_empty() {
+                let detail = r
+                    .workloads_rolling_out
+                    .iter()
+                    .chain(&r.workloads_not_ready)
+                    .next()
+                    .cloned()
+                    .unwrap_or_default();
                 if deploying {
                     (
                         State::Deploying,
@@ -138,6 +157,18 @@ pub fn derive(prev: &HostPathProvisionerStatus, version: &str, outcome: &Outcome
                         State::UpgradeHealingDegraded,
                         cond::REASON_UPGRADE_STARTED,
                         format!("Started upgrade to version {version}"),
+                    )
+                } else if (rolling_out || rollout_pending) && was_available {
+                    (
+                        State::RollingOut,
+                        cond::REASON_UPGRADE_STARTED,
+                        format!("Rolling out: {detail}"),
+                    )
+                } else if rolling_out || rollout_pending {
+                    (
+                        State::FailedHealing,
+                        cond::REASON_UPGRADE_STARTED,
+                        format!("Rolling out: {detail}"),
                     )
                 } else {
                     (
@@ -223,17 +254,11 @@ pub fn derive(prev: &HostPathProvisionerStatus, version: &str, outcome: &Outcome
     }
 }
 
-/// Value of `kubevirt_hpp_cr_ready` for a status: 1 Available, 0 neither Available nor
-/// Progressing, `None` (leave as is) otherwise.
-pub fn cr_ready_value(status: &HostPathProvisionerStatus) -> Option<i64> {
+/// Value of `kubevirt_hpp_cr_ready` for a status: 1 when Available and neither Progressing nor
+/// Degraded, 0 otherwise (so a deploy or rollout that never finishes fires HPPNotReady).
+pub fn cr_ready_value(status: &HostPathProvisionerStatus) -> i64 {
     let is_true = |ty: &str| status.conditions.iter().any(|c| c.type_ == ty && c.status == "True");
-    if is_true(cond::AVAILABLE) {
-        Some(1)
-    } else if !is_true(cond::PROGRESSING) {
-        Some(0)
-    } else {
-        None
-    }
+    i64::from(is_true(cond::AVAILABLE) && !is_true(cond::PROGRESSING) && !is_true(cond::DEGRADED))
 }
 
 #[cfg(test)]
@@ -286,7 +311,8 @@ mod tests {
             "transition time kept while status is unchanged"
         );
         assert_eq!(available.last_heartbeat_time.as_deref(), Some("t2"));
-        assert_eq!(cr_ready_value(&again.status), Some(1));
+        assert_eq!(cr_ready_value(&again.status), 1);
+        assert_eq!(cr_ready_value(&d.status), 0, "a first deploy is not ready");
     }
 
     #[test]
@@ -301,7 +327,8 @@ mod tests {
         let failed = derive(&prev, "v1", &Outcome::Applied(&not_ready()), "t");
         assert_eq!(failed.state, State::Failed);
         assert_eq!(failed.reason, "Degraded");
-        assert_eq!(cr_ready_value(&failed.status), Some(0));
+        assert_eq!(cr_ready_value(&failed.status), 0);
+        assert_eq!(cr_ready_value(&up.status), 0, "not ready while upgrading");
         let pools = Readiness {
             pools_not_ready: vec!["error: Pool PVC x is Pending instead of Bound".into()],
             ..Default::default()
@@ -315,6 +342,43 @@ mod tests {
         assert_eq!(e.message, "Unable to successfully reconcile: boom");
         assert_eq!(e.reason, "ReconcileFailed");
         assert_eq!(flags(&e.status)[1].1, "True");
+    }
+
+    #[test]
+    fn a_rollout_is_progressing_until_its_updated_pods_are_ready() {
+        let ready = Readiness::ready();
+        let healthy = derive(&Default::default(), "v1", &Outcome::Applied(&ready), "t0");
+        assert_eq!(healthy.state, State::Healthy);
+        let rolling = Readiness {
+            workloads_rolling_out: vec!["DaemonSet ds: 0 of 2 pods updated".into()],
+            ..Default::default()
+        };
+        let r = derive(&healthy.status, "v1", &Outcome::Applied(&rolling), "t1");
+        assert_eq!((r.state, r.reason.as_str()), (State::RollingOut, "UpgradeStarted"));
+        assert!(!r.state.is_warning(), "a rollout is routine");
+        assert_eq!(
+            flags(&r.status),
+            [
+                ("Available".into(), "True".into()),
+                ("Progressing".into(), "True".into()),
+                ("Degraded".into(), "False".into())
+            ]
+        );
+        assert_eq!(cr_ready_value(&r.status), 0);
+        // Every pod updated, not all ready yet: still the rollout, not Degraded.
+        let r2 = derive(&r.status, "v1", &Outcome::Applied(&not_ready()), "t2");
+        assert_eq!((r2.state, r2.reason.as_str()), (State::RollingOut, "UpgradeStarted"));
+        let done = derive(&r2.status, "v1", &Outcome::Applied(&ready), "t3");
+        assert_eq!(done.state, State::Healthy);
+        // Once healthy, pods going unready is Degraded again.
+        let degraded = derive(&done.status, "v1", &Outcome::Applied(&not_ready()), "t4");
+        assert_eq!(degraded.state, State::Failed);
+        // A rollout on a CR that was not Available is failing-and-healing.
+        let from_failed = derive(&degraded.status, "v1", &Outcome::Applied(&rolling), "t5");
+        assert_eq!(
+            (from_failed.state, from_failed.reason.as_str()),
+            (State::FailedHealing, "UpgradeStarted")
+        );
     }
 
     #[test]

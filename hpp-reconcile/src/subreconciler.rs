@@ -34,6 +34,9 @@ pub struct StepCondition {
 pub struct Readiness {
     /// Workloads (DaemonSets) that are not fully ready, with a message each.
     pub workloads_not_ready: Vec<String>,
+    /// Workloads whose rollout is under way (spec not observed yet, or old pods still
+    /// running), with a message each.
+    pub workloads_rolling_out: Vec<String>,
     /// Storage pool problems (a pool PVC not Bound), with a message each.
     pub pools_not_ready: Vec<String>,
     /// Per-pool status entries to publish in `status.storagePoolStatuses`.
@@ -51,6 +54,7 @@ impl Readiness {
     /// Folds another report into this one.
     pub fn merge(&mut self, other: Readiness) {
         self.workloads_not_ready.extend(other.workloads_not_ready);
+        self.workloads_rolling_out.extend(other.workloads_rolling_out);
         self.pools_not_ready.extend(other.pools_not_ready);
         self.pool_statuses.extend(other.pool_statuses);
         self.conditions.extend(other.conditions);

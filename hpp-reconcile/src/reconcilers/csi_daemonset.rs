@@ -15,7 +15,6 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
-use serde_json::Value;
 
 use super::common::{self, daemonset_kind};
 use crate::config::OperatorConfig;
@@ -372,18 +371,6 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
     })
 }
 
-/// Whether a live DaemonSet is ready the way KubeVirt judges it.
-pub fn daemonset_ready(live: &DynamicObject) -> (bool, String) {
-    let status = live.data.get("status");
-    let n = |k: &str| status.and_then(|s| s.get(k)).and_then(Value::as_i64).unwrap_or(0);
-    let (ready, desired) = (n("numberReady"), n("desiredNumberScheduled"));
-    let name = live.metadata.name.as_deref().unwrap_or_default();
-    (
-        ready > 0 && ready >= desired,
-        format!("DaemonSet {name} has {ready} of {desired} pods ready"),
-    )
-}
-
 /// Sub-reconciler for the CSI DaemonSet.
 pub struct CsiDaemonSet;
 
@@ -402,13 +389,6 @@ impl SubReconciler for CsiDaemonSet {
     }
 
     fn readiness(&self, _hpp: &HostPathProvisioner, _facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
-        let mut r = Readiness::ready();
-        for ds in live {
-            let (ok, msg) = daemonset_ready(ds);
-            if !ok {
-                r.workloads_not_ready.push(msg);
-            }
-        }
-        r
+        super::rollout::daemonsets_readiness(live)
     }
 }

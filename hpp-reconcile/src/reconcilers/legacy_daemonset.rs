@@ -13,7 +13,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::ObjectMeta;
 
 use super::common::{self, daemonset_kind};
-use super::csi_daemonset::daemonset_ready;
 use crate::config::OperatorConfig;
 use crate::error::Result;
 use crate::facts::ClusterFacts;
@@ -112,9 +111,6 @@ impl SubReconciler for LegacyDaemonSet {
     }
 
     fn readiness(&self, _hpp: &HostPathProvisioner, _facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
-        let mut r = Readiness::ready();
-        r.workloads_not_ready
-            .extend(live.iter().map(daemonset_ready).filter(|(ok, _)| !ok).map(|(_, m)| m));
-        r
+        super::rollout::daemonsets_readiness(live)
     }
 }

@@ -9,6 +9,7 @@ pub mod node_affinity;
 pub mod pool_objects;
 pub mod prometheus;
 pub mod rbac;
+pub mod rollout;
 pub mod scc;
 pub mod storage_pools;
 

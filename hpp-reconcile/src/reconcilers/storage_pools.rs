@@ -10,7 +10,6 @@ use hpp_api::v1beta1::{ClaimStatus, StoragePoolStatus};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaimStatus, Toleration};
 use kube::ResourceExt;
 use kube::api::DynamicObject;
-use serde_json::Value;
 
 use super::common::{deployment_kind, job_kind, pvc_kind, storage_class_kind};
 use super::pool_objects as obj;
@@ -148,13 +147,34 @@ fn label_of(o: &DynamicObject, key: &str) -> Option<String> {
     o.labels().get(key).cloned()
 }
 
+/// Phase of a pvcTemplate pool from facts: `Preparing` while it has no claim or a claim is not
+/// Bound,
+/// `Mounting` while a mounter Deployment is not rolled out and available (or none exists yet),
+/// `Ready` once every one is.
+fn pool_phase(claims_bound: bool, mounted: usize, mounters: usize) -> &'static str {
+    if !claims_bound {
+        PHASE_PREPARING
+    } else if mounters == 0 || mounted < mounters {
+        PHASE_MOUNTING
+    } else {
+        PHASE_READY
+    }
+}
+
+/// Pool phase: its claims are not all Bound yet.
+pub const PHASE_PREPARING: &str = "Preparing";
+/// Pool phase: claims Bound, mounters not all ready.
+pub const PHASE_MOUNTING: &str = "Mounting";
+/// Pool phase: usable on every node it serves.
+pub const PHASE_READY: &str = "Ready";
+
 /// `storagePoolStatuses` and PVC problems from the live pool objects.
 pub fn pool_readiness(hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Readiness {
     let mut r = Readiness::ready();
     if hpp.spec.path_config.is_some() {
         r.pool_statuses.push(StoragePoolStatus {
             name: c::DEFAULT_POOL_NAME.into(),
-            phase: Some("Ready".into()),
+            phase: Some(PHASE_READY.into()),
             ..Default::default()
         });
         return r;
@@ -162,7 +182,7 @@ pub fn pool_readiness(hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Read
     for pool in hpp.spec.storage_pools.iter().flatten() {
         let mut status = StoragePoolStatus {
             name: pool.name.clone(),
-            phase: Some("Ready".into()),
+            phase: Some(PHASE_READY.into()),
             ..Default::default()
         };
         if pool.pvc_template.is_some() {
@@ -174,13 +194,14 @@ pub fn pool_readiness(hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Read
                 .filter(of_pool)
                 .filter(|o| kind(o) == "Deployment")
                 .collect();
+            let mounted = deployments
+                .iter()
+                .filter(|d| super::rollout::deployment(d) == super::rollout::Rollout::Done)
+                .count();
             status.desired_ready = Some(deployments.len() as i32);
-            status.current_ready = Some(
-                deployments
-                    .iter()
-                    .filter(|d| d.data.pointer("/status/readyReplicas").and_then(Value::as_i64) == Some(1))
-                    .count() as i32,
-            );
+            status.current_ready = Some(mounted as i32);
+            let mut claims_bound = true;
+            let mut claims = 0usize;
             for pvc in live
                 .iter()
                 .filter(of_pool)
@@ -193,7 +214,9 @@ pub fn pool_readiness(hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Read
                     .and_then(|s| serde_json::from_value(s).ok())
                     .unwrap_or_default();
                 let phase = pvc_status.phase.clone().unwrap_or_else(|| "Pending".into());
+                claims += 1;
                 if phase != "Bound" {
+                    claims_bound = false;
                     r.pools_not_ready.push(format!(
                         "error: Pool PVC {} is {phase} instead of Bound",
                         pvc.name_any()
@@ -204,6 +227,7 @@ pub fn pool_readiness(hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Read
                     status: pvc_status,
                 });
             }
+            status.phase = Some(pool_phase(claims_bound && claims > 0, mounted, deployments.len()).into());
         }
         r.pool_statuses.push(status);
     }

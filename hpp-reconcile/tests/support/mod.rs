@@ -85,12 +85,34 @@ impl Env {
         );
     }
 
-    /// Marks a DaemonSet ready on every node, as the DaemonSet controller would.
+    /// Marks a DaemonSet rolled out and ready on every node, as the DaemonSet controller would.
     pub fn daemonset_ready(&self, name: &str, nodes: i64) {
+        let generation = self
+            .fake
+            .get::<DaemonSet>(Some(NS), name)
+            .and_then(|d| d.metadata.generation)
+            .unwrap_or(1);
         assert!(self.fake.set_status::<DaemonSet>(
             Some(NS),
             name,
-            json!({ "numberReady": nodes, "desiredNumberScheduled": nodes, "numberAvailable": nodes }),
+            json!({ "observedGeneration": generation, "numberReady": nodes, "desiredNumberScheduled": nodes,
+                    "numberAvailable": nodes, "updatedNumberScheduled": nodes }),
+        ));
+    }
+
+    /// Sets a DaemonSet's status as the DaemonSet controller would after seeing its spec:
+    /// `updated` of `nodes` pods run the current template, `ready` are ready.
+    pub fn daemonset_status(&self, name: &str, nodes: i64, updated: i64, ready: i64) {
+        let generation = self
+            .fake
+            .get::<DaemonSet>(Some(NS), name)
+            .and_then(|d| d.metadata.generation)
+            .unwrap_or(1);
+        assert!(self.fake.set_status::<DaemonSet>(
+            Some(NS),
+            name,
+            json!({ "observedGeneration": generation, "numberReady": ready, "desiredNumberScheduled": nodes,
+                    "numberAvailable": ready, "updatedNumberScheduled": updated }),
         ));
     }
 

@@ -1,0 +1,164 @@
+//! What an admin sees when something is not (yet) right: rollouts judged as `kubectl rollout
+//! status` does, the `kubevirt_hpp_cr_ready` gauge, pool phases, and a quiet CR delete.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hpp_api::HostPathProvisioner;
+use hpp_reconcile::metrics::ResultLabels;
+use hpp_reconcile::operator::{Context, reconcile};
+use hpp_reconcile::{OperatorConfig, Pipeline};
+use support::{CR, Env, NS};
+
+const CSI_DS: &str = "hostpath-provisioner-csi";
+
+/// A second operator context on the same fake cluster, with another driver image.
+fn swapped_image_context(env: &Env) -> Arc<Context> {
+    let cfg = OperatorConfig::from_env([
+        ("OPERATOR_VERSION", "v1.0.0"),
+        ("POD_NAMESPACE", NS),
+        ("CSI_PROVISIONER_IMAGE", "registry.example/hpp-csi-driver:new"),
+    ]);
+    let ctx = Context::new(env.fake.client(), cfg, Pipeline::standard(), env.ctx.metrics.clone())
+        .with_backoff(Duration::from_millis(20), Duration::from_millis(200));
+    Arc::new(ctx)
+}
+
+#[tokio::test]
+async fn an_image_swap_is_progressing_until_updated_pods_are_ready() {
+    let env = Env::new("hostpathprovisioner_cr", &["node01", "node02"]);
+    env.converge().await;
+    env.daemonset_ready(CSI_DS, 2);
+    env.converge().await;
+    assert_eq!(env.condition("Available").0, "True");
+    assert_eq!(env.ctx.metrics.cr_ready.get(), 1);
+    let generation = |env: &Env| {
+        env.fake
+            .get::<k8s_openapi::api::apps::v1::DaemonSet>(Some(NS), CSI_DS)
+            .and_then(|d| d.metadata.generation)
+            .unwrap()
+    };
+    let before = generation(&env);
+    // The operator now runs with a new driver image: the DaemonSet template changes, the old
+    // pods are all still ready, none is updated.
+    let swapped = swapped_image_context(&env);
+    reconcile(Arc::new(env.hpp()), swapped.clone()).await.unwrap();
+    assert!(generation(&env) > before, "the template changed");
+    env.daemonset_status(CSI_DS, 2, 0, 2);
+    reconcile(Arc::new(env.hpp()), swapped.clone()).await.unwrap();
+    let (status, reason, message) = env.condition("Progressing");
+    assert_eq!((status.as_str(), reason.as_deref()), ("True", Some("UpgradeStarted")));
+    assert!(message.unwrap().contains("0 of 2 pods updated"));
+    assert_eq!(env.condition("Available").0, "True", "old pods still serve");
+    assert_eq!(env.condition("Degraded").0, "False");
+    assert_eq!(env.ctx.metrics.cr_ready.get(), 0, "not ready while rolling out");
+    // Every pod updated, one new pod not ready yet: still the same rollout.
+    env.daemonset_status(CSI_DS, 2, 2, 1);
+    reconcile(Arc::new(env.hpp()), swapped.clone()).await.unwrap();
+    assert_eq!(env.condition("Progressing").1.as_deref(), Some("UpgradeStarted"));
+    assert_eq!(env.ctx.metrics.cr_ready.get(), 0);
+    // Done.
+    env.daemonset_ready(CSI_DS, 2);
+    reconcile(Arc::new(env.hpp()), swapped.clone()).await.unwrap();
+    assert_eq!(env.condition("Available").1.as_deref(), Some("Complete"));
+    assert_eq!(env.condition("Progressing").0, "False");
+    assert_eq!(env.ctx.metrics.cr_ready.get(), 1);
+}
+
+#[tokio::test]
+async fn a_first_deploy_that_never_gets_ready_reports_not_ready_not_unknown() {
+    let env = Env::new("hostpathprovisioner_cr", &["node01"]);
+    assert_eq!(env.ctx.metrics.cr_ready.get(), -1, "no pass yet");
+    env.converge().await;
+    env.daemonset_status(CSI_DS, 1, 1, 0);
+    env.converge().await;
+    assert_eq!(env.condition("Progressing").1.as_deref(), Some("DeployStarted"));
+    // HPPNotReady fires on `kubevirt_hpp_cr_ready == 0`.
+    assert_eq!(env.ctx.metrics.cr_ready.get(), 0);
+}
+
+#[tokio::test]
+async fn a_cr_delete_resets_the_gauge_and_a_gone_cr_is_not_an_error() {
+    let env = Env::new("hostpathprovisioner_cr", &["node01"]);
+    env.converge().await;
+    env.daemonset_ready(CSI_DS, 1);
+    env.converge().await;
+    assert_eq!(env.ctx.metrics.cr_ready.get(), 1);
+    env.fake.remove::<HostPathProvisioner>(None, CR);
+    let stale = env.hpp();
+    env.pass().await.unwrap();
+    assert!(env.fake.get::<HostPathProvisioner>(None, CR).is_none(), "CR gone");
+    assert_eq!(env.ctx.metrics.cr_ready.get(), -1, "no CR, no readiness");
+    // A second pass on the cached (now stale) object: the finalizer patch gets NotFound.
+    reconcile(Arc::new(stale), env.ctx.clone())
+        .await
+        .expect("NotFound while removing the finalizer means done");
+    let errors = env
+        .ctx
+        .metrics
+        .reconciles
+        .get_or_create(&ResultLabels { result: "error" })
+        .get();
+    assert_eq!(errors, 0, "no reconcile error counted");
+}
+
+#[tokio::test]
+async fn pvc_template_pool_phase_follows_claims_then_mounters() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &["node01", "node02"]);
+    env.converge().await;
+    env.daemonset_ready(CSI_DS, 2);
+    env.converge().await;
+    let pool = |env: &Env| env.hpp().status.unwrap().storage_pool_statuses[0].clone();
+    assert_eq!(pool(&env).phase.as_deref(), Some("Preparing"), "claims Pending");
+    env.bind_claims();
+    env.converge().await;
+    let p = pool(&env);
+    assert_eq!(
+        p.phase.as_deref(),
+        Some("Mounting"),
+        "claims Bound, 0 of 2 mounters ready"
+    );
+    assert_eq!((p.current_ready, p.desired_ready), (Some(0), Some(2)));
+    let mounter_ready = |name: &str| {
+        let generation = env
+            .fake
+            .get::<Deployment>(Some(NS), name)
+            .and_then(|d| d.metadata.generation)
+            .unwrap();
+        assert!(env.fake.set_status::<Deployment>(
+            Some(NS),
+            name,
+            serde_json::json!({ "observedGeneration": generation, "replicas": 1, "updatedReplicas": 1,
+                                "readyReplicas": 1, "availableReplicas": 1 }),
+        ));
+    };
+    mounter_ready("hpp-pool-local-node01");
+    env.converge().await;
+    assert_eq!(pool(&env).phase.as_deref(), Some("Mounting"), "1 of 2 mounters ready");
+    mounter_ready("hpp-pool-local-node02");
+    env.converge().await;
+    let p = pool(&env);
+    assert_eq!(p.phase.as_deref(), Some("Ready"));
+    assert_eq!(p.current_ready, Some(2));
+}
+
+#[tokio::test]
+async fn releasing_a_gone_second_cr_is_not_an_error() {
+    let env = Env::new("hostpathprovisioner_cr", &["node01"]);
+    env.converge().await;
+    // A stale copy of a deleted second CR, still carrying our finalizer; the API no longer has it.
+    let mut second: HostPathProvisioner = support::example("hostpathprovisioner_cr");
+    second.metadata.name = Some("second".into());
+    second.metadata.finalizers = Some(vec![hpp_api::constants::FINALIZER.to_owned()]);
+    second.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    second.metadata.resource_version = Some("1".into());
+    reconcile(Arc::new(second), env.ctx.clone())
+        .await
+        .expect("NotFound while releasing a gone CR means done");
+}
