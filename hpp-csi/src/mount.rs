@@ -1,7 +1,11 @@
 //! Bind mounts for NodePublishVolume. The source is an already-open volume directory and the
 //! target an already-open, symlink-free directory, both passed to mount(2) as `/proc/self/fd/N`,
 //! so what gets mounted is exactly what was checked. Read-only and per-mount flags need a second
-//! `MS_REMOUNT | MS_BIND` call (the kernel ignores them on the initial bind).
+//! `MS_REMOUNT | MS_BIND` call (the kernel ignores them on the initial bind); that remount keeps
+//! the source's `nosuid`/`nodev`/`noexec` (a remount replaces all per-mount flags). rustix 1.x
+//! exposes `open_tree` and `move_mount` but not `mount_setattr`, so a detached mount cannot be
+//! made read-only before it is attached; a publish interrupted between bind and remount is
+//! corrected by its retry (see `node::publish`).
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
@@ -52,6 +56,31 @@ impl BindOptions {
     pub fn read_only(&self) -> bool {
         self.flags.contains(MountFlags::RDONLY)
     }
+
+    /// Adds the per-mount restrictions of the mount `source` lives on (`nosuid`, `nodev`,
+    /// `noexec`): a bind must never be laxer than the pool it comes from.
+    pub fn with_source_flags(mut self, source: &OwnedFd) -> Self {
+        use rustix::fs::StatVfsMountFlags as F;
+        if let Ok(st) = rustix::fs::fstatvfs(source) {
+            for (from, to) in [
+                (F::NOSUID, MountFlags::NOSUID),
+                (F::NODEV, MountFlags::NODEV),
+                (F::NOEXEC, MountFlags::NOEXEC),
+            ] {
+                if st.f_flag.contains(from) {
+                    self.flags |= to;
+                }
+            }
+        }
+        self
+    }
+}
+
+/// Remounts the bind at `target_path` with exactly `opts` (used to correct a retry that finds
+/// our bind with the wrong flags).
+pub fn remount(target_path: &Path, opts: BindOptions) -> Result<()> {
+    rustix::mount::mount_remount(target_path, MountFlags::BIND | opts.flags, "")
+        .map_err(|e| Error::io(format!("remounting {} with flags", target_path.display()), e))
 }
 
 fn fd_path(fd: &OwnedFd) -> String {

@@ -122,6 +122,7 @@ fn publish(p: &Publish) -> Result<()> {
         }
     }
     let source = volumes::open(&p.pool, &p.id)?;
+    let opts = p.opts.with_source_flags(&source);
     // The mount table is only read when the target already is a mount point (a retry).
     let mounts = if fsops::is_mount_root(&p.target) == Some(false) {
         MountTable::default()
@@ -133,7 +134,14 @@ fn publish(p: &Publish) -> Result<()> {
         let same = want
             .as_ref()
             .is_some_and(|(dev, root)| existing.dev == *dev && existing.root == *root);
-        if same && existing.read_only() == p.opts.read_only() {
+        if same && existing.read_only() == opts.read_only() {
+            return Ok(());
+        }
+        if same && opts.read_only() {
+            // Our bind, left writable by a publish interrupted before its remount (or published
+            // writable earlier): a read-only request must never leave it writable.
+            mount::remount(&p.target, opts)?;
+            tracing::info!(volume_id = %p.id, target = %p.target.display(), "corrected our bind mount to read-only");
             return Ok(());
         }
         return Err(Error::AlreadyExists(format!(
@@ -142,7 +150,7 @@ fn publish(p: &Publish) -> Result<()> {
         )));
     }
     let target = open_or_create_target(&p.target)?;
-    let result = mount::bind(&source, &target, &p.target, p.opts);
+    let result = mount::bind(&source, &target, &p.target, opts);
     if result.is_err() && p.ephemeral {
         let _ = remove_ephemeral(&p.pool, &p.id);
     }
@@ -194,15 +202,26 @@ fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
             }
             // Unmount every layer (a crashed retry may have stacked two), then remove the now
             // empty directory. Never a recursive delete: whatever is left is someone's data.
+            // Only binds of this volume are removed (judged by the mount's root in mountinfo):
+            // anything else stacked at the target is someone else's and stays.
             for _ in 0..16 {
-                let mounted = match fsops::is_mount_root(target) {
-                    Some(m) => m,
-                    None => MountTable::read()
-                        .map_err(|e| Error::io("reading mount table", e))?
-                        .is_mount_point(target),
-                };
-                if !mounted {
+                if fsops::is_mount_root(target) == Some(false) {
                     break;
+                }
+                let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
+                let Some(top) = mounts.mount_at(target) else { break };
+                let ours = state.pools.iter().any(|pool| {
+                    mounts
+                        .fs_location(&pool.volume_path(id))
+                        .is_some_and(|(dev, root)| top.dev == dev && top.root == root)
+                });
+                if !ours {
+                    return Err(Error::FailedPrecondition(format!(
+                        "target {} has a mount of {} ({}) that is not volume {id}; leaving it in place",
+                        target.display(),
+                        top.source,
+                        top.root.display()
+                    )));
                 }
                 mount::unmount(target)?;
             }
