@@ -20,7 +20,7 @@ use crate::mountinfo::MountTable;
 use crate::pool::Pool;
 use crate::state::{DriverState, blocking, blocking_locked};
 use crate::validate::{check_id, check_target_path};
-use crate::volumes::{self, Created};
+use crate::volumes;
 
 /// Volume context key kubelet sets for CSI ephemeral inline volumes.
 pub const EPHEMERAL_CONTEXT_KEY: &str = "csi.storage.k8s.io/ephemeral";
@@ -116,10 +116,13 @@ struct Publish {
 
 fn publish(p: &Publish) -> Result<()> {
     if p.ephemeral {
-        let created = volumes::create(&p.pool, &p.id, None, volumes::Requested::default())?;
-        if created != Created::Existing {
+        // The marker goes first, so a crash between the two cannot leak an unmarked volume.
+        // An existing volume without a marker is a persistent one: never marked (unpublish would
+        // delete it).
+        if !volumes::exists(&p.pool, &p.id)? {
             mark_ephemeral(&p.pool, &p.id)?;
         }
+        volumes::create(&p.pool, &p.id, None, volumes::Requested::default())?;
     }
     let source = volumes::open(&p.pool, &p.id)?;
     let opts = p.opts.with_source_flags(&source);
@@ -155,6 +158,36 @@ fn publish(p: &Publish) -> Result<()> {
         let _ = remove_ephemeral(&p.pool, &p.id);
     }
     result
+}
+
+/// Volume attribute an inline ephemeral volume may use to say how big it wants to be.
+pub const EPHEMERAL_SIZE_KEY: &str = "size";
+
+/// Refuses inline ephemeral volumes on a pool that does not allow them, or bigger than its cap.
+fn check_ephemeral_allowed(pool: &Pool, ctx: &std::collections::HashMap<String, String>) -> Result<()> {
+    if !pool.ephemeral {
+        return Err(Error::FailedPrecondition(format!(
+            "storage pool {} does not allow inline ephemeral volumes (\"ephemeral\": false)",
+            pool.name
+        )));
+    }
+    if let Some(cap) = pool.ephemeral_max_bytes {
+        let size = match ctx.get(EPHEMERAL_SIZE_KEY) {
+            Some(v) => v.parse::<u64>().map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "volume attribute {EPHEMERAL_SIZE_KEY}={v:?} is not a byte count"
+                ))
+            })?,
+            None => 0,
+        };
+        if size > cap {
+            return Err(Error::OutOfRange(format!(
+                "inline ephemeral volume asks for {size} bytes; storage pool {} allows at most {cap}",
+                pool.name
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn mark_ephemeral(pool: &Pool, id: &str) -> Result<()> {
@@ -374,6 +407,9 @@ impl NodeService {
             .await?
         };
         pool.check_volume_name(&id)?;
+        if ephemeral {
+            check_ephemeral_allowed(&pool, &req.volume_context)?;
+        }
         let guard = self
             .state
             .inflight

@@ -27,6 +27,10 @@ pub struct Pool {
     pub shared: bool,
     /// Mount guard on.
     pub require_mount_point: bool,
+    /// Inline ephemeral volumes allowed.
+    pub ephemeral: bool,
+    /// Cap on an ephemeral volume's requested `size`.
+    pub ephemeral_max_bytes: Option<u64>,
     /// Child names of `path` that belong to other pools or snapshot directories (KubeVirt's
     /// operator puts `snapshotPath` at `<pool>/snapshots`).
     reserved: BTreeSet<String>,
@@ -82,6 +86,8 @@ impl Pool {
             snapshot_path,
             shared: cfg.shared,
             require_mount_point: cfg.require_mount_point,
+            ephemeral: cfg.ephemeral,
+            ephemeral_max_bytes: cfg.ephemeral_max_bytes,
             reserved: BTreeSet::new(),
         })
     }

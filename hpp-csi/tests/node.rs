@@ -359,3 +359,48 @@ async fn unpublish_leaves_mounts_that_are_not_the_volume() {
     assert!(!target.exists());
     h.stop().await;
 }
+
+#[tokio::test]
+async fn ephemeral_volumes_follow_the_pools_switch_and_cap() {
+    let mut h = Harness::with(|root, b| {
+        b.pool(legacy_pool(root).ephemeral(true, Some(1 << 20)))
+            .pool(hpp_csi::PoolConfig::new("closed", root.join("pools/closed")).ephemeral(false, None))
+    })
+    .await;
+    let eph = |pool: &str, size: Option<&str>, target: &std::path::Path| {
+        let mut req = publish_req("csi-eph", target, false);
+        req.volume_context = HashMap::from([
+            ("csi.storage.k8s.io/ephemeral".into(), "true".into()),
+            ("storagePool".into(), pool.into()),
+        ]);
+        if let Some(s) = size {
+            req.volume_context.insert("size".into(), s.into());
+        }
+        req
+    };
+    let target = h.target("eph");
+    let closed = h.node.node_publish_volume(eph("closed", None, &target)).await;
+    assert_eq!(code(closed), Code::FailedPrecondition);
+    let big = h
+        .node
+        .node_publish_volume(eph("legacy", Some("2097152"), &target))
+        .await;
+    assert_eq!(code(big), Code::OutOfRange);
+    assert!(
+        !h.pool_path().join("csi-eph").exists(),
+        "nothing created for refused requests"
+    );
+    h.node
+        .node_publish_volume(eph("legacy", Some("4096"), &target))
+        .await
+        .unwrap();
+    assert!(h.pool_path().join(".hpp-ephemeral/csi-eph").is_dir(), "marked");
+    h.unpublish("csi-eph", &target).await.unwrap();
+    assert!(!h.pool_path().join("csi-eph").exists(), "removed with its mount");
+    // A persistent volume with the same id is never marked ephemeral (nor deleted).
+    h.create("csi-eph").await;
+    h.node.node_publish_volume(eph("legacy", None, &target)).await.unwrap();
+    h.unpublish("csi-eph", &target).await.unwrap();
+    assert!(h.pool_path().join("csi-eph").is_dir(), "persistent volume kept");
+    h.stop().await;
+}
