@@ -123,4 +123,29 @@ mod tests {
         assert!(BindOptions::parse(&["discard".into()], false).is_err());
         assert!(BindOptions::parse(&["uid=0".into()], false).is_err());
     }
+
+    proptest::proptest! {
+        /// Any mix of supported flags parses to exactly those flags; `ro` always means read-only.
+        #[test]
+        fn bind_flags_parse_exactly(
+            picked in proptest::sample::subsequence(vec!["ro", "rw", "nosuid", "nodev", "noexec", "noatime", "defaults"], 0..7),
+            readonly in proptest::bool::ANY,
+            joined in proptest::bool::ANY,
+        ) {
+            let input: Vec<String> = if joined { vec![picked.join(",")] } else { picked.iter().map(|s| (*s).to_owned()).collect() };
+            let o = BindOptions::parse(&input, readonly).unwrap();
+            proptest::prop_assert_eq!(o.read_only(), readonly || picked.contains(&"ro"));
+            proptest::prop_assert_eq!(o.flags.contains(MountFlags::NOSUID), picked.contains(&"nosuid"));
+            proptest::prop_assert_eq!(o.flags.contains(MountFlags::NOEXEC), picked.contains(&"noexec"));
+        }
+
+        /// Anything outside the supported set is refused, never silently dropped.
+        #[test]
+        fn unknown_bind_flags_are_refused(flag in "[a-z_=0-9]{1,12}") {
+            let known = ["ro", "rw", "bind", "defaults", "nosuid", "nodev", "noexec", "noatime", "nodiratime", "relatime"];
+            if !known.contains(&flag.as_str()) {
+                proptest::prop_assert!(BindOptions::parse(&[flag], false).is_err());
+            }
+        }
+    }
 }
