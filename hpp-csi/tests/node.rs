@@ -316,7 +316,7 @@ async fn a_writable_bind_left_by_a_crash_is_corrected_by_the_retry() {
     let target = h.target("crash-ro");
     std::fs::create_dir_all(&target).unwrap();
     // The first attempt bound the volume and crashed before the read-only remount.
-    rustix::mount::mount_bind(&h.pool_path().join("pvc-crash-ro"), &target).unwrap();
+    rustix::mount::mount_bind(h.pool_path().join("pvc-crash-ro"), &target).unwrap();
     assert!(!mount_flags_at(&target).read_only);
     h.publish("pvc-crash-ro", &target, true).await.unwrap();
     assert!(mount_flags_at(&target).read_only, "the retry made it read-only");
