@@ -9,6 +9,11 @@
 //! block with its own HPACK encoder (so the server's decoder state stays consistent). Every other
 //! frame passes through untouched; the server-to-client direction is not touched at all.
 //!
+//! A gRPC channel sends one authority on every request of a connection, so the first header
+//! block decides: when its authority is valid (Go clients, tonic, anything dialling a host name)
+//! the block goes through unchanged and the connection becomes a plain byte pipe with no
+//! per-request cost; only connections that need it pay for the re-encoding.
+//!
 //! Only unix connections are wrapped: over TCP the authority is the dialled host and valid.
 
 use std::io;
@@ -40,6 +45,19 @@ struct Pending {
     stream_id: u32,
     end_stream: bool,
     block: BytesMut,
+    /// The frames as received, forwarded unchanged when the connection needs no rewriting.
+    frames: BytesMut,
+}
+
+/// What the adapter does with a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Until the first header block: deciding.
+    Sniffing,
+    /// The first authority was valid: bytes pass through untouched.
+    Passthrough,
+    /// The first authority was a socket path: every header block is re-encoded.
+    Rewriting,
 }
 
 /// The client-to-server half of an HTTP/2 connection with `:authority` normalised. Wrap an
@@ -51,6 +69,7 @@ pub struct AuthorityFix<S> {
     /// Processed bytes not yet handed to the reader.
     out: BytesMut,
     preface_done: bool,
+    mode: Mode,
     pending: Option<Pending>,
     decoder: fluke_hpack::Decoder<'static>,
     encoder: fluke_hpack::Encoder<'static>,
@@ -73,6 +92,7 @@ impl<S> AuthorityFix<S> {
             raw: BytesMut::new(),
             out: BytesMut::new(),
             preface_done: false,
+            mode: Mode::Sniffing,
             pending: None,
             decoder: fluke_hpack::Decoder::new(),
             encoder: fluke_hpack::Encoder::new(),
@@ -94,6 +114,11 @@ impl<S> AuthorityFix<S> {
             self.preface_done = true;
         }
         while self.raw.len() >= FRAME_HEADER_LEN {
+            if self.mode == Mode::Passthrough {
+                let rest = self.raw.split();
+                self.out.extend_from_slice(&rest);
+                return Ok(());
+            }
             let len = (usize::from(self.raw[0]) << 16) | (usize::from(self.raw[1]) << 8) | usize::from(self.raw[2]);
             if self.raw.len() < FRAME_HEADER_LEN + len {
                 return Ok(());
@@ -124,6 +149,11 @@ impl<S> AuthorityFix<S> {
                         stream_id,
                         end_stream: flags & FLAG_END_STREAM != 0,
                         block: BytesMut::from(payload),
+                        frames: if self.mode == Mode::Sniffing {
+                            frame.clone()
+                        } else {
+                            BytesMut::new()
+                        },
                     });
                 }
                 TYPE_CONTINUATION => {
@@ -136,6 +166,9 @@ impl<S> AuthorityFix<S> {
                         return Err(malformed("header block too large"));
                     }
                     p.block.extend_from_slice(&frame[FRAME_HEADER_LEN..]);
+                    if self.mode == Mode::Sniffing {
+                        p.frames.extend_from_slice(&frame);
+                    }
                 }
                 _ => {
                     self.out.extend_from_slice(&frame);
@@ -157,6 +190,19 @@ impl<S> AuthorityFix<S> {
             .decoder
             .decode(&p.block)
             .map_err(|e| malformed(&format!("HPACK: {e:?}")))?;
+        if self.mode == Mode::Sniffing {
+            let all_valid = headers
+                .iter()
+                .all(|(n, v)| n.as_slice() != b":authority" || valid_authority(v));
+            if all_valid {
+                // The server decodes the original block, so its HPACK state matches the
+                // client's from here on without us.
+                self.out.extend_from_slice(&p.frames);
+                self.mode = Mode::Passthrough;
+                return Ok(());
+            }
+            self.mode = Mode::Rewriting;
+        }
         let headers: Vec<(Vec<u8>, Vec<u8>)> = headers
             .into_iter()
             .map(|(name, value)| {
@@ -213,6 +259,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = &mut *self;
         loop {
+            if this.mode == Mode::Passthrough && this.out.is_empty() && this.raw.is_empty() {
+                return Pin::new(&mut this.inner).poll_read(cx, buf);
+            }
             if !this.out.is_empty() {
                 let n = this.out.len().min(buf.remaining());
                 buf.put_slice(&this.out[..n]);

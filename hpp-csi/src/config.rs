@@ -27,6 +27,23 @@ pub struct PoolConfig {
     /// create volumes there and reports zero capacity, so data never lands on the root disk.
     #[serde(default)]
     pub require_mount_point: bool,
+    /// Inline ephemeral volumes (`csi.storage.k8s.io/ephemeral`) may use this pool. On by
+    /// default, as in KubeVirt; `"ephemeral": false` refuses them (any pod creator could
+    /// otherwise fill the pool).
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub ephemeral: bool,
+    /// Largest `size` (bytes) an inline ephemeral volume may ask for in its volume attributes;
+    /// larger requests are refused with OutOfRange. Absent: no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ephemeral_max_bytes: Option<u64>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 fn empty_as_none<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
@@ -48,7 +65,16 @@ impl PoolConfig {
             snapshot_provider: None,
             shared: false,
             require_mount_point: false,
+            ephemeral: true,
+            ephemeral_max_bytes: None,
         }
+    }
+
+    /// Allows or refuses inline ephemeral volumes, with an optional size cap in bytes.
+    pub fn ephemeral(mut self, allowed: bool, max_bytes: Option<u64>) -> Self {
+        self.ephemeral = allowed;
+        self.ephemeral_max_bytes = max_bytes;
+        self
     }
 
     /// Enables reflink snapshots stored under `path`.
@@ -160,6 +186,17 @@ pub fn check_pools(pools: &[PoolConfig]) -> Result<(), ConfigError> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn ephemeral_switch_and_cap_parse_and_default_to_kubevirt_behaviour() {
+        let pools = parse_pools(
+            r#"[{"name":"a","path":"/a"},{"name":"b","path":"/b","ephemeral":false},{"name":"c","path":"/c","ephemeralMaxBytes":1048576}]"#,
+        )
+        .unwrap();
+        assert!(pools[0].ephemeral && pools[0].ephemeral_max_bytes.is_none());
+        assert!(!pools[1].ephemeral);
+        assert_eq!(pools[2].ephemeral_max_bytes, Some(1 << 20));
+    }
 
     #[test]
     fn parses_the_operator_generated_json() {

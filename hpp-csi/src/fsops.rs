@@ -115,6 +115,16 @@ pub fn remove_tree(dir: BorrowedFd<'_>, name: &str) -> Result<()> {
     Ok(hpp_fs::remove_tree(dir, OsStr::new(name))?)
 }
 
+/// Whether the open directory `fd` is the root of a mount, from `statx` on the descriptor
+/// itself (so the answer is about exactly what was opened); `None` when the kernel cannot say.
+pub fn fd_is_mount_root(fd: BorrowedFd<'_>) -> Option<bool> {
+    use rustix::fs::{StatxAttributes, StatxFlags};
+    let st = rustix::fs::statx(fd, c"", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS).ok()?;
+    st.stx_attributes_mask
+        .contains(StatxAttributes::MOUNT_ROOT)
+        .then(|| st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT))
+}
+
 /// Whether `path` is the root of a mount, from `statx` (Linux 5.8+) without reading the mount
 /// table (a missing path is no mount point); `None` when the kernel or filesystem cannot say.
 pub fn is_mount_root(path: &std::path::Path) -> Option<bool> {

@@ -1,7 +1,11 @@
 //! Bind mounts for NodePublishVolume. The source is an already-open volume directory and the
 //! target an already-open, symlink-free directory, both passed to mount(2) as `/proc/self/fd/N`,
 //! so what gets mounted is exactly what was checked. Read-only and per-mount flags need a second
-//! `MS_REMOUNT | MS_BIND` call (the kernel ignores them on the initial bind).
+//! `MS_REMOUNT | MS_BIND` call (the kernel ignores them on the initial bind); that remount keeps
+//! the source's `nosuid`/`nodev`/`noexec` (a remount replaces all per-mount flags). rustix 1.x
+//! exposes `open_tree` and `move_mount` but not `mount_setattr`, so a detached mount cannot be
+//! made read-only before it is attached; a publish interrupted between bind and remount is
+//! corrected by its retry (see `node::publish`).
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
@@ -52,6 +56,31 @@ impl BindOptions {
     pub fn read_only(&self) -> bool {
         self.flags.contains(MountFlags::RDONLY)
     }
+
+    /// Adds the per-mount restrictions of the mount `source` lives on (`nosuid`, `nodev`,
+    /// `noexec`): a bind must never be laxer than the pool it comes from.
+    pub fn with_source_flags(mut self, source: &OwnedFd) -> Self {
+        use rustix::fs::StatVfsMountFlags as F;
+        if let Ok(st) = rustix::fs::fstatvfs(source) {
+            for (from, to) in [
+                (F::NOSUID, MountFlags::NOSUID),
+                (F::NODEV, MountFlags::NODEV),
+                (F::NOEXEC, MountFlags::NOEXEC),
+            ] {
+                if st.f_flag.contains(from) {
+                    self.flags |= to;
+                }
+            }
+        }
+        self
+    }
+}
+
+/// Remounts the bind at `target_path` with exactly `opts` (used to correct a retry that finds
+/// our bind with the wrong flags).
+pub fn remount(target_path: &Path, opts: BindOptions) -> Result<()> {
+    rustix::mount::mount_remount(target_path, MountFlags::BIND | opts.flags, "")
+        .map_err(|e| Error::io(format!("remounting {} with flags", target_path.display()), e))
 }
 
 fn fd_path(fd: &OwnedFd) -> String {
@@ -93,5 +122,30 @@ mod tests {
         assert!(BindOptions::parse(&[], false).unwrap().flags.is_empty());
         assert!(BindOptions::parse(&["discard".into()], false).is_err());
         assert!(BindOptions::parse(&["uid=0".into()], false).is_err());
+    }
+
+    proptest::proptest! {
+        /// Any mix of supported flags parses to exactly those flags; `ro` always means read-only.
+        #[test]
+        fn bind_flags_parse_exactly(
+            picked in proptest::sample::subsequence(vec!["ro", "rw", "nosuid", "nodev", "noexec", "noatime", "defaults"], 0..7),
+            readonly in proptest::bool::ANY,
+            joined in proptest::bool::ANY,
+        ) {
+            let input: Vec<String> = if joined { vec![picked.join(",")] } else { picked.iter().map(|s| (*s).to_owned()).collect() };
+            let o = BindOptions::parse(&input, readonly).unwrap();
+            proptest::prop_assert_eq!(o.read_only(), readonly || picked.contains(&"ro"));
+            proptest::prop_assert_eq!(o.flags.contains(MountFlags::NOSUID), picked.contains(&"nosuid"));
+            proptest::prop_assert_eq!(o.flags.contains(MountFlags::NOEXEC), picked.contains(&"noexec"));
+        }
+
+        /// Anything outside the supported set is refused, never silently dropped.
+        #[test]
+        fn unknown_bind_flags_are_refused(flag in "[a-z_=0-9]{1,12}") {
+            let known = ["ro", "rw", "bind", "defaults", "nosuid", "nodev", "noexec", "noatime", "nodiratime", "relatime"];
+            if !known.contains(&flag.as_str()) {
+                proptest::prop_assert!(BindOptions::parse(&[flag], false).is_err());
+            }
+        }
     }
 }

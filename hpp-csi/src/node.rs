@@ -20,7 +20,7 @@ use crate::mountinfo::MountTable;
 use crate::pool::Pool;
 use crate::state::{DriverState, blocking, blocking_locked};
 use crate::validate::{check_id, check_target_path};
-use crate::volumes::{self, Created};
+use crate::volumes;
 
 /// Volume context key kubelet sets for CSI ephemeral inline volumes.
 pub const EPHEMERAL_CONTEXT_KEY: &str = "csi.storage.k8s.io/ephemeral";
@@ -116,12 +116,16 @@ struct Publish {
 
 fn publish(p: &Publish) -> Result<()> {
     if p.ephemeral {
-        let created = volumes::create(&p.pool, &p.id, None, volumes::Requested::default())?;
-        if created != Created::Existing {
+        // The marker goes first, so a crash between the two cannot leak an unmarked volume.
+        // An existing volume without a marker is a persistent one: never marked (unpublish would
+        // delete it).
+        if !volumes::exists(&p.pool, &p.id)? {
             mark_ephemeral(&p.pool, &p.id)?;
         }
+        volumes::create(&p.pool, &p.id, None, volumes::Requested::default())?;
     }
     let source = volumes::open(&p.pool, &p.id)?;
+    let opts = p.opts.with_source_flags(&source);
     // The mount table is only read when the target already is a mount point (a retry).
     let mounts = if fsops::is_mount_root(&p.target) == Some(false) {
         MountTable::default()
@@ -133,7 +137,14 @@ fn publish(p: &Publish) -> Result<()> {
         let same = want
             .as_ref()
             .is_some_and(|(dev, root)| existing.dev == *dev && existing.root == *root);
-        if same && existing.read_only() == p.opts.read_only() {
+        if same && existing.read_only() == opts.read_only() {
+            return Ok(());
+        }
+        if same && opts.read_only() {
+            // Our bind, left writable by a publish interrupted before its remount (or published
+            // writable earlier): a read-only request must never leave it writable.
+            mount::remount(&p.target, opts)?;
+            tracing::info!(volume_id = %p.id, target = %p.target.display(), "corrected our bind mount to read-only");
             return Ok(());
         }
         return Err(Error::AlreadyExists(format!(
@@ -142,11 +153,41 @@ fn publish(p: &Publish) -> Result<()> {
         )));
     }
     let target = open_or_create_target(&p.target)?;
-    let result = mount::bind(&source, &target, &p.target, p.opts);
+    let result = mount::bind(&source, &target, &p.target, opts);
     if result.is_err() && p.ephemeral {
         let _ = remove_ephemeral(&p.pool, &p.id);
     }
     result
+}
+
+/// Volume attribute an inline ephemeral volume may use to say how big it wants to be.
+pub const EPHEMERAL_SIZE_KEY: &str = "size";
+
+/// Refuses inline ephemeral volumes on a pool that does not allow them, or bigger than its cap.
+fn check_ephemeral_allowed(pool: &Pool, ctx: &std::collections::HashMap<String, String>) -> Result<()> {
+    if !pool.ephemeral {
+        return Err(Error::FailedPrecondition(format!(
+            "storage pool {} does not allow inline ephemeral volumes (\"ephemeral\": false)",
+            pool.name
+        )));
+    }
+    if let Some(cap) = pool.ephemeral_max_bytes {
+        let size = match ctx.get(EPHEMERAL_SIZE_KEY) {
+            Some(v) => v.parse::<u64>().map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "volume attribute {EPHEMERAL_SIZE_KEY}={v:?} is not a byte count"
+                ))
+            })?,
+            None => 0,
+        };
+        if size > cap {
+            return Err(Error::OutOfRange(format!(
+                "inline ephemeral volume asks for {size} bytes; storage pool {} allows at most {cap}",
+                pool.name
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn mark_ephemeral(pool: &Pool, id: &str) -> Result<()> {
@@ -194,15 +235,26 @@ fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
             }
             // Unmount every layer (a crashed retry may have stacked two), then remove the now
             // empty directory. Never a recursive delete: whatever is left is someone's data.
+            // Only binds of this volume are removed (judged by the mount's root in mountinfo):
+            // anything else stacked at the target is someone else's and stays.
             for _ in 0..16 {
-                let mounted = match fsops::is_mount_root(target) {
-                    Some(m) => m,
-                    None => MountTable::read()
-                        .map_err(|e| Error::io("reading mount table", e))?
-                        .is_mount_point(target),
-                };
-                if !mounted {
+                if fsops::is_mount_root(target) == Some(false) {
                     break;
+                }
+                let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
+                let Some(top) = mounts.mount_at(target) else { break };
+                let ours = state.pools.iter().any(|pool| {
+                    mounts
+                        .fs_location(&pool.volume_path(id))
+                        .is_some_and(|(dev, root)| top.dev == dev && top.root == root)
+                });
+                if !ours {
+                    return Err(Error::FailedPrecondition(format!(
+                        "target {} has a mount of {} ({}) that is not volume {id}; leaving it in place",
+                        target.display(),
+                        top.source,
+                        top.root.display()
+                    )));
                 }
                 mount::unmount(target)?;
             }
@@ -355,6 +407,9 @@ impl NodeService {
             .await?
         };
         pool.check_volume_name(&id)?;
+        if ephemeral {
+            check_ephemeral_allowed(&pool, &req.volume_context)?;
+        }
         let guard = self
             .state
             .inflight

@@ -27,6 +27,10 @@ pub struct Pool {
     pub shared: bool,
     /// Mount guard on.
     pub require_mount_point: bool,
+    /// Inline ephemeral volumes allowed.
+    pub ephemeral: bool,
+    /// Cap on an ephemeral volume's requested `size`.
+    pub ephemeral_max_bytes: Option<u64>,
     /// Child names of `path` that belong to other pools or snapshot directories (KubeVirt's
     /// operator puts `snapshotPath` at `<pool>/snapshots`).
     reserved: BTreeSet<String>,
@@ -82,6 +86,8 @@ impl Pool {
             snapshot_path,
             shared: cfg.shared,
             require_mount_point: cfg.require_mount_point,
+            ephemeral: cfg.ephemeral,
+            ephemeral_max_bytes: cfg.ephemeral_max_bytes,
             reserved: BTreeSet::new(),
         })
     }
@@ -120,8 +126,34 @@ impl Pool {
         Ok(())
     }
 
-    /// Opens the pool directory.
+    /// Opens the pool directory. With the mount guard on, the opened descriptor itself must be
+    /// the root of a mount (checked on the descriptor, not the path, so a mount or unmount
+    /// between check and use cannot swap what the caller works in): every operation then works
+    /// through this one descriptor.
     pub fn open(&self) -> Result<OwnedFd> {
+        let fd = self.open_unguarded()?;
+        if self.require_mount_point {
+            let root = match fsops::fd_is_mount_root(fd.as_fd()) {
+                Some(r) => r,
+                None => MountTable::read()
+                    .map_err(|e| Error::io("reading mount table", e))?
+                    .is_mount_point(&self.path),
+            };
+            if !root {
+                return Err(Error::FailedPrecondition(format!(
+                    "storage pool {} requires {} to be a mount point and nothing is mounted there; \
+                     refusing to place data on the underlying (root) filesystem",
+                    self.name,
+                    self.path.display()
+                )));
+            }
+        }
+        Ok(fd)
+    }
+
+    /// Opens the pool directory without the mount guard: only for looking (health, whether a
+    /// volume exists for reporting), never for placing or serving data.
+    pub(crate) fn open_unguarded(&self) -> Result<OwnedFd> {
         fsops::open_dir_path(&self.path).map_err(|e| match e {
             Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => Error::Unavailable(format!(
                 "storage pool {} directory {} does not exist",
@@ -160,7 +192,7 @@ impl Pool {
             mount_point: mounts.is_mount_point(&self.path),
             ..PoolHealth::default()
         };
-        let dir = match self.open() {
+        let dir = match self.open_unguarded() {
             Ok(d) => d,
             Err(e) => {
                 h.reason = Some(e.to_string());
@@ -262,5 +294,20 @@ mod tests {
         let plain = Pool::prepare(&PoolConfig::new("p", root.path().join("p"))).unwrap();
         let h = plain.health(&MountTable::parse(""));
         assert!(h.usable && h.total_bytes > 0);
+    }
+
+    #[test]
+    fn the_guard_is_checked_on_the_opened_descriptor() {
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().join("g");
+        let pool = Pool::prepare(&PoolConfig::new("g", &path).require_mount_point(true)).unwrap();
+        assert!(matches!(pool.open(), Err(Error::FailedPrecondition(_))));
+        if rustix::mount::mount("tmpfs", &path, "tmpfs", rustix::mount::MountFlags::empty(), c"size=1m").is_err() {
+            eprintln!("skipping the mounted half: mounting tmpfs needs root");
+            return;
+        }
+        let opened = pool.open().is_ok();
+        rustix::mount::unmount(&path, rustix::mount::UnmountFlags::empty()).unwrap();
+        assert!(opened, "the mounted pool passes the guard");
     }
 }

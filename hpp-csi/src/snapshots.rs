@@ -43,6 +43,49 @@ fn snapshot_root(pool: &Pool) -> Result<&Path> {
 
 fn open_root(pool: &Pool, create: bool) -> Result<Option<OwnedFd>> {
     let root = snapshot_root(pool)?;
+    let fd = open_root_unguarded(
+        root,
+        create && (!pool.require_mount_point || root.starts_with(&pool.path)),
+    )?;
+    if let Some(fd) = &fd
+        && pool.require_mount_point
+    {
+        guard(pool, root, fd)?;
+    }
+    if fd.is_none() && create {
+        return Err(Error::FailedPrecondition(format!(
+            "snapshot directory {} of guarded storage pool {} does not exist and is not created \
+             outside the pool's mount",
+            root.display(),
+            pool.name
+        )));
+    }
+    Ok(fd)
+}
+
+/// The mount guard for `snapshotPath`: the snapshot directory must itself be a mount root, or
+/// live on the (verified) mount of its pool, checked on the opened descriptor.
+fn guard(pool: &Pool, root: &Path, fd: &OwnedFd) -> Result<()> {
+    if fsops::fd_is_mount_root(fd.as_fd()) == Some(true) {
+        return Ok(());
+    }
+    let pool_fd = pool.open()?;
+    let same = match (hpp_fs::Meta::of(fd.as_fd()), hpp_fs::Meta::of(pool_fd.as_fd())) {
+        (Ok(a), Ok(b)) => a.same_mount(&b),
+        _ => false,
+    };
+    if same {
+        return Ok(());
+    }
+    Err(Error::FailedPrecondition(format!(
+        "snapshot directory {} of storage pool {} is neither a mount point nor on the pool's mount; \
+         refusing to place snapshots on the underlying (root) filesystem",
+        root.display(),
+        pool.name
+    )))
+}
+
+fn open_root_unguarded(root: &Path, create: bool) -> Result<Option<OwnedFd>> {
     if create {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()

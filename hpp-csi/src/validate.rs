@@ -121,4 +121,27 @@ mod tests {
         }
         assert!(check_target_path("target", &format!("/{}", "a".repeat(MAX_PATH_LEN))).is_err());
     }
+
+    proptest::proptest! {
+        /// Whatever the input, an accepted id is one safe directory name inside the pool.
+        #[test]
+        fn accepted_ids_are_single_safe_components(id in "\\PC{0,40}|[./a-z\\x00\\n-]{0,12}") {
+            if check_id("id", &id).is_ok() {
+                let path = Path::new("/pool").join(&id);
+                proptest::prop_assert_eq!(path.parent(), Some(Path::new("/pool")));
+                proptest::prop_assert!(!id.starts_with('.') && !id.contains('/') && !id.contains('\0'));
+                proptest::prop_assert!(!id.is_empty() && id.len() <= MAX_ID_LEN);
+            }
+        }
+
+        /// Every accepted target path is absolute, normalised and never the root.
+        #[test]
+        fn accepted_target_paths_are_normal(path in "(/[a-z.]{0,4}){0,5}/?|[a-z./]{0,10}") {
+            if let Ok(p) = check_target_path("target", &path) {
+                proptest::prop_assert!(p.is_absolute());
+                proptest::prop_assert!(p.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_))));
+                proptest::prop_assert!(p != Path::new("/"));
+            }
+        }
+    }
 }

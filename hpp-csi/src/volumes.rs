@@ -250,9 +250,11 @@ pub fn open(pool: &Pool, id: &str) -> Result<OwnedFd> {
     }
 }
 
-/// Whether volume `id` exists in `pool` as a real directory.
+/// Whether volume `id` exists in `pool` as a real directory. Only looks (the mount guard is
+/// not applied, so an unmounted guarded pool's volume is reported with an abnormal condition
+/// rather than as missing); serving it goes through the guard.
 pub fn exists(pool: &Pool, id: &str) -> Result<bool> {
-    let dir = pool.open()?;
+    let dir = pool.open_unguarded()?;
     Ok(matches!(
         fsops::entry(dir.as_fd(), id).map_err(|e| Error::io(format!("stat volume {id}"), e))?,
         Entry::Dir { .. }

@@ -23,8 +23,17 @@ async fn publish_bind_mounts_and_unpublish_removes_only_the_empty_target() {
     );
     // Idempotent: same volume, same mode.
     h.publish("pvc-n1", &target, false).await.unwrap();
-    // Same target, different mode: AlreadyExists.
-    assert_eq!(code(h.publish("pvc-n1", &target, true).await), Code::AlreadyExists);
+    // Same target asked read-only: our bind is corrected to read-only, never left writable.
+    h.publish("pvc-n1", &target, true).await.unwrap();
+    assert!(
+        hpp_csi::mountinfo::MountTable::read()
+            .unwrap()
+            .mount_at(&target)
+            .unwrap()
+            .read_only()
+    );
+    // And back: a writable request on a read-only publish is a conflict.
+    assert_eq!(code(h.publish("pvc-n1", &target, false).await), Code::AlreadyExists);
     h.unpublish("pvc-n1", &target).await.unwrap();
     assert!(!is_mount_point(&target));
     assert!(!target.exists());
@@ -269,5 +278,129 @@ async fn node_info_and_capabilities() {
         )
         .await;
     assert_eq!(r.unwrap_err().code(), Code::Unimplemented);
+    h.stop().await;
+}
+
+fn mount_flags_at(target: &std::path::Path) -> hpp_csi::mountinfo::PerMountFlags {
+    hpp_csi::mountinfo::MountTable::read()
+        .unwrap()
+        .mount_at(target)
+        .unwrap()
+        .flags()
+}
+
+#[tokio::test]
+async fn read_only_publish_keeps_the_pools_nosuid_nodev_noexec() {
+    let mut h = Harness::with(|root, b| {
+        let pool = root.join("pools/restricted");
+        std::fs::create_dir_all(&pool).unwrap();
+        let flags =
+            rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV | rustix::mount::MountFlags::NOEXEC;
+        rustix::mount::mount("tmpfs", &pool, "tmpfs", flags, c"size=16m").unwrap();
+        b.pool(hpp_csi::PoolConfig::new("legacy", pool))
+    })
+    .await;
+    h.create("pvc-r").await;
+    let target = h.target("r");
+    h.publish("pvc-r", &target, true).await.unwrap();
+    let f = mount_flags_at(&target);
+    assert!(f.read_only && f.nosuid && f.nodev && f.noexec, "{f:?}");
+    h.unpublish("pvc-r", &target).await.unwrap();
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_writable_bind_left_by_a_crash_is_corrected_by_the_retry() {
+    let mut h = Harness::start().await;
+    h.create("pvc-crash-ro").await;
+    let target = h.target("crash-ro");
+    std::fs::create_dir_all(&target).unwrap();
+    // The first attempt bound the volume and crashed before the read-only remount.
+    rustix::mount::mount_bind(h.pool_path().join("pvc-crash-ro"), &target).unwrap();
+    assert!(!mount_flags_at(&target).read_only);
+    h.publish("pvc-crash-ro", &target, true).await.unwrap();
+    assert!(mount_flags_at(&target).read_only, "the retry made it read-only");
+    let err = std::fs::write(target.join("g"), b"nope").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(30));
+    h.unpublish("pvc-crash-ro", &target).await.unwrap();
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn unpublish_leaves_mounts_that_are_not_the_volume() {
+    let mut h = Harness::start().await;
+    h.create("pvc-u").await;
+    let target = h.target("foreign");
+    std::fs::create_dir_all(&target).unwrap();
+    rustix::mount::mount(
+        "tmpfs",
+        &target,
+        "tmpfs",
+        rustix::mount::MountFlags::empty(),
+        c"size=1m",
+    )
+    .unwrap();
+    assert_eq!(code(h.unpublish("pvc-u", &target).await), Code::FailedPrecondition);
+    assert!(is_mount_point(&target), "someone else's mount stays");
+    rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty()).unwrap();
+    // Our bind with a foreign mount stacked on top: the foreign one is not touched either.
+    h.publish("pvc-u", &target, false).await.unwrap();
+    rustix::mount::mount(
+        "tmpfs",
+        &target,
+        "tmpfs",
+        rustix::mount::MountFlags::empty(),
+        c"size=1m",
+    )
+    .unwrap();
+    assert_eq!(code(h.unpublish("pvc-u", &target).await), Code::FailedPrecondition);
+    rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty()).unwrap();
+    h.unpublish("pvc-u", &target).await.unwrap();
+    assert!(!target.exists());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn ephemeral_volumes_follow_the_pools_switch_and_cap() {
+    let mut h = Harness::with(|root, b| {
+        b.pool(legacy_pool(root).ephemeral(true, Some(1 << 20)))
+            .pool(hpp_csi::PoolConfig::new("closed", root.join("pools/closed")).ephemeral(false, None))
+    })
+    .await;
+    let eph = |pool: &str, size: Option<&str>, target: &std::path::Path| {
+        let mut req = publish_req("csi-eph", target, false);
+        req.volume_context = HashMap::from([
+            ("csi.storage.k8s.io/ephemeral".into(), "true".into()),
+            ("storagePool".into(), pool.into()),
+        ]);
+        if let Some(s) = size {
+            req.volume_context.insert("size".into(), s.into());
+        }
+        req
+    };
+    let target = h.target("eph");
+    let closed = h.node.node_publish_volume(eph("closed", None, &target)).await;
+    assert_eq!(code(closed), Code::FailedPrecondition);
+    let big = h
+        .node
+        .node_publish_volume(eph("legacy", Some("2097152"), &target))
+        .await;
+    assert_eq!(code(big), Code::OutOfRange);
+    assert!(
+        !h.pool_path().join("csi-eph").exists(),
+        "nothing created for refused requests"
+    );
+    h.node
+        .node_publish_volume(eph("legacy", Some("4096"), &target))
+        .await
+        .unwrap();
+    assert!(h.pool_path().join(".hpp-ephemeral/csi-eph").is_dir(), "marked");
+    h.unpublish("csi-eph", &target).await.unwrap();
+    assert!(!h.pool_path().join("csi-eph").exists(), "removed with its mount");
+    // A persistent volume with the same id is never marked ephemeral (nor deleted).
+    h.create("csi-eph").await;
+    h.node.node_publish_volume(eph("legacy", None, &target)).await.unwrap();
+    h.unpublish("csi-eph", &target).await.unwrap();
+    assert!(h.pool_path().join("csi-eph").is_dir(), "persistent volume kept");
     h.stop().await;
 }

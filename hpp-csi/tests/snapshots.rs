@@ -381,3 +381,28 @@ async fn clone_into_a_full_pool_is_resource_exhausted_and_leaves_nothing() {
         std::panic::resume_unwind(p);
     }
 }
+
+#[tokio::test]
+async fn a_guarded_pools_snapshot_dir_must_be_on_a_mount() {
+    let mut h = Harness::with(|root, b| {
+        let pool = root.join("pools/guarded");
+        std::fs::create_dir_all(&pool).unwrap();
+        rustix::mount::mount("tmpfs", &pool, "tmpfs", rustix::mount::MountFlags::empty(), c"size=16m").unwrap();
+        std::fs::create_dir_all(root.join("snapshots/outside")).unwrap();
+        b.pool(
+            hpp_csi::PoolConfig::new("legacy", pool)
+                .with_snapshots(root.join("snapshots/outside"))
+                .require_mount_point(true),
+        )
+    })
+    .await;
+    h.create("pvc-g").await;
+    let res = h.controller.create_snapshot(snap_req("pvc-g", "snap-g")).await;
+    assert_eq!(
+        code(res),
+        tonic::Code::FailedPrecondition,
+        "snapshots would land on the root disk"
+    );
+    assert_eq!(std::fs::read_dir(h.root.join("snapshots/outside")).unwrap().count(), 0);
+    h.stop().await;
+}

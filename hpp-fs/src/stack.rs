@@ -46,14 +46,19 @@ impl DirStack {
     /// Starts at `root`, which stays open for the whole walk.
     pub fn new(root: OwnedFd) -> Result<Self, WalkError> {
         let meta = Meta::of(root.as_fd()).map_err(|e| WalkError::io("stat", "", e))?;
-        Ok(DirStack {
+        Ok(Self::with_meta(root, &meta))
+    }
+
+    /// Starts at `root`, whose metadata the caller already has.
+    pub fn with_meta(root: OwnedFd, meta: &Meta) -> Self {
+        DirStack {
             levels: vec![Level {
                 name: CString::default(),
                 id: meta.id(),
                 fd: Some(root),
             }],
             open: 1,
-        })
+        }
     }
 
     /// Levels below the root (0 at the root).

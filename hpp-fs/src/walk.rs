@@ -41,7 +41,7 @@ impl Walker {
         let meta = Meta::of(std::os::fd::AsFd::as_fd(&root)).map_err(|e| WalkError::io("stat", "", e))?;
         let names = read_names(&root).map_err(|e| WalkError::io("read directory", "", e))?;
         Ok(Walker {
-            stack: DirStack::new(root)?,
+            stack: DirStack::with_meta(root, &meta),
             pending: vec![names],
             root: meta,
         })
