@@ -1,7 +1,7 @@
 //! Lossless conversion between `v1alpha1` and `v1beta1`.
 //!
 //! Fields one version cannot express travel in the annotation
-//! [`ANNOTATION_CONVERSION_DATA`](crate::constants::ANNOTATION_CONVERSION_DATA): on a v1alpha1 object
+//! [`ANNOTATION_CONVERSION_DATA`]: on a v1alpha1 object
 //! it holds the v1beta1-only fields (storage pools, feature gates, pool statuses, an absent
 //! `pathConfig`); on a v1beta1 object it holds the original v1alpha1 `useNamingPrefix` string when
 //! that string is not plain `true`/`false`. Converting there and back gives the object you started

@@ -3,7 +3,7 @@
 //! without certificate files a self-signed certificate made at start-up is served (KubeVirt's
 //! SANs: localhost, 127.0.0.1, the pod IP and DNS name, the metrics Service names). Given files are
 //! re-read when they change (the webhook's [`CertStore`]); the minimum TLS version and suites come
-//! from the shared [`TlsPolicy`].
+//! from the shared `TlsPolicy`.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};

@@ -140,7 +140,7 @@ pub fn is_mount_root(path: &std::path::Path) -> Option<bool> {
 }
 
 /// Bytes (allocated blocks) and inodes used by the tree below `dir`, not crossing mounts;
-/// any depth (the walk is [`hpp_fs::usage`]).
+/// any depth (the walk is [`hpp_fs::usage()`]).
 pub fn usage(dir: BorrowedFd<'_>) -> Result<(u64, u64)> {
     let u = hpp_fs::usage(dir)?;
     Ok((u.bytes, u.inodes))

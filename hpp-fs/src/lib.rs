@@ -2,7 +2,7 @@
 //! table, so there is exactly one of each:
 //!
 //! - [`walk`]: an iterative, symlink-safe directory walker with an explicit stack and a bounded
-//!   number of open descriptors, and the three walks built on it: [`remove_tree`], [`usage`]
+//!   number of open descriptors, and the three walks built on it: [`remove_tree`], [`usage()`]
 //!   and [`copy_tree`]. A tenant-made tree 100,000 levels deep neither overflows a thread stack
 //!   nor exhausts file descriptors.
 //! - [`mountinfo`]: the parser for `/proc/self/mountinfo` and the per-mount flags of an entry.

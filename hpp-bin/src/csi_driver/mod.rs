@@ -86,6 +86,7 @@ pub struct ServeArgs {
     pub datadir: Option<String>,
     /// Address of the /metrics and /healthz listener [default: [::]:8443, or 127.0.0.1:0 with
     /// --datadir-root].
+    #[allow(rustdoc::broken_intra_doc_links)] // `[::]` is an address in --help, not a link
     #[arg(long = "metrics-address", env = "HPP_METRICS_ADDRESS")]
     pub metrics_address: Option<SocketAddr>,
     /// PEM certificate of the HTTPS metrics listener, re-read when it changes [default: a

@@ -19,7 +19,7 @@ const RENAMES: &[(&str, &str)] = &[
     ("vmodule", "vmodule"),
 ];
 
-/// Rewrites `-name=x`, `-name x`, `--name=x` and the other Go spellings in [`RENAMES`] to the
+/// Rewrites `-name=x`, `-name x`, `--name=x` and the other Go spellings in `RENAMES` to the
 /// long flags clap knows. Everything else, and everything after `--`, is left alone.
 pub fn normalize(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     let mut out = Vec::new();
