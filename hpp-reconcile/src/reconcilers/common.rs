@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Resource;
 use kube::api::ObjectMeta;
 use serde_json::{Value, json};
@@ -212,6 +213,17 @@ pub fn object_meta(
         namespace: namespace.map(str::to_owned),
         labels: Some(labels_value(cfg, extra)),
         owner_references: owner.and_then(|h| h.controller_owner_ref(&())).map(|r| vec![r]),
+        ..Default::default()
+    }
+}
+
+/// The selector of hpp's DaemonSets: the `app` label every pod of theirs carries.
+pub fn app_selector() -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(BTreeMap::from([(
+            c::LABEL_APP.to_owned(),
+            c::LABEL_APP_VALUE.to_owned(),
+        )])),
         ..Default::default()
     }
 }

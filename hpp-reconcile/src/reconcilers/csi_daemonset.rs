@@ -5,14 +5,12 @@ use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
 use kube::api::DynamicObject;
-use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, SELinuxOptions,
     SecurityContext, VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 
@@ -346,13 +344,7 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
     common::typed_ssa(&DaemonSet {
         metadata: common::object_meta(names::CSI_DAEMONSET, Some(&cfg.namespace), cfg, &extra, Some(hpp)),
         spec: Some(DaemonSetSpec {
-            selector: LabelSelector {
-                match_labels: Some(BTreeMap::from([(
-                    c::LABEL_APP.to_owned(),
-                    c::LABEL_APP_VALUE.to_owned(),
-                )])),
-                ..Default::default()
-            },
+            selector: common::app_selector(),
             update_strategy: Some(DaemonSetUpdateStrategy {
                 type_: Some("RollingUpdate".into()),
                 rolling_update: Some(RollingUpdateDaemonSet {

@@ -5,11 +5,9 @@ use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
 use kube::api::DynamicObject;
-use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec};
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, VolumeMount};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::ObjectMeta;
 
 use super::common::{self, daemonset_kind};
@@ -72,13 +70,7 @@ pub fn desired_legacy_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig)
     let ds = DaemonSet {
         metadata: common::object_meta(names::LEGACY_DAEMONSET, Some(&cfg.namespace), cfg, &extra, Some(hpp)),
         spec: Some(DaemonSetSpec {
-            selector: LabelSelector {
-                match_labels: Some(BTreeMap::from([(
-                    c::LABEL_APP.to_owned(),
-                    c::LABEL_APP_VALUE.to_owned(),
-                )])),
-                ..Default::default()
-            },
+            selector: common::app_selector(),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(common::labels_value(cfg, &extra)),

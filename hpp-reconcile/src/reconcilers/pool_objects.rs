@@ -114,6 +114,31 @@ fn pool_annotations(action: &str, node: &str, mount_path: &str) -> BTreeMap<Stri
     ])
 }
 
+/// The pod of a mounter Deployment or cleanup Job: the mounter container pinned to `node`.
+fn mounter_pod(
+    hpp: &HostPathProvisioner,
+    cfg: &OperatorConfig,
+    node: &str,
+    args: Vec<String>,
+    volume_mounts: Vec<VolumeMount>,
+    volume_devices: Option<Vec<VolumeDevice>>,
+    volumes: Vec<Volume>,
+) -> PodSpec {
+    PodSpec {
+        service_account_name: Some(names::CSI_SERVICE_ACCOUNT.into()),
+        affinity: Some(common::node_pin(node)),
+        containers: vec![mounter_container(
+            &cfg.images.operator,
+            &common::pull_policy(hpp),
+            args,
+            volume_mounts,
+            volume_devices,
+        )],
+        volumes: Some(volumes),
+        ..Default::default()
+    }
+}
+
 fn mounter_container(
     image: &str,
     pull: &str,
@@ -210,19 +235,15 @@ pub fn mounter_deployment(
             progress_deadline_seconds: Some(600),
             template: PodTemplateSpec {
                 metadata: Some(common::template_meta(cfg, &extra)),
-                spec: Some(PodSpec {
-                    service_account_name: Some(names::CSI_SERVICE_ACCOUNT.into()),
-                    affinity: Some(common::node_pin(node)),
-                    containers: vec![mounter_container(
-                        &cfg.images.operator,
-                        &common::pull_policy(hpp),
-                        args,
-                        mounts,
-                        devices,
-                    )],
-                    volumes: Some(vec![data, host_volume]),
-                    ..Default::default()
-                }),
+                spec: Some(mounter_pod(
+                    hpp,
+                    cfg,
+                    node,
+                    args,
+                    mounts,
+                    devices,
+                    vec![data, host_volume],
+                )),
             },
             ..Default::default()
         }),
@@ -258,17 +279,7 @@ pub fn cleanup_job(
                 metadata: Some(common::template_meta(cfg, &extra)),
                 spec: Some(PodSpec {
                     restart_policy: Some("OnFailure".into()),
-                    service_account_name: Some(names::CSI_SERVICE_ACCOUNT.into()),
-                    affinity: Some(common::node_pin(node)),
-                    containers: vec![mounter_container(
-                        &cfg.images.operator,
-                        &common::pull_policy(hpp),
-                        args,
-                        vec![host_mount],
-                        None,
-                    )],
-                    volumes: Some(vec![host_volume]),
-                    ..Default::default()
+                    ..mounter_pod(hpp, cfg, node, args, vec![host_mount], None, vec![host_volume])
                 }),
             },
             ..Default::default()
