@@ -291,10 +291,15 @@ fn copy_xattrs(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) {
 /// free space of the filesystem holding `dst`. Trees that can be cloned copy-on-write (same
 /// filesystem and `FICLONE` works there) always pass: they need no data space up front.
 pub fn check_fits(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<(), WalkError> {
+    // The reflink probe is two empty files; the usage walk reads the whole source tree, so it
+    // only runs when a full copy is really ahead.
+    if reflink_works(src, dst) {
+        return Ok(());
+    }
     let fs = rustix::fs::fstatvfs(dst).map_err(|e| WalkError::io("statvfs", "", e))?;
     let available = fs.f_bavail.saturating_mul(fs.f_frsize);
     let needed = usage(src)?.bytes;
-    if needed <= available || reflink_works(src, dst) {
+    if needed <= available {
         return Ok(());
     }
     Err(WalkError::NoSpace { needed, available })
