@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use hpp_api::constants::KNOWN_SNAPSHOT_PROVIDERS;
+use hpp_api::quota::{DEFAULT_OVERCOMMIT_PERCENT, QuotaMode};
 use serde::{Deserialize, Serialize};
 
 /// One storage pool as written in the `--datadir` JSON.
@@ -36,6 +37,22 @@ pub struct PoolConfig {
     /// larger requests are refused with OutOfRange. Absent: no cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ephemeral_max_bytes: Option<u64>,
+    /// How volume sizes are enforced in this pool (`none` when absent: KubeVirt's behaviour).
+    #[serde(default, skip_serializing_if = "QuotaMode::is_none")]
+    pub quota: QuotaMode,
+    /// How much of the filesystem may be promised to volumes, in percent (default 100). Only
+    /// meaningful with a quota backend: the sum of volume limits never exceeds
+    /// `filesystem size × overcommitPercent / 100`.
+    #[serde(default = "default_overcommit", skip_serializing_if = "is_default_overcommit")]
+    pub overcommit_percent: u32,
+}
+
+fn default_overcommit() -> u32 {
+    DEFAULT_OVERCOMMIT_PERCENT
+}
+
+fn is_default_overcommit(p: &u32) -> bool {
+    *p == DEFAULT_OVERCOMMIT_PERCENT
 }
 
 fn default_true() -> bool {
@@ -67,7 +84,17 @@ impl PoolConfig {
             require_mount_point: false,
             ephemeral: true,
             ephemeral_max_bytes: None,
+            quota: QuotaMode::None,
+            overcommit_percent: DEFAULT_OVERCOMMIT_PERCENT,
         }
+    }
+
+    /// Enforces volume sizes with `mode`, promising at most `overcommit_percent` % of the
+    /// filesystem.
+    pub fn quota(mut self, mode: QuotaMode, overcommit_percent: u32) -> Self {
+        self.quota = mode;
+        self.overcommit_percent = overcommit_percent;
+        self
     }
 
     /// Allows or refuses inline ephemeral volumes, with an optional size cap in bytes.

@@ -5,12 +5,14 @@
 //!   number of open descriptors, and the three walks built on it: [`remove_tree`], [`usage()`]
 //!   and [`copy_tree`]. A tenant-made tree 100,000 levels deep neither overflows a thread stack
 //!   nor exhausts file descriptors.
+//! - [`quota`]: per-volume size limits, one backend per pool.
 //! - [`mountinfo`]: the parser for `/proc/self/mountinfo` and the per-mount flags of an entry.
 
 pub mod copy;
 pub mod error;
 pub mod meta;
 pub mod mountinfo;
+pub mod quota;
 pub mod remove;
 pub mod stack;
 pub mod usage;
