@@ -155,6 +155,14 @@ pub enum ConfigError {
     /// A snapshot provider without a snapshot path, or the reverse.
     #[error("storage pool {0:?}: snapshotPath and snapshotProvider must be set together")]
     IncompleteSnapshots(String),
+    /// A quota mode this build cannot enforce.
+    #[error("storage pool {pool:?}: quota mode {mode} is not available in this build")]
+    UnsupportedQuota {
+        /// The pool.
+        pool: String,
+        /// The mode asked for.
+        mode: QuotaMode,
+    },
     /// A required setting is missing.
     #[error("{0} is required")]
     Missing(&'static str),

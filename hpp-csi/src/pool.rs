@@ -2,6 +2,10 @@
 //! (mount guard, capacity, shared-with-OS detection).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use hpp_api::quota::QuotaMode;
+use hpp_fs::quota::{QuotaBackend, Unlimited};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
@@ -31,6 +35,12 @@ pub struct Pool {
     pub ephemeral: bool,
     /// Cap on an ephemeral volume's requested `size`.
     pub ephemeral_max_bytes: Option<u64>,
+    /// How volume sizes are enforced (configured mode).
+    pub quota_mode: QuotaMode,
+    /// The backend that enforces them; [`Unlimited`] for `none`.
+    pub quota: Arc<dyn QuotaBackend>,
+    /// Share of the filesystem that may be promised to volume limits, in percent.
+    pub overcommit_percent: u32,
     /// Child names of `path` that belong to other pools or snapshot directories (KubeVirt's
     /// operator puts `snapshotPath` at `<pool>/snapshots`).
     reserved: BTreeSet<String>,
@@ -88,6 +98,9 @@ impl Pool {
             require_mount_point: cfg.require_mount_point,
             ephemeral: cfg.ephemeral,
             ephemeral_max_bytes: cfg.ephemeral_max_bytes,
+            quota_mode: cfg.quota,
+            quota: quota_backend(cfg)?,
+            overcommit_percent: cfg.overcommit_percent,
             reserved: BTreeSet::new(),
         })
     }
@@ -227,6 +240,17 @@ impl Pool {
             (Some((a, _)), Some((b, _))) => a == b,
             _ => false,
         }
+    }
+}
+
+/// The backend for a pool's configured quota mode.
+fn quota_backend(cfg: &PoolConfig) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
+    match cfg.quota {
+        QuotaMode::None => Ok(Arc::new(Unlimited)),
+        other => Err(ConfigError::UnsupportedQuota {
+            pool: cfg.name.clone(),
+            mode: other,
+        }),
     }
 }
 
