@@ -1,16 +1,22 @@
 //! Bind mounts for NodePublishVolume. The source is an already-open volume directory and the
-//! target an already-open, symlink-free directory, both passed to mount(2) as `/proc/self/fd/N`,
-//! so what gets mounted is exactly what was checked. Read-only and per-mount flags need a second
-//! `MS_REMOUNT | MS_BIND` call (the kernel ignores them on the initial bind); that remount keeps
-//! the source's `nosuid`/`nodev`/`noexec` (a remount replaces all per-mount flags). rustix 1.x
-//! exposes `open_tree` and `move_mount` but not `mount_setattr`, so a detached mount cannot be
-//! made read-only before it is attached; a publish interrupted between bind and remount is
-//! corrected by its retry (see `node::publish`).
+//! target an already-open, symlink-free directory, so what gets mounted is exactly what was
+//! checked.
+//!
+//! The mount is built detached and attached last: `open_tree(OPEN_TREE_CLONE)` clones the
+//! volume directory into a mount nobody can see yet, `mount_setattr` gives it its final flags
+//! (read-only, `nosuid`/`nodev`/`noexec`, atime), and `move_mount` attaches it at the target.
+//! A read-only publish is therefore never writable, not even between two system calls, and a
+//! crash leaves either no mount or the finished one. The clone keeps the source mount's own
+//! restrictions. Kernels before 5.12 (no `mount_setattr`) fall back to bind then
+//! `MS_REMOUNT | MS_BIND`, whose interrupted publish is corrected by its retry (see
+//! `node::publish`). `mount_setattr` comes from `hpp-sys`, the one crate allowed `unsafe`.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 
-use rustix::mount::{MountFlags, UnmountFlags};
+use hpp_sys::mount::MountAttr;
+use rustix::io::Errno;
+use rustix::mount::{MountFlags, MoveMountFlags, OpenTreeFlags, UnmountFlags, move_mount, open_tree};
 
 use crate::error::{Error, Result};
 
@@ -87,9 +93,80 @@ fn fd_path(fd: &OwnedFd) -> String {
     format!("/proc/self/fd/{}", fd.as_raw_fd())
 }
 
-/// Bind-mounts `source` onto `target` (both open directories) and applies `opts`. `target_path`
-/// is the path of `target`, used for the remount and for rollback.
-pub fn bind(source: &OwnedFd, target: &OwnedFd, target_path: &Path, opts: BindOptions) -> Result<()> {
+/// Bind-mounts `source` onto `target` (both open directories) with `opts` in force from the
+/// moment the mount becomes visible. `target_path` is the path of `target`, for messages and
+/// for the fallback's remount and rollback.
+pub fn bind(source: &OwnedFd, target: &OwnedFd, target_path: &Path, opts: BindOptions) -> Result<BindMethod> {
+    match bind_detached(source, target, opts) {
+        Ok(()) => Ok(BindMethod::Detached),
+        Err(e) if e == Errno::NOSYS => {
+            bind_then_remount(source, target, target_path, opts)?;
+            Ok(BindMethod::BindThenRemount)
+        }
+        Err(e) => Err(Error::io(format!("bind mount onto {}", target_path.display()), e)),
+    }
+}
+
+/// How [`bind`] made the mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindMethod {
+    /// Built detached with its final flags, then attached: never visible with other flags.
+    Detached,
+    /// The pre-5.12 fallback: visible with the source's flags until the remount.
+    BindThenRemount,
+}
+
+/// The `MOUNT_ATTR_*` set and clear masks equivalent to `flags`.
+fn mount_attr(flags: MountFlags) -> MountAttr {
+    let mut attr = MountAttr::default();
+    for (from, to) in [
+        (MountFlags::RDONLY, hpp_sys::mount::ATTR_RDONLY),
+        (MountFlags::NOSUID, hpp_sys::mount::ATTR_NOSUID),
+        (MountFlags::NODEV, hpp_sys::mount::ATTR_NODEV),
+        (MountFlags::NOEXEC, hpp_sys::mount::ATTR_NOEXEC),
+        (MountFlags::NODIRATIME, hpp_sys::mount::ATTR_NODIRATIME),
+    ] {
+        if flags.contains(from) {
+            attr.set |= to;
+        }
+    }
+    // The atime mode is one field: setting it means clearing the whole field first.
+    if flags.contains(MountFlags::NOATIME) {
+        attr.clear |= hpp_sys::mount::ATTR_ATIME_MASK;
+        attr.set |= hpp_sys::mount::ATTR_NOATIME;
+    } else if flags.contains(MountFlags::RELATIME) {
+        attr.clear |= hpp_sys::mount::ATTR_ATIME_MASK;
+        attr.set |= hpp_sys::mount::ATTR_RELATIME;
+    }
+    attr
+}
+
+/// Clones `source` into a detached mount, gives it its flags, then attaches it at `target`.
+/// `Errno::NOSYS` means the kernel lacks the new mount API (nothing was mounted).
+fn bind_detached(source: &OwnedFd, target: &OwnedFd, opts: BindOptions) -> std::result::Result<(), Errno> {
+    let tree = open_tree(
+        source,
+        "",
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_EMPTY_PATH,
+    )?;
+    let attr = mount_attr(opts.flags);
+    if attr != MountAttr::default() {
+        hpp_sys::mount::mount_setattr(tree.as_fd(), attr, false)
+            .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::INVAL))?;
+    }
+    // Dropping `tree` before the move would discard the detached mount; after it, the mount
+    // belongs to the target.
+    move_mount(
+        tree.as_fd(),
+        "",
+        target,
+        "",
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH | MoveMountFlags::MOVE_MOUNT_T_EMPTY_PATH,
+    )
+}
+
+/// The pre-5.12 path: bind, then remount with the flags (the kernel ignores them on the bind).
+fn bind_then_remount(source: &OwnedFd, target: &OwnedFd, target_path: &Path, opts: BindOptions) -> Result<()> {
     rustix::mount::mount_bind(fd_path(source), fd_path(target))
         .map_err(|e| Error::io(format!("bind mount onto {}", target_path.display()), e))?;
     if !opts.flags.is_empty()
@@ -111,6 +188,42 @@ pub fn unmount(target: &Path) -> Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn flags_map_to_mount_attributes_with_one_atime_mode() {
+        use hpp_sys::mount::*;
+        let a = mount_attr(MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NOATIME);
+        assert_eq!(a.set, ATTR_RDONLY | ATTR_NOSUID | ATTR_NOATIME);
+        assert_eq!(a.clear, ATTR_ATIME_MASK);
+        assert_eq!(mount_attr(MountFlags::empty()), MountAttr::default());
+        let r = mount_attr(MountFlags::RELATIME | MountFlags::NODIRATIME);
+        assert_eq!((r.set, r.clear), (ATTR_RELATIME | ATTR_NODIRATIME, ATTR_ATIME_MASK));
+    }
+
+    /// As root on a 5.12+ kernel: a read-only bind is made detached and arrives read-only.
+    #[test]
+    fn read_only_binds_are_attached_already_read_only() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: needs root for mounts");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let (src, dst) = (tmp.path().join("src"), tmp.path().join("dst"));
+        std::fs::create_dir(&src).unwrap();
+        std::fs::create_dir(&dst).unwrap();
+        let open = |p: &Path| -> OwnedFd { std::fs::File::open(p).unwrap().into() };
+        let opts = BindOptions::parse(&["nodev".into()], true).unwrap();
+        let method = bind(&open(&src), &open(&dst), &dst, opts).unwrap();
+        let write = std::fs::write(dst.join("f"), b"x");
+        let table = crate::mountinfo::MountTable::read().unwrap();
+        let options = table.mount_at(&dst).map(|m| m.options.clone());
+        unmount(&dst).unwrap();
+        assert_eq!(write.unwrap_err().raw_os_error(), Some(30), "EROFS");
+        assert!(options.unwrap().iter().any(|o| o == "nodev"));
+        if method == BindMethod::BindThenRemount {
+            eprintln!("kernel without mount_setattr: the fallback was used");
+        }
+    }
 
     #[test]
     fn parses_supported_flags_and_rejects_others() {

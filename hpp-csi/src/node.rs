@@ -157,7 +157,9 @@ fn publish(p: &Publish) -> Result<()> {
     if result.is_err() && p.ephemeral {
         let _ = remove_ephemeral(&p.pool, &p.id);
     }
-    result
+    let method = result?;
+    tracing::debug!(volume_id = %p.id, target = %p.target.display(), ?method, "published");
+    Ok(())
 }
 
 /// Volume attribute an inline ephemeral volume may use to say how big it wants to be.

@@ -15,6 +15,15 @@ pub const ATTR_NODEV: u64 = libc::MOUNT_ATTR_NODEV;
 /// Mount attribute: no program execution.
 pub const ATTR_NOEXEC: u64 = libc::MOUNT_ATTR_NOEXEC;
 
+/// Mount attribute: do not update directory access times.
+pub const ATTR_NODIRATIME: u64 = libc::MOUNT_ATTR_NODIRATIME;
+/// The access-time mode field; clear it when setting one of the modes below.
+pub const ATTR_ATIME_MASK: u64 = libc::MOUNT_ATTR__ATIME;
+/// Access-time mode: never update access times.
+pub const ATTR_NOATIME: u64 = libc::MOUNT_ATTR_NOATIME;
+/// Access-time mode: update access times relative to modification times.
+pub const ATTR_RELATIME: u64 = libc::MOUNT_ATTR_RELATIME;
+
 /// `AT_EMPTY_PATH`: act on the descriptor itself.
 const AT_EMPTY_PATH: u32 = libc::AT_EMPTY_PATH as u32;
 /// `AT_RECURSIVE`: apply to the whole tree under the mount.
