@@ -2,7 +2,7 @@
 //! pipeline pass (or cleanup), then status and Events. No controller wiring here (see
 //! `controller`), so tests can call `reconcile` directly and count requests.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,7 @@ use crate::gather;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
 use crate::status::{self, Derived, Outcome};
+use crate::subreconciler::ObjectWarning;
 
 /// Field manager of status writes.
 pub const STATUS_MANAGER: &str = "hpp-operator/status";
@@ -52,6 +53,9 @@ pub struct Context {
     /// every pass; `None` keeps `config.metrics_tls_version`.
     pub metrics_tls_version: Option<Arc<dyn Fn() -> String + Send + Sync>>,
     failures: Mutex<HashMap<String, u32>>,
+    /// Step warnings already published (object, reason, message): each is published once while
+    /// it lasts.
+    warned: Mutex<BTreeSet<(String, String, String)>>,
     now: fn() -> String,
 }
 
@@ -79,6 +83,7 @@ impl Context {
             max_backoff: Duration::from_secs(300),
             metrics_tls_version: None,
             failures: Mutex::new(HashMap::new()),
+            warned: Mutex::new(BTreeSet::new()),
             now: rfc3339_now,
         }
     }
@@ -248,6 +253,7 @@ async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
     match pass.await {
         Ok(report) => {
             write_status(&api, &hpp, &Outcome::Applied(&report.readiness), ctx).await?;
+            publish_warnings(ctx, &report.readiness.warnings).await;
             Ok(Action::await_change())
         }
         Err(e) => {
@@ -327,6 +333,48 @@ async fn write_status(
         publish(ctx, hpp, type_, derived.reason.clone(), derived.message.clone()).await;
     }
     Ok(derived)
+}
+
+/// Updates the gauges fed by step warnings and publishes each new warning as a Warning Event
+/// on its object; a warning that is no longer reported is forgotten, so it is published again
+/// if it comes back.
+async fn publish_warnings(ctx: &Context, warnings: &[ObjectWarning]) {
+    ctx.metrics
+        .set_unknown_pool_classes(&crate::reconcilers::storage_class_pools::flagged_classes(warnings));
+    let key = |w: &ObjectWarning| {
+        let r = &w.regarding;
+        (
+            format!(
+                "{}/{}/{}",
+                r.kind.as_deref().unwrap_or_default(),
+                r.namespace.as_deref().unwrap_or_default(),
+                r.name.as_deref().unwrap_or_default()
+            ),
+            w.reason.clone(),
+            w.message.clone(),
+        )
+    };
+    let current: BTreeSet<_> = warnings.iter().map(key).collect();
+    let new: Vec<&ObjectWarning> = {
+        let Ok(mut warned) = ctx.warned.lock() else { return };
+        let new = warnings.iter().filter(|w| !warned.contains(&key(w))).collect();
+        *warned = current;
+        new
+    };
+    let Some(recorder) = &ctx.recorder else { return };
+    for w in new {
+        warn!(object = ?w.regarding.name, reason = %w.reason, "{}", w.message);
+        let event = Event {
+            type_: EventType::Warning,
+            reason: w.reason.clone(),
+            note: Some(w.message.clone()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &w.regarding).await {
+            warn!(error = %e, "could not publish event");
+        }
+    }
 }
 
 /// Publishes an Event about the CR; failures are logged, never fatal.
