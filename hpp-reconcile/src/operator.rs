@@ -25,8 +25,11 @@ use crate::events::EventRecorder;
 use crate::gather;
 use crate::metrics::Metrics;
 use crate::pipeline::Pipeline;
-use crate::status::{self, Derived, Outcome};
+use crate::status::{self, Outcome};
 use crate::subreconciler::ObjectWarning;
+
+/// Default [`Context::warning_grace`].
+pub const DEFAULT_WARNING_GRACE: Duration = Duration::from_secs(60);
 
 /// Field manager of status writes.
 pub const STATUS_MANAGER: &str = "hpp-operator/status";
@@ -56,7 +59,18 @@ pub struct Context {
     /// Step warnings already published (object, reason, message): each is published once while
     /// it lasts.
     warned: Mutex<BTreeSet<(String, String, String)>>,
+    /// How long a CR that was never Available may be in a warning state before its Warning
+    /// Events are published (a first deploy's transient errors and unbound pool claims are
+    /// routine for a few seconds).
+    pub warning_grace: Duration,
+    held: Mutex<HashMap<String, HeldWarnings>>,
     now: fn() -> String,
+}
+
+/// Warning Events of a CR that was never Available, held back during the grace period.
+struct HeldWarnings {
+    since: Instant,
+    events: Vec<(String, String)>,
 }
 
 fn rfc3339_now() -> String {
@@ -84,6 +98,8 @@ impl Context {
             metrics_tls_version: None,
             failures: Mutex::new(HashMap::new()),
             warned: Mutex::new(BTreeSet::new()),
+            warning_grace: DEFAULT_WARNING_GRACE,
+            held: Mutex::new(HashMap::new()),
             now: rfc3339_now,
         }
     }
@@ -108,6 +124,62 @@ impl Context {
         self.base_backoff = base;
         self.max_backoff = max;
         self
+    }
+
+    /// Replaces the grace period of Warning Events during a first deploy.
+    pub fn with_warning_grace(mut self, grace: Duration) -> Self {
+        self.warning_grace = grace;
+        self
+    }
+
+    /// Holds a Warning Event of a CR that was never Available; returns false (publish now)
+    /// once the CR's warning state has outlasted the grace period, or when it was Available.
+    fn hold(&self, hpp: &HostPathProvisioner, reason: &str, message: &str) -> bool {
+        let never_available = hpp.status.as_ref().is_none_or(|s| s.observed_version.is_none());
+        if !never_available || self.warning_grace.is_zero() {
+            return false;
+        }
+        let Ok(mut held) = self.held.lock() else { return false };
+        let entry = held.entry(hpp.name_any()).or_insert_with(|| HeldWarnings {
+            since: Instant::now(),
+            events: Vec::new(),
+        });
+        if entry.since.elapsed() >= self.warning_grace {
+            return false;
+        }
+        entry.events.push((reason.to_owned(), message.to_owned()));
+        true
+    }
+
+    /// After a pass in a warning state: the held Events whose grace ran out (to publish now),
+    /// and how long until the rest are due. A pass out of the warning state drops them.
+    fn due_warnings(&self, hpp: &HostPathProvisioner, warning: bool) -> (Vec<(String, String)>, Option<Duration>) {
+        let Ok(mut held) = self.held.lock() else {
+            return (Vec::new(), None);
+        };
+        let name = hpp.name_any();
+        if !warning {
+            held.remove(&name);
+            return (Vec::new(), None);
+        }
+        match held.get(&name) {
+            Some(h) if h.since.elapsed() >= self.warning_grace => {
+                let due = held.remove(&name).map(|h| h.events).unwrap_or_default();
+                // Keep the clock running, so later warnings of this episode are not held again.
+                held.insert(
+                    name,
+                    HeldWarnings {
+                        since: Instant::now()
+                            .checked_sub(self.warning_grace)
+                            .unwrap_or_else(Instant::now),
+                        events: Vec::new(),
+                    },
+                );
+                (due, None)
+            }
+            Some(h) if !h.events.is_empty() => (Vec::new(), Some(self.warning_grace.saturating_sub(h.since.elapsed()))),
+            _ => (Vec::new(), None),
+        }
     }
 
     /// Turns Events off.
@@ -252,15 +324,21 @@ async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
     };
     match pass.await {
         Ok(report) => {
-            write_status(&api, &hpp, &Outcome::Applied(&report.readiness), ctx).await?;
+            let derived = write_status(&api, &hpp, &Outcome::Applied(&report.readiness), ctx).await?;
             publish_warnings(ctx, &report.readiness.warnings).await;
-            Ok(Action::await_change())
+            Ok(match derived.warnings_due_in {
+                // Come back when the held Warning Events are due, even if nothing changes.
+                Some(due) => Action::requeue(due),
+                None => Action::await_change(),
+            })
         }
         Err(e) => {
             match write_status(&api, &hpp, &Outcome::Failed(e.to_string()), ctx).await {
                 // A new failure also gets a Warning Event whose reason is the bounded category.
                 Ok(derived) if derived.transition => {
-                    publish(ctx, &hpp, EventType::Warning, e.event_reason(), e.to_string()).await
+                    if !ctx.hold(&hpp, &e.event_reason(), &e.to_string()) {
+                        publish(ctx, &hpp, EventType::Warning, e.event_reason(), e.to_string()).await
+                    }
                 }
                 Ok(_) => {}
                 Err(status_err) => warn!(error = %status_err, "could not record the failure in status"),
@@ -301,13 +379,14 @@ fn status_patch(status: &HostPathProvisionerStatus) -> Result<Value> {
 }
 
 /// Derives and writes the status (only when something besides heartbeats changed) and
-/// publishes an Event on a condition transition.
+/// publishes an Event on a condition transition; a Warning Event of a CR that was never
+/// Available waits for [`Context::warning_grace`] and is dropped if the CR recovers first.
 async fn write_status(
     api: &Api<HostPathProvisioner>,
     hpp: &HostPathProvisioner,
     outcome: &Outcome<'_>,
     ctx: &Context,
-) -> Result<Derived> {
+) -> Result<StatusWritten> {
     let prev = hpp.status.clone().unwrap_or_default();
     let derived = status::derive(&prev, &ctx.config.version, outcome, &(ctx.now)());
     if derived.changed {
@@ -324,15 +403,44 @@ async fn write_status(
         .map_err(|e| Error::kube("patch status", hpp.name_any(), e))?;
     }
     ctx.metrics.cr_ready.set(status::cr_ready_value(&derived.status));
+    let warning = derived.state.is_warning();
     if derived.transition {
-        let type_ = if derived.state.is_warning() {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        publish(ctx, hpp, type_, derived.reason.clone(), derived.message.clone()).await;
+        if !warning {
+            publish(
+                ctx,
+                hpp,
+                EventType::Normal,
+                derived.reason.clone(),
+                derived.message.clone(),
+            )
+            .await;
+        } else if !ctx.hold(hpp, &derived.reason, &derived.message) {
+            publish(
+                ctx,
+                hpp,
+                EventType::Warning,
+                derived.reason.clone(),
+                derived.message.clone(),
+            )
+            .await;
+        }
     }
-    Ok(derived)
+    let (due, due_in) = ctx.due_warnings(hpp, warning);
+    for (reason, message) in due {
+        publish(ctx, hpp, EventType::Warning, reason, message).await;
+    }
+    Ok(StatusWritten {
+        transition: derived.transition,
+        warnings_due_in: due_in,
+    })
+}
+
+/// What `write_status` did that its callers act on.
+struct StatusWritten {
+    /// The conditions changed.
+    transition: bool,
+    /// Held Warning Events are due in this long (reconcile again then).
+    warnings_due_in: Option<Duration>,
 }
 
 /// Updates the gauges fed by step warnings and publishes each new warning as a Warning Event

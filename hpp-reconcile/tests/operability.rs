@@ -162,3 +162,78 @@ async fn releasing_a_gone_second_cr_is_not_an_error() {
         .await
         .expect("NotFound while releasing a gone CR means done");
 }
+
+fn warning_events(env: &Env) -> Vec<k8s_openapi::api::events::v1::Event> {
+    env.fake
+        .list::<k8s_openapi::api::events::v1::Event>()
+        .into_iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_transient_failure_during_a_healthy_first_deploy_emits_no_warning_event() {
+    use hpp_reconcile::testkit::FailureRule;
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &["node01"]);
+    env.pass().await.unwrap(); // adds the finalizer
+    // The first deploy pass fails once (the API server hiccups on the DaemonSet).
+    env.fake
+        .fail_requests(FailureRule::new(500).path_contains("/daemonsets").times(1));
+    assert!(env.pass().await.is_err());
+    assert_eq!(
+        env.condition("Degraded").0,
+        "True",
+        "the status still says what happened"
+    );
+    env.converge().await;
+    env.daemonset_ready(CSI_DS, 1);
+    env.converge().await;
+    // DaemonSets ready, pool claim not bound yet: StoragePoolNotReady, routine for a moment.
+    assert_eq!(env.condition("Degraded").1.as_deref(), Some("StoragePoolNotReady"));
+    env.bind_claims();
+    env.converge().await;
+    let generation = env
+        .fake
+        .get::<k8s_openapi::api::apps::v1::Deployment>(Some(NS), "hpp-pool-local-node01")
+        .and_then(|d| d.metadata.generation)
+        .unwrap();
+    env.fake.set_status::<k8s_openapi::api::apps::v1::Deployment>(
+        Some(NS),
+        "hpp-pool-local-node01",
+        serde_json::json!({ "observedGeneration": generation, "replicas": 1, "updatedReplicas": 1,
+                            "readyReplicas": 1, "availableReplicas": 1 }),
+    );
+    env.converge().await;
+    assert_eq!(env.condition("Available").0, "True");
+    assert!(warning_events(&env).is_empty(), "{:#?}", warning_events(&env));
+}
+
+#[tokio::test]
+async fn a_first_deploy_failure_that_outlasts_the_grace_is_a_warning() {
+    use hpp_reconcile::testkit::FailureRule;
+    let env = Env::new("hostpathprovisioner_cr", &["node01"]);
+    let ctx = Context::new(
+        env.fake.client(),
+        support::config("v1.0.0"),
+        Pipeline::standard(),
+        env.ctx.metrics.clone(),
+    )
+    .with_warning_grace(Duration::ZERO);
+    env.pass().await.unwrap(); // adds the finalizer
+    env.fake
+        .fail_requests(FailureRule::new(500).path_contains("/daemonsets"));
+    assert!(reconcile(Arc::new(env.hpp()), Arc::new(ctx)).await.is_err());
+    let warnings = warning_events(&env);
+    assert!(
+        warnings.iter().any(|e| e.reason.as_deref() == Some("ReconcileFailed")),
+        "{warnings:#?}"
+    );
+    // With the default grace the same failure is held back, and the pass asks to be retried.
+    let env = Env::new("hostpathprovisioner_cr", &["node01"]);
+    env.pass().await.unwrap();
+    env.fake
+        .fail_requests(FailureRule::new(500).path_contains("/daemonsets"));
+    assert!(env.pass().await.is_err());
+    assert!(env.pass().await.is_err());
+    assert!(warning_events(&env).is_empty());
+}
