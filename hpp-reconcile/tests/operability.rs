@@ -192,17 +192,7 @@ async fn a_transient_failure_during_a_healthy_first_deploy_emits_no_warning_even
     assert_eq!(env.condition("Degraded").1.as_deref(), Some("StoragePoolNotReady"));
     env.bind_claims();
     env.converge().await;
-    let generation = env
-        .fake
-        .get::<k8s_openapi::api::apps::v1::Deployment>(Some(NS), "hpp-pool-local-node01")
-        .and_then(|d| d.metadata.generation)
-        .unwrap();
-    env.fake.set_status::<k8s_openapi::api::apps::v1::Deployment>(
-        Some(NS),
-        "hpp-pool-local-node01",
-        serde_json::json!({ "observedGeneration": generation, "replicas": 1, "updatedReplicas": 1,
-                            "readyReplicas": 1, "availableReplicas": 1 }),
-    );
+    env.mounters_ready();
     env.converge().await;
     assert_eq!(env.condition("Available").0, "True");
     assert!(warning_events(&env).is_empty(), "{:#?}", warning_events(&env));
@@ -236,4 +226,48 @@ async fn a_first_deploy_failure_that_outlasts_the_grace_is_a_warning() {
     assert!(env.pass().await.is_err());
     assert!(env.pass().await.is_err());
     assert!(warning_events(&env).is_empty());
+}
+
+#[tokio::test]
+async fn a_mounter_rollout_is_progressing_and_named_like_a_daemonset_rollout() {
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &["node01", "node02"]);
+    env.converge().await;
+    env.daemonset_ready(CSI_DS, 2);
+    env.bind_claims();
+    env.converge().await;
+    assert_eq!(
+        env.condition("Available").0,
+        "False",
+        "claims Bound but no mounter available yet"
+    );
+    env.mounters_ready();
+    env.converge().await;
+    assert_eq!(env.condition("Available").1.as_deref(), Some("Complete"));
+    assert_eq!(env.ctx.metrics.cr_ready.get(), 1);
+    // A new mounter template the Deployment controller has not caught up with yet.
+    let name = "hpp-pool-local-node02";
+    assert!(env.fake.set_status::<k8s_openapi::api::apps::v1::Deployment>(
+        Some(NS),
+        name,
+        serde_json::json!({ "observedGeneration": 0, "replicas": 1, "updatedReplicas": 0, "availableReplicas": 1 }),
+    ));
+    env.converge().await;
+    let (status, reason, message) = env.condition("Progressing");
+    assert_eq!((status.as_str(), reason.as_deref()), ("True", Some("UpgradeStarted")));
+    assert!(message.unwrap().contains(&format!("Deployment {name}")));
+    assert_eq!(env.condition("Available").0, "True", "the old mounter still serves");
+    assert_eq!(env.ctx.metrics.cr_ready.get(), 0);
+    env.deployment_ready(name);
+    env.converge().await;
+    assert_eq!(env.condition("Progressing").0, "False");
+    // A mounter that stops being available on a healthy CR is Degraded, and named.
+    assert!(env.fake.set_status::<k8s_openapi::api::apps::v1::Deployment>(
+        Some(NS),
+        name,
+        serde_json::json!({ "observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 0 }),
+    ));
+    env.converge().await;
+    let (status, _, message) = env.condition("Degraded");
+    assert_eq!(status, "True");
+    assert!(message.unwrap().contains(name));
 }

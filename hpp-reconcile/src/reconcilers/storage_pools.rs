@@ -227,7 +227,19 @@ pub fn pool_readiness(hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Read
                     status: pvc_status,
                 });
             }
-            status.phase = Some(pool_phase(claims_bound && claims > 0, mounted, deployments.len()).into());
+            let prepared = claims_bound && claims > 0;
+            status.phase = Some(pool_phase(prepared, mounted, deployments.len()).into());
+            // Mounters feed the CR's conditions like the DaemonSets do, once their claims are
+            // Bound (before that the pool is reported as not ready, naming the claim).
+            if prepared {
+                for d in &deployments {
+                    match super::rollout::deployment(d) {
+                        super::rollout::Rollout::Done => {}
+                        super::rollout::Rollout::InProgress(m) => r.workloads_rolling_out.push(m),
+                        super::rollout::Rollout::NotReady(m) => r.workloads_not_ready.push(m),
+                    }
+                }
+            }
         }
         r.pool_statuses.push(status);
     }
