@@ -24,7 +24,9 @@ use crate::error::{Error, Result};
 use crate::events::EventRecorder;
 use crate::gather;
 use crate::metrics::Metrics;
+use crate::names;
 use crate::pipeline::Pipeline;
+use crate::reconcilers::storage_pools;
 use crate::status::{self, Outcome};
 use crate::subreconciler::ObjectWarning;
 
@@ -182,6 +184,15 @@ impl Context {
         }
     }
 
+    /// Whether this (CR, reason, message) is new since the operator started: one-off Events
+    /// about a condition that lasts (a stuck deletion) are published once.
+    fn first_time(&self, hpp: &HostPathProvisioner, reason: &str, message: &str) -> bool {
+        self.warned
+            .lock()
+            .map(|mut w| w.insert((format!("cr/{}", hpp.name_any()), reason.to_owned(), message.to_owned())))
+            .unwrap_or(true)
+    }
+
     /// Turns Events off.
     pub fn without_events(mut self) -> Self {
         self.recorder = None;
@@ -221,7 +232,9 @@ pub fn error_policy(hpp: Arc<HostPathProvisioner>, err: &Error, ctx: Arc<Context
     warn!(hpp = %hpp.name_any(), category = err.category(), error = %err, "reconcile failed");
     match err.root() {
         Error::Downgrade { .. } => Action::await_change(),
-        Error::CleanupPending(_) => Action::requeue(ctx.base_backoff.max(Duration::from_millis(10))),
+        // Deletion waiting for cleanup Jobs backs off like any failure (the Jobs' watch
+        // events still trigger a pass as soon as they finish), so a stuck deletion does not
+        // warn twice a second.
         _ => {
             let attempts = ctx
                 .failures
@@ -354,8 +367,38 @@ async fn cleanup(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action>
     let applier = ctx.applier();
     let mut facts = gather::gather(&applier, &cfg.namespace).await?;
     ctx.pipeline.gather(&applier, cfg, &mut facts).await?;
-    ctx.pipeline.cleanup(&applier, &hpp, cfg, &facts).await?;
-    Ok(Action::await_change())
+    let skipped = storage_pools::skip_cleanup(&hpp)
+        .then(|| storage_pools::uncleaned_mounts(&facts))
+        .unwrap_or_default();
+    match ctx.pipeline.cleanup(&applier, &hpp, cfg, &facts).await {
+        Err(Error::CleanupPending(what)) => {
+            let note = format!(
+                "Deletion is {what}. If they cannot run (a node is down or cannot pull the image), \
+                 annotate the CR with {}=true to finish the deletion without them; the pool mounts \
+                 and data on those nodes are then left in place",
+                names::ANNOTATION_SKIP_CLEANUP
+            );
+            if ctx.first_time(&hpp, "CleanupPending", &note) {
+                publish(ctx, &hpp, EventType::Warning, "CleanupPending".into(), note).await;
+            }
+            Err(Error::CleanupPending(what))
+        }
+        Err(e) => Err(e),
+        Ok(()) => {
+            if !skipped.is_empty() {
+                let note = format!(
+                    "Deleted without unmounting (annotation {}): {}. The mounts and the data under \
+                     them were left in place; unmount them on those nodes by hand (umount <path>) \
+                     or reinstall to reuse them",
+                    names::ANNOTATION_SKIP_CLEANUP,
+                    skipped.join(", ")
+                );
+                warn!("{note}");
+                publish(ctx, &hpp, EventType::Warning, "CleanupSkipped".into(), note).await;
+            }
+            Ok(Action::await_change())
+        }
+    }
 }
 
 /// Full status as a merge patch body: absent fields become null so they are cleared.

@@ -271,3 +271,63 @@ async fn a_mounter_rollout_is_progressing_and_named_like_a_daemonset_rollout() {
     assert_eq!(status, "True");
     assert!(message.unwrap().contains(name));
 }
+
+#[tokio::test]
+async fn a_deletion_stuck_on_cleanup_jobs_backs_off_and_the_skip_annotation_finishes_it() {
+    use hpp_reconcile::operator::error_policy;
+    use kube::api::{Api, Patch, PatchParams};
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &["node01", "node02"]);
+    env.converge().await;
+    env.fake.remove::<HostPathProvisioner>(None, CR);
+    // The cleanup Jobs never run (say the image cannot be pulled on those nodes).
+    let mut delays = Vec::new();
+    for _ in 0..4 {
+        let err = env.pass().await.unwrap_err();
+        assert_eq!(err.category(), "cleanup_pending");
+        delays.push(error_policy(Arc::new(env.hpp()), &err, env.ctx.clone()));
+    }
+    let expected: Vec<_> = [20, 40, 80, 160]
+        .into_iter()
+        .map(|ms| kube::runtime::controller::Action::requeue(Duration::from_millis(ms)))
+        .collect();
+    assert_eq!(delays, expected, "the retry (and its warning) backs off");
+    let pending: Vec<_> = warning_events(&env)
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("CleanupPending"))
+        .collect();
+    assert_eq!(pending.len(), 1, "told once, not every pass: {pending:#?}");
+    let note = pending[0].note.clone().unwrap();
+    assert!(
+        note.contains("hostpathprovisioner.kubevirt.io/skip-cleanup=true"),
+        "{note}"
+    );
+    // The way out.
+    let api: Api<HostPathProvisioner> = Api::all(env.fake.client());
+    api.patch(
+        CR,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({
+            "metadata": { "annotations": { "hostpathprovisioner.kubevirt.io/skip-cleanup": "true" } }
+        })),
+    )
+    .await
+    .unwrap();
+    env.pass().await.unwrap();
+    assert!(
+        env.fake.get::<HostPathProvisioner>(None, CR).is_none(),
+        "deletion finished"
+    );
+    assert!(
+        env.names::<k8s_openapi::api::batch::v1::Job>().is_empty(),
+        "no Job left behind"
+    );
+    let skipped = warning_events(&env)
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("CleanupSkipped"))
+        .expect("the admin is told what was not cleaned");
+    let note = skipped.note.unwrap();
+    assert!(
+        note.contains("pool local on node node01 (/var/hpvolumes/csi)") && note.contains("node node02"),
+        "{note}"
+    );
+}
