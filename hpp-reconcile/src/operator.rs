@@ -33,6 +33,11 @@ use crate::subreconciler::ObjectWarning;
 /// Default [`Context::warning_grace`].
 pub const DEFAULT_WARNING_GRACE: Duration = Duration::from_secs(60);
 
+/// Event reason: a deletion waits for pool cleanup Jobs (published once, with the way out).
+pub const REASON_CLEANUP_PENDING: &str = "CleanupPending";
+/// Event reason: a deletion finished without some unmount Jobs (skip-cleanup annotation).
+pub const REASON_CLEANUP_SKIPPED: &str = "CleanupSkipped";
+
 /// Field manager of status writes.
 pub const STATUS_MANAGER: &str = "hpp-operator/status";
 
@@ -378,8 +383,8 @@ async fn cleanup(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action>
                  and data on those nodes are then left in place",
                 names::ANNOTATION_SKIP_CLEANUP
             );
-            if ctx.first_time(&hpp, "CleanupPending", &note) {
-                publish(ctx, &hpp, EventType::Warning, "CleanupPending".into(), note).await;
+            if ctx.first_time(&hpp, REASON_CLEANUP_PENDING, &note) {
+                publish(ctx, &hpp, EventType::Warning, REASON_CLEANUP_PENDING.into(), note).await;
             }
             Err(Error::CleanupPending(what))
         }
@@ -394,7 +399,7 @@ async fn cleanup(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action>
                     skipped.join(", ")
                 );
                 warn!("{note}");
-                publish(ctx, &hpp, EventType::Warning, "CleanupSkipped".into(), note).await;
+                publish(ctx, &hpp, EventType::Warning, REASON_CLEANUP_SKIPPED.into(), note).await;
             }
             Ok(Action::await_change())
         }
