@@ -278,7 +278,7 @@ fn no_class_marks_itself_default_and_provisioner_layers_ship_none() {
                 );
             }
             assert!(
-                !(layer.starts_with("deploy/legacy/") && !layer.ends_with("/storageclass")),
+                !layer.starts_with("deploy/legacy/") || layer.ends_with("/storageclass"),
                 "{layer}: the provisioner manifests ship StorageClass {} (move it to storageclass/)",
                 name(o)
             );

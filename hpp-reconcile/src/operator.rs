@@ -372,9 +372,11 @@ async fn cleanup(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action>
     let applier = ctx.applier();
     let mut facts = gather::gather(&applier, &cfg.namespace).await?;
     ctx.pipeline.gather(&applier, cfg, &mut facts).await?;
-    let skipped = storage_pools::skip_cleanup(&hpp)
-        .then(|| storage_pools::uncleaned_mounts(&facts))
-        .unwrap_or_default();
+    let skipped = if storage_pools::skip_cleanup(&hpp) {
+        storage_pools::uncleaned_mounts(&facts)
+    } else {
+        Vec::new()
+    };
     match ctx.pipeline.cleanup(&applier, &hpp, cfg, &facts).await {
         Err(Error::CleanupPending(what)) => {
             let note = format!(
