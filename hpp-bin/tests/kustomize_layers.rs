@@ -344,3 +344,41 @@ fn every_install_path_has_a_documented_uninstall_that_removes_what_it_created() 
         }
     }
 }
+
+/// Runs `deploy/webhook/preflight.sh` against a stand-in `kubectl` that answers `get` with
+/// `status` (0: found, 1: not found) for names containing `cert-manager` and 0 otherwise.
+fn preflight(cert_manager: bool) -> std::process::Output {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let stub = dir.path().join("kubectl");
+    let missing = if cert_manager { 0 } else { 1 };
+    std::fs::write(
+        &stub,
+        format!("#!/bin/sh\ncase \"$*\" in *cert-manager*) exit {missing};; esac\nexit 0\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", dir.path().display(), std::env::var("PATH").unwrap_or_default());
+    Command::new("sh")
+        .arg(repo().join("deploy/webhook/preflight.sh"))
+        .env("PATH", path)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_webhook_preflight_refuses_without_cert_manager_before_anything_is_applied() {
+    if Command::new("sh").arg("-c").arg("true").output().is_err() {
+        eprintln!("SKIPPED the_webhook_preflight_refuses_without_cert_manager_before_anything_is_applied: no sh");
+        return;
+    }
+    let without = preflight(false);
+    assert!(!without.status.success());
+    let err = String::from_utf8_lossy(&without.stderr);
+    assert!(
+        err.contains("needs cert-manager") && err.contains("certificates.cert-manager.io"),
+        "{err}"
+    );
+    let with = preflight(true);
+    assert!(with.status.success(), "{}", String::from_utf8_lossy(&with.stderr));
+}
