@@ -29,7 +29,15 @@ fn parse_dir(dir: &Path) -> Parsed {
     let mut out = Parsed::default();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
-        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+        if path.is_dir() {
+            // The example StorageClass lives in storageclass/, applied separately.
+            let sub = parse_dir(&path);
+            out.classes.extend(sub.classes);
+            continue;
+        }
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml")
+            || path.file_name().is_some_and(|n| n == "kustomization.yaml")
+        {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();

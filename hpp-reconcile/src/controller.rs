@@ -70,14 +70,15 @@ fn cached_watch(
     }
 }
 
-/// What the controller watches: every kind the pipeline manages (labelled objects) plus the
-/// sources the facts are gathered from.
+/// What the controller watches: every kind the pipeline manages (labelled objects), what the
+/// steps read without owning, and the sources the facts are gathered from.
 pub fn watched(ctx: &Context, facts: &crate::ClusterFacts) -> BTreeSet<(Kind, String)> {
     let managed = managed_selector();
     ctx.pipeline
         .kinds(facts)
         .into_iter()
         .map(|k| (k, managed.clone()))
+        .chain(ctx.pipeline.watches())
         .chain(gather::fact_sources())
         .collect()
 }

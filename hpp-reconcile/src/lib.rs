@@ -57,7 +57,7 @@ pub use error::{Error, Result};
 pub use facts::{ClusterFacts, FactMap};
 pub use object::{ApplyStrategy, DesiredObject, Kind, StaticScope};
 pub use pipeline::{PassReport, Pipeline};
-pub use subreconciler::{Decorate, Edit, Readiness, StepCondition, SubReconciler, SubReconcilerExt};
+pub use subreconciler::{Decorate, Edit, ObjectWarning, Readiness, StepCondition, SubReconciler, SubReconcilerExt};
 
 /// The crates a custom sub-reconciler needs, re-exported so an embedder depends on one crate
 /// and always gets the versions this library was built with.

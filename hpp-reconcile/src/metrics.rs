@@ -35,6 +35,13 @@ pub struct CategoryLabels {
     pub category: &'static str,
 }
 
+/// Label of a per-StorageClass series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StorageClassLabels {
+    /// StorageClass name.
+    pub storageclass: String,
+}
+
 /// Handles to every operator metric.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -47,6 +54,9 @@ pub struct Metrics {
     pub errors: Family<CategoryLabels, Counter>,
     /// Pass duration in seconds.
     pub duration: Histogram,
+    /// 1 for every StorageClass of the driver whose `storagePool` names no configured pool
+    /// (no series for classes that are fine).
+    pub storageclass_unknown_pool: Family<StorageClassLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -58,6 +68,7 @@ impl Default for Metrics {
             reconciles: Family::default(),
             errors: Family::default(),
             duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            storageclass_unknown_pool: Family::default(),
         }
     }
 }
@@ -70,6 +81,11 @@ impl Metrics {
             "cr_ready",
             "HPP CR ready (1), not ready (0), unknown (-1)",
             m.cr_ready.clone(),
+        );
+        registry.sub_registry_with_prefix(KUBEVIRT_PREFIX).register(
+            "storageclass_unknown_pool",
+            "StorageClass of the driver whose storagePool names no configured pool (1); fixed classes have no series",
+            m.storageclass_unknown_pool.clone(),
         );
         let r = registry.sub_registry_with_prefix(PREFIX);
         r.register("reconcile", "Reconcile passes by result", m.reconciles.clone());
@@ -84,6 +100,18 @@ impl Metrics {
             m.duration.clone(),
         );
         m
+    }
+
+    /// Replaces the `kubevirt_hpp_storageclass_unknown_pool` series with one per flagged class.
+    pub fn set_unknown_pool_classes(&self, classes: &[String]) {
+        self.storageclass_unknown_pool.clear();
+        for storageclass in classes {
+            self.storageclass_unknown_pool
+                .get_or_create(&StorageClassLabels {
+                    storageclass: storageclass.clone(),
+                })
+                .set(1);
+        }
     }
 
     /// Records one pass.

@@ -43,6 +43,10 @@ pub const ANNOTATION_POOL_NODE: &str = "hostpathprovisioner.kubevirt.io/pool-nod
 pub const ANNOTATION_POOL_MOUNT_PATH: &str = "hostpathprovisioner.kubevirt.io/pool-mount-path";
 /// On mounter Deployments and cleanup Jobs: what the pod does to the pool, `mount` or `unmount`.
 pub const ANNOTATION_POOL_ACTION: &str = "hostpathprovisioner.kubevirt.io/pool-action";
+/// Set to `"true"` on a HostPathProvisioner stuck deleting because its pool cleanup Jobs cannot
+/// run: the operator stops waiting for them, leaves those pool mounts and their data on the
+/// nodes, names them in a Warning Event, and finishes the deletion.
+pub const ANNOTATION_SKIP_CLEANUP: &str = "hostpathprovisioner.kubevirt.io/skip-cleanup";
 /// [`ANNOTATION_POOL_ACTION`] of a mounter Deployment.
 pub const POOL_ACTION_MOUNT: &str = "mount";
 /// [`ANNOTATION_POOL_ACTION`] of a cleanup Job.

@@ -2,7 +2,7 @@
 //! pipeline pass (or cleanup), then status and Events. No controller wiring here (see
 //! `controller`), so tests can call `reconcile` directly and count requests.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,8 +24,19 @@ use crate::error::{Error, Result};
 use crate::events::EventRecorder;
 use crate::gather;
 use crate::metrics::Metrics;
+use crate::names;
 use crate::pipeline::Pipeline;
-use crate::status::{self, Derived, Outcome};
+use crate::reconcilers::storage_pools;
+use crate::status::{self, Outcome};
+use crate::subreconciler::ObjectWarning;
+
+/// Default [`Context::warning_grace`].
+pub const DEFAULT_WARNING_GRACE: Duration = Duration::from_secs(60);
+
+/// Event reason: a deletion waits for pool cleanup Jobs (published once, with the way out).
+pub const REASON_CLEANUP_PENDING: &str = "CleanupPending";
+/// Event reason: a deletion finished without some unmount Jobs (skip-cleanup annotation).
+pub const REASON_CLEANUP_SKIPPED: &str = "CleanupSkipped";
 
 /// Field manager of status writes.
 pub const STATUS_MANAGER: &str = "hpp-operator/status";
@@ -52,7 +63,21 @@ pub struct Context {
     /// every pass; `None` keeps `config.metrics_tls_version`.
     pub metrics_tls_version: Option<Arc<dyn Fn() -> String + Send + Sync>>,
     failures: Mutex<HashMap<String, u32>>,
+    /// Step warnings already published (object, reason, message): each is published once while
+    /// it lasts.
+    warned: Mutex<BTreeSet<(String, String, String)>>,
+    /// How long a CR that was never Available may be in a warning state before its Warning
+    /// Events are published (a first deploy's transient errors and unbound pool claims are
+    /// routine for a few seconds).
+    pub warning_grace: Duration,
+    held: Mutex<HashMap<String, HeldWarnings>>,
     now: fn() -> String,
+}
+
+/// Warning Events of a CR that was never Available, held back during the grace period.
+struct HeldWarnings {
+    since: Instant,
+    events: Vec<(String, String)>,
 }
 
 fn rfc3339_now() -> String {
@@ -79,6 +104,9 @@ impl Context {
             max_backoff: Duration::from_secs(300),
             metrics_tls_version: None,
             failures: Mutex::new(HashMap::new()),
+            warned: Mutex::new(BTreeSet::new()),
+            warning_grace: DEFAULT_WARNING_GRACE,
+            held: Mutex::new(HashMap::new()),
             now: rfc3339_now,
         }
     }
@@ -103,6 +131,71 @@ impl Context {
         self.base_backoff = base;
         self.max_backoff = max;
         self
+    }
+
+    /// Replaces the grace period of Warning Events during a first deploy.
+    pub fn with_warning_grace(mut self, grace: Duration) -> Self {
+        self.warning_grace = grace;
+        self
+    }
+
+    /// Holds a Warning Event of a CR that was never Available; returns false (publish now)
+    /// once the CR's warning state has outlasted the grace period, or when it was Available.
+    fn hold(&self, hpp: &HostPathProvisioner, reason: &str, message: &str) -> bool {
+        let never_available = hpp.status.as_ref().is_none_or(|s| s.observed_version.is_none());
+        if !never_available || self.warning_grace.is_zero() {
+            return false;
+        }
+        let Ok(mut held) = self.held.lock() else { return false };
+        let entry = held.entry(hpp.name_any()).or_insert_with(|| HeldWarnings {
+            since: Instant::now(),
+            events: Vec::new(),
+        });
+        if entry.since.elapsed() >= self.warning_grace {
+            return false;
+        }
+        entry.events.push((reason.to_owned(), message.to_owned()));
+        true
+    }
+
+    /// After a pass in a warning state: the held Events whose grace ran out (to publish now),
+    /// and how long until the rest are due. A pass out of the warning state drops them.
+    fn due_warnings(&self, hpp: &HostPathProvisioner, warning: bool) -> (Vec<(String, String)>, Option<Duration>) {
+        let Ok(mut held) = self.held.lock() else {
+            return (Vec::new(), None);
+        };
+        let name = hpp.name_any();
+        if !warning {
+            held.remove(&name);
+            return (Vec::new(), None);
+        }
+        match held.get(&name) {
+            Some(h) if h.since.elapsed() >= self.warning_grace => {
+                let due = held.remove(&name).map(|h| h.events).unwrap_or_default();
+                // Keep the clock running, so later warnings of this episode are not held again.
+                held.insert(
+                    name,
+                    HeldWarnings {
+                        since: Instant::now()
+                            .checked_sub(self.warning_grace)
+                            .unwrap_or_else(Instant::now),
+                        events: Vec::new(),
+                    },
+                );
+                (due, None)
+            }
+            Some(h) if !h.events.is_empty() => (Vec::new(), Some(self.warning_grace.saturating_sub(h.since.elapsed()))),
+            _ => (Vec::new(), None),
+        }
+    }
+
+    /// Whether this (CR, reason, message) is new since the operator started: one-off Events
+    /// about a condition that lasts (a stuck deletion) are published once.
+    fn first_time(&self, hpp: &HostPathProvisioner, reason: &str, message: &str) -> bool {
+        self.warned
+            .lock()
+            .map(|mut w| w.insert((format!("cr/{}", hpp.name_any()), reason.to_owned(), message.to_owned())))
+            .unwrap_or(true)
     }
 
     /// Turns Events off.
@@ -144,7 +237,9 @@ pub fn error_policy(hpp: Arc<HostPathProvisioner>, err: &Error, ctx: Arc<Context
     warn!(hpp = %hpp.name_any(), category = err.category(), error = %err, "reconcile failed");
     match err.root() {
         Error::Downgrade { .. } => Action::await_change(),
-        Error::CleanupPending(_) => Action::requeue(ctx.base_backoff.max(Duration::from_millis(10))),
+        // Deletion waiting for cleanup Jobs backs off like any failure (the Jobs' watch
+        // events still trigger a pass as soon as they finish), so a stuck deletion does not
+        // warn twice a second.
         _ => {
             let attempts = ctx
                 .failures
@@ -247,14 +342,21 @@ async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
     };
     match pass.await {
         Ok(report) => {
-            write_status(&api, &hpp, &Outcome::Applied(&report.readiness), ctx).await?;
-            Ok(Action::await_change())
+            let derived = write_status(&api, &hpp, &Outcome::Applied(&report.readiness), ctx).await?;
+            publish_warnings(ctx, &report.readiness.warnings).await;
+            Ok(match derived.warnings_due_in {
+                // Come back when the held Warning Events are due, even if nothing changes.
+                Some(due) => Action::requeue(due),
+                None => Action::await_change(),
+            })
         }
         Err(e) => {
             match write_status(&api, &hpp, &Outcome::Failed(e.to_string()), ctx).await {
                 // A new failure also gets a Warning Event whose reason is the bounded category.
                 Ok(derived) if derived.transition => {
-                    publish(ctx, &hpp, EventType::Warning, e.event_reason(), e.to_string()).await
+                    if !ctx.hold(&hpp, &e.event_reason(), &e.to_string()) {
+                        publish(ctx, &hpp, EventType::Warning, e.event_reason(), e.to_string()).await
+                    }
                 }
                 Ok(_) => {}
                 Err(status_err) => warn!(error = %status_err, "could not record the failure in status"),
@@ -270,8 +372,40 @@ async fn cleanup(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action>
     let applier = ctx.applier();
     let mut facts = gather::gather(&applier, &cfg.namespace).await?;
     ctx.pipeline.gather(&applier, cfg, &mut facts).await?;
-    ctx.pipeline.cleanup(&applier, &hpp, cfg, &facts).await?;
-    Ok(Action::await_change())
+    let skipped = if storage_pools::skip_cleanup(&hpp) {
+        storage_pools::uncleaned_mounts(&facts)
+    } else {
+        Vec::new()
+    };
+    match ctx.pipeline.cleanup(&applier, &hpp, cfg, &facts).await {
+        Err(Error::CleanupPending(what)) => {
+            let note = format!(
+                "Deletion is {what}. If they cannot run (a node is down or cannot pull the image), \
+                 annotate the CR with {}=true to finish the deletion without them; the pool mounts \
+                 and data on those nodes are then left in place",
+                names::ANNOTATION_SKIP_CLEANUP
+            );
+            if ctx.first_time(&hpp, REASON_CLEANUP_PENDING, &note) {
+                publish(ctx, &hpp, EventType::Warning, REASON_CLEANUP_PENDING.into(), note).await;
+            }
+            Err(Error::CleanupPending(what))
+        }
+        Err(e) => Err(e),
+        Ok(()) => {
+            if !skipped.is_empty() {
+                let note = format!(
+                    "Deleted without unmounting (annotation {}): {}. The mounts and the data under \
+                     them were left in place; unmount them on those nodes by hand (umount <path>) \
+                     or reinstall to reuse them",
+                    names::ANNOTATION_SKIP_CLEANUP,
+                    skipped.join(", ")
+                );
+                warn!("{note}");
+                publish(ctx, &hpp, EventType::Warning, REASON_CLEANUP_SKIPPED.into(), note).await;
+            }
+            Ok(Action::await_change())
+        }
+    }
 }
 
 /// Full status as a merge patch body: absent fields become null so they are cleared.
@@ -295,13 +429,14 @@ fn status_patch(status: &HostPathProvisionerStatus) -> Result<Value> {
 }
 
 /// Derives and writes the status (only when something besides heartbeats changed) and
-/// publishes an Event on a condition transition.
+/// publishes an Event on a condition transition; a Warning Event of a CR that was never
+/// Available waits for [`Context::warning_grace`] and is dropped if the CR recovers first.
 async fn write_status(
     api: &Api<HostPathProvisioner>,
     hpp: &HostPathProvisioner,
     outcome: &Outcome<'_>,
     ctx: &Context,
-) -> Result<Derived> {
+) -> Result<StatusWritten> {
     let prev = hpp.status.clone().unwrap_or_default();
     let derived = status::derive(&prev, &ctx.config.version, outcome, &(ctx.now)());
     if derived.changed {
@@ -318,15 +453,86 @@ async fn write_status(
         .map_err(|e| Error::kube("patch status", hpp.name_any(), e))?;
     }
     ctx.metrics.cr_ready.set(status::cr_ready_value(&derived.status));
+    let warning = derived.state.is_warning();
     if derived.transition {
-        let type_ = if derived.state.is_warning() {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        publish(ctx, hpp, type_, derived.reason.clone(), derived.message.clone()).await;
+        if !warning {
+            publish(
+                ctx,
+                hpp,
+                EventType::Normal,
+                derived.reason.clone(),
+                derived.message.clone(),
+            )
+            .await;
+        } else if !ctx.hold(hpp, &derived.reason, &derived.message) {
+            publish(
+                ctx,
+                hpp,
+                EventType::Warning,
+                derived.reason.clone(),
+                derived.message.clone(),
+            )
+            .await;
+        }
     }
-    Ok(derived)
+    let (due, due_in) = ctx.due_warnings(hpp, warning);
+    for (reason, message) in due {
+        publish(ctx, hpp, EventType::Warning, reason, message).await;
+    }
+    Ok(StatusWritten {
+        transition: derived.transition,
+        warnings_due_in: due_in,
+    })
+}
+
+/// What `write_status` did that its callers act on.
+struct StatusWritten {
+    /// The conditions changed.
+    transition: bool,
+    /// Held Warning Events are due in this long (reconcile again then).
+    warnings_due_in: Option<Duration>,
+}
+
+/// Updates the gauges fed by step warnings and publishes each new warning as a Warning Event
+/// on its object; a warning that is no longer reported is forgotten, so it is published again
+/// if it comes back.
+async fn publish_warnings(ctx: &Context, warnings: &[ObjectWarning]) {
+    ctx.metrics
+        .set_unknown_pool_classes(&crate::reconcilers::storage_class_pools::flagged_classes(warnings));
+    let key = |w: &ObjectWarning| {
+        let r = &w.regarding;
+        (
+            format!(
+                "{}/{}/{}",
+                r.kind.as_deref().unwrap_or_default(),
+                r.namespace.as_deref().unwrap_or_default(),
+                r.name.as_deref().unwrap_or_default()
+            ),
+            w.reason.clone(),
+            w.message.clone(),
+        )
+    };
+    let current: BTreeSet<_> = warnings.iter().map(key).collect();
+    let new: Vec<&ObjectWarning> = {
+        let Ok(mut warned) = ctx.warned.lock() else { return };
+        let new = warnings.iter().filter(|w| !warned.contains(&key(w))).collect();
+        *warned = current;
+        new
+    };
+    let Some(recorder) = &ctx.recorder else { return };
+    for w in new {
+        warn!(object = ?w.regarding.name, reason = %w.reason, "{}", w.message);
+        let event = Event {
+            type_: EventType::Warning,
+            reason: w.reason.clone(),
+            note: Some(w.message.clone()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &w.regarding).await {
+            warn!(error = %e, "could not publish event");
+        }
+    }
 }
 
 /// Publishes an Event about the CR; failures are logged, never fatal.

@@ -46,6 +46,8 @@ impl Pipeline {
             .with(reconcilers::LegacyDaemonSet)
             .with(reconcilers::StoragePools)
             .with(reconcilers::Prometheus)
+            .with(reconcilers::StorageClassPools)
+            .with(reconcilers::PoolMounts)
     }
 
     /// Appends a step.
@@ -107,6 +109,13 @@ impl Pipeline {
     /// Every kind any step manages (what the sweep lists and the controller watches).
     pub fn kinds(&self, facts: &ClusterFacts) -> Vec<Kind> {
         let set: BTreeSet<Kind> = self.steps.iter().flat_map(|s| s.kinds(facts)).collect();
+        set.into_iter().collect()
+    }
+
+    /// Every (kind, label selector) the steps read without owning (see
+    /// [`SubReconciler::watches`]).
+    pub fn watches(&self) -> Vec<(Kind, String)> {
+        let set: BTreeSet<(Kind, String)> = self.steps.iter().flat_map(|s| s.watches()).collect();
         set.into_iter().collect()
     }
 

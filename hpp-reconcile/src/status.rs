@@ -174,7 +174,7 @@ pub fn derive(prev: &HostPathProvisionerStatus, version: &str, outcome: &Outcome
                     (
                         State::Failed,
                         cond::REASON_DEGRADED,
-                        "CR is deployed but DaemonSets are not ready".to_owned(),
+                        format!("CR is deployed but DaemonSets are not ready: {detail}"),
                     )
                 }
             } else if let Some(first) = r.pools_not_ready.first() {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
 use hpp_api::v1beta1::StoragePoolStatus;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::DynamicObject;
 
 use crate::apply::Applier;
@@ -29,6 +30,19 @@ pub struct StepCondition {
     pub message: String,
 }
 
+/// A problem a step found on some object (the CR, a StorageClass, ...): the operator publishes
+/// it as a Warning Event on that object once, when it first appears, and again only after it
+/// went away and came back.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObjectWarning {
+    /// The object the Event is about.
+    pub regarding: ObjectReference,
+    /// CamelCase Event reason.
+    pub reason: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
 /// What a sub-reconciler found after applying its objects.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Readiness {
@@ -43,6 +57,8 @@ pub struct Readiness {
     pub pool_statuses: Vec<StoragePoolStatus>,
     /// Conditions of the step's own, published in `status.conditions`.
     pub conditions: Vec<StepCondition>,
+    /// Problems on objects, published as Warning Events.
+    pub warnings: Vec<ObjectWarning>,
 }
 
 impl Readiness {
@@ -58,6 +74,7 @@ impl Readiness {
         self.pools_not_ready.extend(other.pools_not_ready);
         self.pool_statuses.extend(other.pool_statuses);
         self.conditions.extend(other.conditions);
+        self.warnings.extend(other.warnings);
     }
 }
 
@@ -72,6 +89,13 @@ pub trait SubReconciler: Send + Sync {
     /// Kinds this sub-reconciler creates: the controller watches them, and labelled objects of
     /// these kinds that nobody claimed in a pass are deleted by the pipeline's sweep.
     fn kinds(&self, facts: &ClusterFacts) -> Vec<Kind>;
+
+    /// Objects the step reads but does not own, as (kind, label selector; empty for every
+    /// object): the controller watches them so a change triggers a pass, and
+    /// [`Applier::list`] with the same kind and selector reads them from that watch cache.
+    fn watches(&self) -> Vec<(Kind, String)> {
+        Vec::new()
+    }
 
     /// Reads facts of the step's own before a pass (the default reads nothing). Store them in
     /// `facts.extensions` by type; `desired`, `readiness` and `cleanup` see them. Reads only.
@@ -125,6 +149,9 @@ macro_rules! delegate {
             }
             fn kinds(&self, facts: &ClusterFacts) -> Vec<Kind> {
                 (**self).kinds(facts)
+            }
+            fn watches(&self) -> Vec<(Kind, String)> {
+                (**self).watches()
             }
             async fn gather(&self, applier: &Applier, cfg: &OperatorConfig, facts: &mut ClusterFacts) -> Result<()> {
                 (**self).gather(applier, cfg, facts).await
@@ -184,6 +211,9 @@ impl<S: SubReconciler, F: Edit> SubReconciler for Decorate<S, F> {
     }
     fn kinds(&self, facts: &ClusterFacts) -> Vec<Kind> {
         self.inner.kinds(facts)
+    }
+    fn watches(&self) -> Vec<(Kind, String)> {
+        self.inner.watches()
     }
     async fn gather(&self, applier: &Applier, cfg: &OperatorConfig, facts: &mut ClusterFacts) -> Result<()> {
         self.inner.gather(applier, cfg, facts).await

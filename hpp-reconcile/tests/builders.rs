@@ -569,7 +569,9 @@ fn pipeline_can_be_edited_in_a_few_lines() {
             "csi-daemonset",
             "legacy-daemonset",
             "storage-pools",
-            "prometheus"
+            "prometheus",
+            "storage-class-pools",
+            "pool-mounts"
         ]
     );
     assert!(p.remove("prometheus"));

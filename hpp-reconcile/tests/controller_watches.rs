@@ -147,6 +147,17 @@ async fn steady_state_reads_come_from_the_watch_caches() {
         .expect("claims");
     env.daemonset_ready("hostpath-provisioner-csi", 3);
     env.bind_claims();
+    let mounters = |f: &FakeApiServer| {
+        f.list::<k8s_openapi::api::apps::v1::Deployment>()
+            .iter()
+            .filter(|d| d.metadata.name.as_deref().is_some_and(|n| n.starts_with("hpp-pool-")))
+            .count()
+            == 3
+    };
+    tokio::time::timeout(PATIENCE, fake.wait_until(mounters))
+        .await
+        .expect("mounters");
+    env.mounters_ready();
     tokio::time::timeout(PATIENCE, fake.wait_until(available))
         .await
         .expect("available");

@@ -162,3 +162,172 @@ async fn releasing_a_gone_second_cr_is_not_an_error() {
         .await
         .expect("NotFound while releasing a gone CR means done");
 }
+
+fn warning_events(env: &Env) -> Vec<k8s_openapi::api::events::v1::Event> {
+    env.fake
+        .list::<k8s_openapi::api::events::v1::Event>()
+        .into_iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_transient_failure_during_a_healthy_first_deploy_emits_no_warning_event() {
+    use hpp_reconcile::testkit::FailureRule;
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &["node01"]);
+    env.pass().await.unwrap(); // adds the finalizer
+    // The first deploy pass fails once (the API server hiccups on the DaemonSet).
+    env.fake
+        .fail_requests(FailureRule::new(500).path_contains("/daemonsets").times(1));
+    assert!(env.pass().await.is_err());
+    assert_eq!(
+        env.condition("Degraded").0,
+        "True",
+        "the status still says what happened"
+    );
+    env.converge().await;
+    env.daemonset_ready(CSI_DS, 1);
+    env.converge().await;
+    // DaemonSets ready, pool claim not bound yet: StoragePoolNotReady, routine for a moment.
+    assert_eq!(env.condition("Degraded").1.as_deref(), Some("StoragePoolNotReady"));
+    env.bind_claims();
+    env.converge().await;
+    env.mounters_ready();
+    env.converge().await;
+    assert_eq!(env.condition("Available").0, "True");
+    assert!(warning_events(&env).is_empty(), "{:#?}", warning_events(&env));
+}
+
+#[tokio::test]
+async fn a_first_deploy_failure_that_outlasts_the_grace_is_a_warning() {
+    use hpp_reconcile::testkit::FailureRule;
+    let env = Env::new("hostpathprovisioner_cr", &["node01"]);
+    let ctx = Context::new(
+        env.fake.client(),
+        support::config("v1.0.0"),
+        Pipeline::standard(),
+        env.ctx.metrics.clone(),
+    )
+    .with_warning_grace(Duration::ZERO);
+    env.pass().await.unwrap(); // adds the finalizer
+    env.fake
+        .fail_requests(FailureRule::new(500).path_contains("/daemonsets"));
+    assert!(reconcile(Arc::new(env.hpp()), Arc::new(ctx)).await.is_err());
+    let warnings = warning_events(&env);
+    assert!(
+        warnings.iter().any(|e| e.reason.as_deref() == Some("ReconcileFailed")),
+        "{warnings:#?}"
+    );
+    // With the default grace the same failure is held back, and the pass asks to be retried.
+    let env = Env::new("hostpathprovisioner_cr", &["node01"]);
+    env.pass().await.unwrap();
+    env.fake
+        .fail_requests(FailureRule::new(500).path_contains("/daemonsets"));
+    assert!(env.pass().await.is_err());
+    assert!(env.pass().await.is_err());
+    assert!(warning_events(&env).is_empty());
+}
+
+#[tokio::test]
+async fn a_mounter_rollout_is_progressing_and_named_like_a_daemonset_rollout() {
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &["node01", "node02"]);
+    env.converge().await;
+    env.daemonset_ready(CSI_DS, 2);
+    env.bind_claims();
+    env.converge().await;
+    assert_eq!(
+        env.condition("Available").0,
+        "False",
+        "claims Bound but no mounter available yet"
+    );
+    env.mounters_ready();
+    env.converge().await;
+    assert_eq!(env.condition("Available").1.as_deref(), Some("Complete"));
+    assert_eq!(env.ctx.metrics.cr_ready.get(), 1);
+    // A new mounter template the Deployment controller has not caught up with yet.
+    let name = "hpp-pool-local-node02";
+    assert!(env.fake.set_status::<k8s_openapi::api::apps::v1::Deployment>(
+        Some(NS),
+        name,
+        serde_json::json!({ "observedGeneration": 0, "replicas": 1, "updatedReplicas": 0, "availableReplicas": 1 }),
+    ));
+    env.converge().await;
+    let (status, reason, message) = env.condition("Progressing");
+    assert_eq!((status.as_str(), reason.as_deref()), ("True", Some("UpgradeStarted")));
+    assert!(message.unwrap().contains(&format!("Deployment {name}")));
+    assert_eq!(env.condition("Available").0, "True", "the old mounter still serves");
+    assert_eq!(env.ctx.metrics.cr_ready.get(), 0);
+    env.deployment_ready(name);
+    env.converge().await;
+    assert_eq!(env.condition("Progressing").0, "False");
+    // A mounter that stops being available on a healthy CR is Degraded, and named.
+    assert!(env.fake.set_status::<k8s_openapi::api::apps::v1::Deployment>(
+        Some(NS),
+        name,
+        serde_json::json!({ "observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 0 }),
+    ));
+    env.converge().await;
+    let (status, _, message) = env.condition("Degraded");
+    assert_eq!(status, "True");
+    assert!(message.unwrap().contains(name));
+}
+
+#[tokio::test]
+async fn a_deletion_stuck_on_cleanup_jobs_backs_off_and_the_skip_annotation_finishes_it() {
+    use hpp_reconcile::operator::error_policy;
+    use kube::api::{Api, Patch, PatchParams};
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &["node01", "node02"]);
+    env.converge().await;
+    env.fake.remove::<HostPathProvisioner>(None, CR);
+    // The cleanup Jobs never run (say the image cannot be pulled on those nodes).
+    let mut delays = Vec::new();
+    for _ in 0..4 {
+        let err = env.pass().await.unwrap_err();
+        assert_eq!(err.category(), "cleanup_pending");
+        delays.push(error_policy(Arc::new(env.hpp()), &err, env.ctx.clone()));
+    }
+    let expected: Vec<_> = [20, 40, 80, 160]
+        .into_iter()
+        .map(|ms| kube::runtime::controller::Action::requeue(Duration::from_millis(ms)))
+        .collect();
+    assert_eq!(delays, expected, "the retry (and its warning) backs off");
+    let pending: Vec<_> = warning_events(&env)
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("CleanupPending"))
+        .collect();
+    assert_eq!(pending.len(), 1, "told once, not every pass: {pending:#?}");
+    let note = pending[0].note.clone().unwrap();
+    assert!(
+        note.contains("hostpathprovisioner.kubevirt.io/skip-cleanup=true"),
+        "{note}"
+    );
+    // The way out.
+    let api: Api<HostPathProvisioner> = Api::all(env.fake.client());
+    api.patch(
+        CR,
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({
+            "metadata": { "annotations": { "hostpathprovisioner.kubevirt.io/skip-cleanup": "true" } }
+        })),
+    )
+    .await
+    .unwrap();
+    env.pass().await.unwrap();
+    assert!(
+        env.fake.get::<HostPathProvisioner>(None, CR).is_none(),
+        "deletion finished"
+    );
+    assert!(
+        env.names::<k8s_openapi::api::batch::v1::Job>().is_empty(),
+        "no Job left behind"
+    );
+    let skipped = warning_events(&env)
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("CleanupSkipped"))
+        .expect("the admin is told what was not cleaned");
+    let note = skipped.note.unwrap();
+    assert!(
+        note.contains("pool local on node node01 (/var/hpvolumes/csi)") && note.contains("node node02"),
+        "{note}"
+    );
+}

@@ -162,6 +162,10 @@ async fn pvc_template_rwo_pool_reports_claims_until_bound() {
     );
     env.bind_claims();
     env.converge().await;
+    // Claims Bound, mounters not rolled out yet: still deploying, naming nothing worse.
+    assert_eq!(env.condition("Progressing").1.as_deref(), Some("DeployStarted"));
+    env.mounters_ready();
+    env.converge().await;
     assert_eq!(env.condition("Available").0, "True");
     let pool = &env.hpp().status.unwrap().storage_pool_statuses[0];
     assert_eq!((pool.desired_ready, pool.claim_statuses.len()), (Some(2), 2));

@@ -285,6 +285,7 @@ fn exercised_registry(which: &str) -> anyhow::Result<Registry> {
         "hpp-operator" => {
             let m = hpp_reconcile::metrics::Metrics::register(&mut registry);
             m.observe(0.01, Some("conflict"));
+            m.set_unknown_pool_classes(&["hostpath-csi".to_owned()]);
             let w = hpp_webhook::metrics::Metrics::register(&mut registry);
             w.request("validate", "allowed", 0.001);
             w.handshake_failed();

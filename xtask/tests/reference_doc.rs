@@ -186,6 +186,9 @@ fn flags_and_env_names_in_prose_exist() {
         "--leader-election",
         "--for",
         "--field-selector",
+        // mount(8), quoted in the shared-mount troubleshooting row.
+        "--make-rshared",
+        "--ignore-not-found",
         "--type",
         "--show-labels",
         "--locked",
@@ -440,4 +443,36 @@ fn owned_object_names_in_the_migration_guide_are_the_rendered_ones() {
         missing.is_empty(),
         "docs/migration.md (section 1, \"What does not change\") does not name these operator-owned objects: {missing:?}"
     );
+}
+
+/// Every condition and Warning Event reason the operator reports has a row in the user guide's
+/// troubleshooting table, so a warning an admin sees always has a "what to do".
+#[test]
+fn troubleshooting_covers_every_warning_the_operator_reports() {
+    use hpp_api::condition as cond;
+    use hpp_reconcile::operator::{REASON_CLEANUP_PENDING, REASON_CLEANUP_SKIPPED};
+    use hpp_reconcile::reconcilers::{pool_mounts, storage_class_pools};
+    let guide = read("docs/user-guide.md");
+    let table = section(&guide, "## Troubleshooting by symptom");
+    for name in [
+        cond::REASON_DEGRADED,
+        cond::REASON_STORAGE_POOL_NOT_READY,
+        cond::REASON_RECONCILE_FAILED,
+        cond::REASON_UPGRADE_STARTED,
+        cond::REASON_DEPLOY_STARTED,
+        storage_class_pools::CONDITION_STORAGE_CLASSES_VALID,
+        storage_class_pools::REASON_UNKNOWN_STORAGE_POOL,
+        pool_mounts::CONDITION_POOL_MOUNTS_SHARED,
+        pool_mounts::REASON_POOL_MOUNT_NOT_SHARED,
+        REASON_CLEANUP_PENDING,
+        REASON_CLEANUP_SKIPPED,
+        "kubevirt_hpp_storageclass_unknown_pool",
+        "csistoragecapacities",
+        "-c csi-provisioner",
+    ] {
+        assert!(
+            table.contains(name),
+            "docs/user-guide.md troubleshooting never mentions {name}"
+        );
+    }
 }

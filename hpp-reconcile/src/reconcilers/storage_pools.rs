@@ -227,11 +227,49 @@ pub fn pool_readiness(hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Read
                     status: pvc_status,
                 });
             }
-            status.phase = Some(pool_phase(claims_bound && claims > 0, mounted, deployments.len()).into());
+            let prepared = claims_bound && claims > 0;
+            status.phase = Some(pool_phase(prepared, mounted, deployments.len()).into());
+            // Mounters feed the CR's conditions like the DaemonSets do, once their claims are
+            // Bound (before that the pool is reported as not ready, naming the claim).
+            if prepared {
+                for d in &deployments {
+                    match super::rollout::deployment(d) {
+                        super::rollout::Rollout::Done => {}
+                        super::rollout::Rollout::InProgress(m) => r.workloads_rolling_out.push(m),
+                        super::rollout::Rollout::NotReady(m) => r.workloads_not_ready.push(m),
+                    }
+                }
+            }
         }
         r.pool_statuses.push(status);
     }
     r
+}
+
+/// Whether the admin asked to finish a deletion without the remaining unmount Jobs
+/// ([`names::ANNOTATION_SKIP_CLEANUP`] = `"true"`).
+pub fn skip_cleanup(hpp: &HostPathProvisioner) -> bool {
+    hpp.annotations()
+        .get(names::ANNOTATION_SKIP_CLEANUP)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+/// The pool mounts a deletion leaves in place: every mounter whose unmount Job has not
+/// succeeded, as "pool <pool> on node <node> (<mount path>)".
+pub fn uncleaned_mounts(facts: &ClusterFacts) -> Vec<String> {
+    let mut out = BTreeSet::new();
+    for m in &facts.mounters {
+        let pool = m.pool_label.trim_end_matches("-hpp");
+        let name = names::cleanup_job_name(pool, &m.node);
+        if !facts.cleanup_jobs.iter().any(|j| j.name == name && j.succeeded) {
+            out.insert(format!("pool {pool} on node {} ({})", m.node, m.mount_path));
+        }
+    }
+    for j in facts.cleanup_jobs.iter().filter(|j| !j.succeeded) {
+        let pool = j.pool_label.trim_end_matches("-hpp");
+        out.insert(format!("pool {pool} on node {} ({})", j.node, j.mount_path));
+    }
+    out.into_iter().collect()
 }
 
 /// Sub-reconciler for pvcTemplate pools.
@@ -269,13 +307,14 @@ impl SubReconciler for StoragePools {
         facts: &ClusterFacts,
     ) -> Result<()> {
         let ns = Some(cfg.namespace.as_str());
+        let skip = skip_cleanup(hpp);
         let node_ready = |name: &str| facts.node(name).is_some_and(|n| n.ready);
         let mut pending = Vec::new();
         for m in &facts.mounters {
             let pool = m.pool_label.trim_end_matches("-hpp");
             let name = names::cleanup_job_name(pool, &m.node);
             let job = facts.cleanup_jobs.iter().find(|j| j.name == name);
-            if node_ready(&m.node) && !job.is_some_and(|j| j.succeeded) {
+            if !skip && node_ready(&m.node) && !job.is_some_and(|j| j.succeeded) {
                 let desired = obj::cleanup_job(hpp, &name, &m.pool_label, &m.node, &m.mount_path, cfg)?;
                 applier
                     .apply(&format!("hpp-operator/{}", self.name()), &desired)
@@ -285,7 +324,7 @@ impl SubReconciler for StoragePools {
             applier.delete(&deployment_kind(), ns, &m.name).await?;
         }
         for j in &facts.cleanup_jobs {
-            if !j.succeeded && node_ready(&j.node) && !pending.contains(&j.name) {
+            if !skip && !j.succeeded && node_ready(&j.node) && !pending.contains(&j.name) {
                 pending.push(j.name.clone());
             }
         }

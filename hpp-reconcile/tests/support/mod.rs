@@ -116,6 +116,30 @@ impl Env {
         ));
     }
 
+    /// Marks a Deployment (a pool mounter) rolled out and available.
+    pub fn deployment_ready(&self, name: &str) {
+        let generation = self
+            .fake
+            .get::<k8s_openapi::api::apps::v1::Deployment>(Some(NS), name)
+            .and_then(|d| d.metadata.generation)
+            .unwrap_or(1);
+        assert!(self.fake.set_status::<k8s_openapi::api::apps::v1::Deployment>(
+            Some(NS),
+            name,
+            json!({ "observedGeneration": generation, "replicas": 1, "updatedReplicas": 1,
+                    "readyReplicas": 1, "availableReplicas": 1 }),
+        ));
+    }
+
+    /// Marks every pool mounter Deployment rolled out and available.
+    pub fn mounters_ready(&self) {
+        for d in self.names::<k8s_openapi::api::apps::v1::Deployment>() {
+            if d.starts_with("hpp-pool-") {
+                self.deployment_ready(&d);
+            }
+        }
+    }
+
     /// Binds every pool PVC, as a provisioner would.
     pub fn bind_claims(&self) {
         for pvc in self.fake.list::<PersistentVolumeClaim>() {
