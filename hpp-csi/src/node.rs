@@ -288,7 +288,27 @@ fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
     Ok(())
 }
 
-fn volume_stats(pool: Option<Pool>, id: &str, path: &Path) -> Result<csi::NodeGetVolumeStatsResponse> {
+/// Why volume `id` is in no pool: the pools that cannot be read right now are the likely
+/// reason (a guarded pool whose mount went away takes its volumes with it).
+fn missing_volume_reason(state: &DriverState, id: &str) -> String {
+    let unusable: Vec<String> = state
+        .pools
+        .iter()
+        .filter_map(|p| pool_health(p).reason.map(|r| format!("{}: {r}", p.name)))
+        .collect();
+    if unusable.is_empty() {
+        format!("volume {id} was not found in any storage pool (pool gone?)")
+    } else {
+        format!(
+            "volume {id} was not found in any usable storage pool; not usable: {}",
+            unusable.join("; ")
+        )
+    }
+}
+
+/// Stats of the volume published at `path`; `pool` is where the volume lives, or why it was
+/// found nowhere (the condition's message).
+fn volume_stats(pool: std::result::Result<Pool, String>, path: &Path) -> Result<csi::NodeGetVolumeStatsResponse> {
     let path_fd = match rustix::fs::open(
         path,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
@@ -315,13 +335,13 @@ fn volume_stats(pool: Option<Pool>, id: &str, path: &Path) -> Result<csi::NodeGe
         message: "volume is healthy".into(),
     };
     match &pool {
-        None => {
+        Err(message) => {
             condition = csi::VolumeCondition {
                 abnormal: true,
-                message: format!("volume {id} was not found in any storage pool (pool gone?)"),
+                message: message.clone(),
             };
         }
-        Some(pool) => {
+        Ok(pool) => {
             let health = pool.health(&mounts);
             let c = caps::condition(&health, true);
             if c.abnormal {
@@ -465,7 +485,8 @@ impl NodeService {
                 .iter()
                 .find(|p| !p.is_reserved(&id) && volumes::exists(p, &id).unwrap_or(false))
                 .cloned();
-            volume_stats(pool, &id, &path)
+            let found = pool.ok_or_else(|| missing_volume_reason(&state, &id));
+            volume_stats(found, &path)
         })
         .await
     }

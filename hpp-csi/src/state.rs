@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use hpp_api::constants::{DEFAULT_POOL_NAME, PARAM_STORAGE_POOL, TOPOLOGY_KEY};
 
@@ -30,6 +30,9 @@ pub struct DriverState {
     pub metrics: Option<Arc<DriverMetrics>>,
     /// A path on the OS disk, to detect pools that share its device.
     pub os_reference: PathBuf,
+    /// What the last report said per pool (usable, shares the OS device), so problems are logged
+    /// once when they start and once when they end, however often Probe is called.
+    pub(crate) last_seen: Mutex<HashMap<String, (bool, bool)>>,
 }
 
 /// Health of every pool, measured together.
@@ -43,6 +46,14 @@ impl PoolsReport {
     /// Whether every pool is usable.
     pub fn all_usable(&self) -> bool {
         self.pools.iter().all(|(_, h, _)| h.usable)
+    }
+
+    /// The pools that cannot serve volumes, with the reason.
+    pub fn unusable(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.pools
+            .iter()
+            .filter(|(_, h, _)| !h.usable)
+            .map(|(n, h, _)| (n.as_str(), h.reason.as_deref().unwrap_or("unknown reason")))
     }
 }
 
@@ -75,7 +86,8 @@ impl DriverState {
         }
     }
 
-    /// Measures every pool (blocking: statvfs and mountinfo) and updates the gauges.
+    /// Measures every pool (blocking: statvfs and mountinfo), updates the gauges and logs each
+    /// pool whose state changed since the last report.
     pub fn pools_report(&self) -> PoolsReport {
         let mounts = MountTable::read().unwrap_or_default();
         let pools: Vec<(String, PoolHealth, bool)> = self
@@ -93,7 +105,35 @@ impl DriverState {
             }
             m.set_shared_with_os(pools.iter().any(|(_, _, s)| *s));
         }
-        PoolsReport { pools }
+        let report = PoolsReport { pools };
+        self.log_transitions(&report);
+        report
+    }
+
+    /// Logs a pool when it becomes unusable (warning, with the reason) or usable again, and when
+    /// it starts sharing the OS device: once per change, not once per Probe.
+    fn log_transitions(&self, report: &PoolsReport) {
+        let mut last = self.last_seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (name, h, shared) in &report.pools {
+            let now = (h.usable, *shared);
+            let before = last.insert(name.clone(), now);
+            if before.map(|b| b.0) != Some(h.usable) {
+                match &h.reason {
+                    Some(reason) => {
+                        tracing::warn!(pool = %name, %reason, "storage pool is not usable; the other pools keep serving")
+                    }
+                    None => tracing::info!(
+                        pool = %name,
+                        available_bytes = h.available_bytes,
+                        total_bytes = h.total_bytes,
+                        "storage pool is usable"
+                    ),
+                }
+            }
+            if *shared && before.map(|b| b.1) != Some(true) {
+                tracing::warn!(pool = %name, "storage pool shares a device with the OS disk");
+            }
+        }
     }
 }
 

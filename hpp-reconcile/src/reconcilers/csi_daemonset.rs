@@ -217,8 +217,8 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
         ]),
         ports: Some(vec![port("healthz", 9898), port("metrics", 8443)]),
         // The driver's own /livez, not the livenessprobe sidecar on 9898: the sidecar fails
-        // on Probe `ready: false`, which the driver answers while a guarded pool waits for
-        // its mount, and a restart loop would not bring the mount any sooner.
+        // on Probe `ready: false` (older drivers answered it while a guarded pool waited for
+        // its mount), and a restart loop would not bring the mount any sooner.
         liveness_probe: Some(Probe {
             http_get: Some(HTTPGetAction {
                 path: Some("/livez".into()),
