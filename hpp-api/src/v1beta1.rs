@@ -179,6 +179,9 @@ pub struct StoragePoolStatus {
     /// Status of each pool PVC.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub claim_statuses: Vec<ClaimStatus>,
+    /// Why the pool is not Ready, naming the nodes it cannot serve (absent when Ready).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// Status of one pool PVC.

@@ -146,6 +146,72 @@ async fn pvc_template_pool_phase_follows_claims_then_mounters() {
     assert_eq!(p.current_ready, Some(2));
 }
 
+/// Issue 16: a guarded pool whose mounter is not ready on one node must say so on the CR: the
+/// pool status (phase and message), the Degraded condition and a Warning Event, each naming the
+/// pool and the node.
+#[tokio::test]
+async fn a_mounter_not_ready_on_one_node_is_reported_with_pool_and_node() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::events::v1::Event;
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &["node01", "node02"]);
+    env.converge().await;
+    env.daemonset_ready(CSI_DS, 2);
+    env.bind_claims();
+    let mounter = |name: &str, available: i64| {
+        let generation = env
+            .fake
+            .get::<Deployment>(Some(NS), name)
+            .and_then(|d| d.metadata.generation)
+            .unwrap();
+        assert!(env.fake.set_status::<Deployment>(
+            Some(NS),
+            name,
+            serde_json::json!({ "observedGeneration": generation, "replicas": 1, "updatedReplicas": 1,
+                                "readyReplicas": available, "availableReplicas": available }),
+        ));
+    };
+    mounter("hpp-pool-local-node01", 1);
+    mounter("hpp-pool-local-node02", 1);
+    env.converge().await;
+    assert_eq!(env.condition("Available").0, "True");
+    let pool = |env: &Env| env.hpp().status.unwrap().storage_pool_statuses[0].clone();
+    assert_eq!(pool(&env).message, None);
+
+    // node02's mounter loses its pod.
+    mounter("hpp-pool-local-node02", 0);
+    env.converge().await;
+    let p = pool(&env);
+    assert_eq!(p.phase.as_deref(), Some("Mounting"));
+    assert_eq!((p.current_ready, p.desired_ready), (Some(1), Some(2)));
+    let message = p.message.unwrap();
+    assert!(
+        message.contains("local") && message.contains("node02") && !message.contains("node01"),
+        "{message}"
+    );
+    let (status, reason, message) = env.condition("Degraded");
+    assert_eq!(
+        (status.as_str(), reason.as_deref()),
+        ("True", Some("StoragePoolNotReady"))
+    );
+    let message = message.unwrap();
+    assert!(message.contains("local") && message.contains("node02"), "{message}");
+    let warnings: Vec<Event> = env
+        .fake
+        .list::<Event>()
+        .into_iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some("StoragePoolNotReady"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    let note = warnings[0].note.clone().unwrap_or_default();
+    assert!(note.contains("local") && note.contains("node02"), "{note}");
+
+    // Back: healthy again, no message.
+    mounter("hpp-pool-local-node02", 1);
+    env.converge().await;
+    assert_eq!(env.condition("Available").0, "True");
+    assert_eq!(pool(&env).message, None);
+}
+
 #[tokio::test]
 async fn releasing_a_gone_second_cr_is_not_an_error() {
     let env = Env::new("hostpathprovisioner_cr", &["node01"]);

@@ -194,10 +194,21 @@ pub fn pool_readiness(hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Read
                 .filter(of_pool)
                 .filter(|o| kind(o) == "Deployment")
                 .collect();
-            let mounted = deployments
-                .iter()
-                .filter(|d| super::rollout::deployment(d) == super::rollout::Rollout::Done)
-                .count();
+            let mut not_mounted: Vec<(String, String)> = Vec::new();
+            for d in &deployments {
+                match super::rollout::deployment(d) {
+                    super::rollout::Rollout::Done => {}
+                    super::rollout::Rollout::InProgress(why) | super::rollout::Rollout::NotReady(why) => {
+                        let node = d
+                            .annotations()
+                            .get(names::ANNOTATION_POOL_NODE)
+                            .cloned()
+                            .unwrap_or_else(|| d.name_any());
+                        not_mounted.push((node, why));
+                    }
+                }
+            }
+            let mounted = deployments.len() - not_mounted.len();
             status.desired_ready = Some(deployments.len() as i32);
             status.current_ready = Some(mounted as i32);
             let mut claims_bound = true;
@@ -228,10 +239,35 @@ pub fn pool_readiness(hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Read
                 });
             }
             status.phase = Some(pool_phase(claims_bound && claims > 0, mounted, deployments.len()).into());
+            if claims_bound && let Some(problem) = mounters_not_ready(&pool.name, &not_mounted) {
+                // Claims Bound but a mounter is not: that node's driver refuses the pool (its
+                // mount guard), so say which nodes, here and in the Degraded condition + Event.
+                status.message = Some(problem.clone());
+                r.pools_not_ready.push(problem);
+            } else if !claims_bound || claims == 0 {
+                status.message = Some(format!("storage pool {}: waiting for its PVCs to be Bound", pool.name));
+            }
         }
         r.pool_statuses.push(status);
     }
     r
+}
+
+/// The problem of a pool whose mounters are not ready on some nodes, naming the pool and the
+/// nodes; `None` when every mounter is ready. `not_mounted` is (node, rollout detail).
+fn mounters_not_ready(pool: &str, not_mounted: &[(String, String)]) -> Option<String> {
+    let (_, first_detail) = not_mounted.first()?;
+    let nodes: Vec<&str> = not_mounted.iter().map(|(n, _)| n.as_str()).collect();
+    let (noun, them) = if nodes.len() == 1 {
+        ("node", "its mounter is")
+    } else {
+        ("nodes", "their mounters are")
+    };
+    Some(format!(
+        "Storage pool {pool} is not usable on {noun} {}: {them} not ready ({first_detail}); \
+         volumes of this pool cannot be created or published there, other pools are not affected",
+        nodes.join(", ")
+    ))
 }
 
 /// Sub-reconciler for pvcTemplate pools.
