@@ -173,9 +173,10 @@ fn check_ephemeral_allowed(pool: &Pool, ctx: &std::collections::HashMap<String, 
     }
     if let Some(cap) = pool.ephemeral_max_bytes {
         let size = match ctx.get(EPHEMERAL_SIZE_KEY) {
-            Some(v) => v.parse::<u64>().map_err(|_| {
+            // A quantity (`1Gi`) like the CR's `ephemeral.maxSize`, or a plain byte count.
+            Some(v) => hpp_api::quantity::parse_bytes(v).ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "volume attribute {EPHEMERAL_SIZE_KEY}={v:?} is not a byte count"
+                    "volume attribute {EPHEMERAL_SIZE_KEY}={v:?} is not a size; use bytes or a quantity such as 1Gi"
                 ))
             })?,
             None => 0,
