@@ -45,6 +45,22 @@ pub fn parse_bytes(q: &str) -> Option<u64> {
     u64::try_from(bytes).ok()
 }
 
+/// Formats a byte count as a quantity: the largest binary suffix that divides it exactly
+/// (`1536Mi`, `15Gi`), else plain bytes.
+pub fn format_bytes(bytes: u64) -> String {
+    const SUFFIXES: [(&str, u32); 6] = [("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)];
+    if bytes == 0 {
+        return "0".to_owned();
+    }
+    for (suffix, shift) in SUFFIXES {
+        let unit = 1u64 << shift;
+        if bytes.is_multiple_of(unit) {
+            return format!("{}{suffix}", bytes / unit);
+        }
+    }
+    bytes.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -60,6 +76,21 @@ mod tests {
         assert_eq!(parse_bytes("1e3"), Some(1000));
         assert_eq!(parse_bytes("123"), Some(123));
         assert_eq!(parse_bytes("+5Mi"), Some(5 << 20));
+    }
+
+    #[test]
+    fn formats_with_the_largest_exact_binary_suffix_and_round_trips() {
+        use super::format_bytes;
+        for (bytes, text) in [
+            (0, "0"),
+            (1536 << 20, "1536Mi"),
+            (15 << 30, "15Gi"),
+            (1000, "1000"),
+            (3 << 10, "3Ki"),
+        ] {
+            assert_eq!(format_bytes(bytes), text);
+            assert_eq!(parse_bytes(text), Some(bytes));
+        }
     }
 
     #[test]

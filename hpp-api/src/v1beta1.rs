@@ -229,6 +229,17 @@ pub struct StoragePoolStatus {
     /// Why the pool is not Ready, naming the nodes it cannot serve (absent when Ready).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The configured `quota` mode of the pool (absent: `none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaMode>,
+    /// Sum of the capacities of the Bound PersistentVolumes of this pool (a quantity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed: Option<String>,
+    /// What the driver reports it can still provision, from the CSIStorageCapacity objects of
+    /// the pool's StorageClasses, summed over nodes (a quantity; absent without capacity
+    /// tracking).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available: Option<String>,
 }
 
 /// Status of one pool PVC.

@@ -147,6 +147,12 @@ async fn steady_state_reads_come_from_the_watch_caches() {
         .expect("claims");
     env.daemonset_ready("hostpath-provisioner-csi", 3);
     env.bind_claims();
+    let mounters = |f: &FakeApiServer| f.list::<k8s_openapi::api::apps::v1::Deployment>().len() == 3;
+    tokio::time::timeout(PATIENCE, fake.wait_until(mounters))
+        .await
+        .expect("mounters");
+    // A pool whose mounters are not ready is not Available (issue 16): mark them done.
+    env.mounters_ready();
     tokio::time::timeout(PATIENCE, fake.wait_until(available))
         .await
         .expect("available");

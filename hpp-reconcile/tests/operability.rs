@@ -228,3 +228,86 @@ async fn releasing_a_gone_second_cr_is_not_an_error() {
         .await
         .expect("NotFound while releasing a gone CR means done");
 }
+
+/// Issue 13: the pool status shows the configured quota mode, the committed bytes (Bound hpp
+/// PersistentVolumes of the pool) and the available bytes (the CSIStorageCapacity objects of the
+/// pool's StorageClasses, largest per node, summed over nodes).
+#[tokio::test]
+async fn pool_status_shows_quota_committed_and_available_bytes() {
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    use k8s_openapi::api::storage::v1::{CSIStorageCapacity, StorageClass};
+    use serde_json::json;
+    let env = Env::new("hostpathprovisioner_cr", &["node01", "node02"]);
+    // The example's pool `local`, with a quota backend and a second pool beside it.
+    let mut hpp = env.hpp();
+    let pools = hpp.spec.storage_pools.as_mut().unwrap();
+    pools[0].quota = Some(hpp_api::quota::QuotaMode::Btrfs);
+    let mut other = pools[0].clone();
+    other.name = "other".into();
+    other.path = "/var/other".into();
+    other.quota = None;
+    pools.push(other);
+    env.fake.seed(&hpp);
+    let driver = hpp_api::constants::DRIVER_NAME;
+    let class = |name: &str, pool: Option<&str>| -> StorageClass {
+        let mut sc = json!({ "metadata": { "name": name }, "provisioner": driver });
+        if let Some(p) = pool {
+            sc["parameters"] = json!({ "storagePool": p });
+        }
+        serde_json::from_value(sc).unwrap()
+    };
+    env.fake.seed(&class("hpp-local", Some("local")));
+    env.fake.seed(&class("hpp-local-wffc", Some("local")));
+    env.fake.seed(&class("hpp-other", Some("other")));
+    env.fake.seed(&serde_json::from_value::<StorageClass>(json!({
+        "metadata": { "name": "foreign" }, "provisioner": "example.com/other", "parameters": { "storagePool": "local" }
+    })).unwrap());
+    let pv = |name: &str, driver: &str, pool: &str, size: &str, phase: &str| -> PersistentVolume {
+        serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": { "capacity": { "storage": size }, "accessModes": ["ReadWriteOnce"],
+                      "csi": { "driver": driver, "volumeHandle": name, "volumeAttributes": { "storagePool": pool } } },
+            "status": { "phase": phase },
+        }))
+        .unwrap()
+    };
+    env.fake.seed(&pv("pv-1", driver, "local", "1Gi", "Bound"));
+    env.fake.seed(&pv("pv-2", driver, "local", "512Mi", "Bound"));
+    env.fake.seed(&pv("pv-3", driver, "local", "8Gi", "Released"));
+    env.fake.seed(&pv("pv-4", "example.com/other", "local", "8Gi", "Bound"));
+    env.fake.seed(&pv("pv-5", driver, "other", "2Gi", "Bound"));
+    let capacity = |name: &str, class: &str, node: &str, size: &str| -> CSIStorageCapacity {
+        serde_json::from_value(json!({
+            "metadata": { "name": name, "namespace": NS },
+            "storageClassName": class,
+            "nodeTopology": { "matchLabels": { "topology.hostpath.csi/node": node } },
+            "capacity": size,
+        }))
+        .unwrap()
+    };
+    // Two classes of one pool report the same node: counted once.
+    env.fake.seed(&capacity("csisc-1", "hpp-local", "node01", "10Gi"));
+    env.fake.seed(&capacity("csisc-2", "hpp-local-wffc", "node01", "10Gi"));
+    env.fake.seed(&capacity("csisc-3", "hpp-local", "node02", "5Gi"));
+    env.fake.seed(&capacity("csisc-4", "foreign", "node02", "100Gi"));
+    env.converge().await;
+    let statuses = env.hpp().status.unwrap().storage_pool_statuses;
+    let local = statuses.iter().find(|s| s.name == "local").unwrap();
+    assert_eq!(local.quota, Some(hpp_api::quota::QuotaMode::Btrfs));
+    assert_eq!(local.committed.as_deref(), Some("1536Mi"));
+    assert_eq!(local.available.as_deref(), Some("15Gi"));
+    let other = statuses.iter().find(|s| s.name == "other").unwrap();
+    assert_eq!(other.quota, None);
+    assert_eq!(other.committed.as_deref(), Some("2Gi"));
+    assert_eq!(other.available, None, "no capacity objects for its class");
+    let raw = serde_json::to_value(env.hpp()).unwrap();
+    assert_eq!(raw["status"]["storagePoolStatuses"][0]["committed"], "1536Mi");
+
+    // A volume is released: the status follows.
+    env.fake
+        .set_status::<PersistentVolume>(None, "pv-2", json!({ "phase": "Released" }));
+    env.converge().await;
+    let statuses = env.hpp().status.unwrap().storage_pool_statuses;
+    let local = statuses.iter().find(|s| s.name == "local").unwrap();
+    assert_eq!(local.committed.as_deref(), Some("1Gi"));
+}

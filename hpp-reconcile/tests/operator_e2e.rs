@@ -162,6 +162,12 @@ async fn pvc_template_rwo_pool_reports_claims_until_bound() {
     );
     env.bind_claims();
     env.converge().await;
+    // Claims Bound, mounters not ready yet: the pool names the nodes it cannot serve.
+    let (_, reason, message) = env.condition("Degraded");
+    assert_eq!(reason.as_deref(), Some("StoragePoolNotReady"));
+    assert!(message.unwrap().contains("node01, node02"));
+    env.mounters_ready();
+    env.converge().await;
     assert_eq!(env.condition("Available").0, "True");
     let pool = &env.hpp().status.unwrap().storage_pool_statuses[0];
     assert_eq!((pool.desired_ready, pool.claim_statuses.len()), (Some(2), 2));

@@ -6,6 +6,8 @@ use std::collections::BTreeSet;
 use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
+use hpp_api::quantity::format_bytes;
+use hpp_api::quota::QuotaMode;
 use hpp_api::v1beta1::{ClaimStatus, StoragePoolStatus};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaimStatus, Toleration};
 use kube::ResourceExt;
@@ -168,23 +170,100 @@ pub const PHASE_MOUNTING: &str = "Mounting";
 /// Pool phase: usable on every node it serves.
 pub const PHASE_READY: &str = "Ready";
 
-/// `storagePoolStatuses` and PVC problems from the live pool objects.
-pub fn pool_readiness(hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Readiness {
+/// The pool the driver picks for a StorageClass or volume without a `storagePool`: `legacy`,
+/// or the first pool when none is called that (as `DriverState::pool_for` in hpp-csi).
+fn default_pool(pools: &[&str]) -> Option<String> {
+    pools
+        .iter()
+        .find(|p| **p == c::DEFAULT_POOL_NAME)
+        .or_else(|| pools.first())
+        .map(|p| (*p).to_owned())
+}
+
+/// `committed` and `available` of pool `name` from the facts: the Bound hpp PersistentVolumes
+/// of the pool, and the CSIStorageCapacity objects of its StorageClasses (per node the largest
+/// value, as several classes may select one pool; summed over nodes, or the largest for a
+/// shared pool, which every node sees whole). `available` is `None` without such objects.
+fn pool_usage(name: &str, shared: bool, pools: &[&str], facts: &ClusterFacts) -> (u64, Option<u64>) {
+    let fallback = default_pool(pools);
+    let selects = |pool: &Option<String>| pool.as_ref().or(fallback.as_ref()).map(String::as_str) == Some(name);
+    let committed = facts
+        .volumes
+        .iter()
+        .filter(|v| selects(&v.pool))
+        .fold(0u64, |sum, v| sum.saturating_add(v.bytes));
+    let classes: BTreeSet<&str> = facts
+        .classes
+        .iter()
+        .filter(|cl| selects(&cl.pool))
+        .map(|cl| cl.name.as_str())
+        .collect();
+    let mut per_node: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for cap in facts
+        .capacities
+        .iter()
+        .filter(|cap| classes.contains(cap.storage_class.as_str()))
+    {
+        let entry = per_node.entry(cap.node.as_str()).or_default();
+        *entry = (*entry).max(cap.bytes);
+    }
+    let available = (!per_node.is_empty()).then(|| {
+        if shared {
+            per_node.values().copied().max().unwrap_or(0)
+        } else {
+            per_node.values().fold(0u64, |sum, b| sum.saturating_add(*b))
+        }
+    });
+    (committed, available)
+}
+
+/// Fills in the configured quota mode and the `committed` / `available` bytes of a pool status.
+fn with_usage(
+    mut status: StoragePoolStatus,
+    quota: Option<QuotaMode>,
+    shared: bool,
+    pools: &[&str],
+    facts: &ClusterFacts,
+) -> StoragePoolStatus {
+    let (committed, available) = pool_usage(&status.name, shared, pools, facts);
+    status.quota = quota;
+    status.committed = Some(format_bytes(committed));
+    status.available = available.map(format_bytes);
+    status
+}
+
+/// `storagePoolStatuses` and PVC problems from the live pool objects and the facts.
+pub fn pool_readiness(hpp: &HostPathProvisioner, facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
     let mut r = Readiness::ready();
     if hpp.spec.path_config.is_some() {
-        r.pool_statuses.push(StoragePoolStatus {
+        let status = StoragePoolStatus {
             name: c::DEFAULT_POOL_NAME.into(),
             phase: Some(PHASE_READY.into()),
             ..Default::default()
-        });
+        };
+        r.pool_statuses
+            .push(with_usage(status, None, false, &[c::DEFAULT_POOL_NAME], facts));
         return r;
     }
+    let names: Vec<&str> = hpp
+        .spec
+        .storage_pools
+        .iter()
+        .flatten()
+        .map(|p| p.name.as_str())
+        .collect();
     for pool in hpp.spec.storage_pools.iter().flatten() {
-        let mut status = StoragePoolStatus {
-            name: pool.name.clone(),
-            phase: Some(PHASE_READY.into()),
-            ..Default::default()
-        };
+        let mut status = with_usage(
+            StoragePoolStatus {
+                name: pool.name.clone(),
+                phase: Some(PHASE_READY.into()),
+                ..Default::default()
+            },
+            pool.quota,
+            pool.is_shared(),
+            &names,
+            facts,
+        );
         if pool.pvc_template.is_some() {
             let label = names::pool_label_value(&pool.name);
             let of_pool = |o: &&DynamicObject| label_of(o, c::LABEL_STORAGE_POOL).as_deref() == Some(label.as_str());
@@ -292,8 +371,8 @@ impl SubReconciler for StoragePools {
         desired_pool_objects(hpp, cfg, facts)
     }
 
-    fn readiness(&self, hpp: &HostPathProvisioner, _facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
-        pool_readiness(hpp, live)
+    fn readiness(&self, hpp: &HostPathProvisioner, facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
+        pool_readiness(hpp, facts, live)
     }
 
     /// Unmount on every Ready node first (Jobs), then delete Jobs, PVCs and overlay classes.

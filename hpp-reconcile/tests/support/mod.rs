@@ -125,6 +125,25 @@ impl Env {
         }
     }
 
+    /// Marks every pool mounter Deployment rolled out and available, as the Deployment
+    /// controller would once the mount is done.
+    pub fn mounters_ready(&self) {
+        use k8s_openapi::api::apps::v1::Deployment;
+        for d in self.fake.list::<Deployment>() {
+            if !d.metadata.labels.as_ref().is_some_and(|l| l.contains_key("hpp-pool")) {
+                continue;
+            }
+            let name = d.metadata.name.clone().unwrap();
+            let generation = d.metadata.generation.unwrap_or(1);
+            self.fake.set_status::<Deployment>(
+                Some(NS),
+                &name,
+                json!({ "observedGeneration": generation, "replicas": 1, "updatedReplicas": 1,
+                        "readyReplicas": 1, "availableReplicas": 1 }),
+            );
+        }
+    }
+
     pub fn condition(&self, ty: &str) -> (String, Option<String>, Option<String>) {
         let status = self.hpp().status.unwrap_or_default();
         let c = status
