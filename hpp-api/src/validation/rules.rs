@@ -52,7 +52,7 @@ pub fn snapshot_provider(value: &Option<String>, _ctx: &()) -> garde::Result {
 /// `ephemeral.maxSize`: a positive storage quantity such as `10Gi`.
 pub fn max_size(value: &Option<String>, _ctx: &()) -> garde::Result {
     match value {
-        Some(v) if !crate::quantity::parse_bytes(v).is_some_and(|b| b > 0) => Err(garde::Error::new(format!(
+        Some(v) if crate::quantity::parse_bytes(v).is_none_or(|b| b == 0) => Err(garde::Error::new(format!(
             "{v:?} is not a positive storage quantity; use a size such as 512Mi or 10Gi"
         ))),
         _ => Ok(()),
