@@ -114,27 +114,62 @@ impl DriverState {
     /// it starts sharing the OS device: once per change, not once per Probe.
     fn log_transitions(&self, report: &PoolsReport) {
         let mut last = self.last_seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (name, h, shared) in &report.pools {
-            let now = (h.usable, *shared);
-            let before = last.insert(name.clone(), now);
-            if before.map(|b| b.0) != Some(h.usable) {
-                match &h.reason {
-                    Some(reason) => {
-                        tracing::warn!(pool = %name, %reason, "storage pool is not usable; the other pools keep serving")
-                    }
-                    None => tracing::info!(
-                        pool = %name,
-                        available_bytes = h.available_bytes,
-                        total_bytes = h.total_bytes,
-                        "storage pool is usable"
-                    ),
+        for change in changes(&mut last, report) {
+            match change {
+                PoolChange::Unusable { pool, reason } => {
+                    tracing::warn!(%pool, %reason, "storage pool is not usable; the other pools keep serving")
                 }
-            }
-            if *shared && before.map(|b| b.1) != Some(true) {
-                tracing::warn!(pool = %name, "storage pool shares a device with the OS disk");
+                PoolChange::Usable {
+                    pool,
+                    available_bytes,
+                    total_bytes,
+                } => tracing::info!(%pool, available_bytes, total_bytes, "storage pool is usable"),
+                PoolChange::SharesOsDevice { pool } => {
+                    tracing::warn!(%pool, "storage pool shares a device with the OS disk")
+                }
             }
         }
     }
+}
+
+/// A change in a pool's state worth one log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PoolChange {
+    /// The pool stopped (or started out) being usable.
+    Unusable { pool: String, reason: String },
+    /// The pool is usable (again, or from the start).
+    Usable {
+        pool: String,
+        available_bytes: u64,
+        total_bytes: u64,
+    },
+    /// The pool now shares a device with the OS disk.
+    SharesOsDevice { pool: String },
+}
+
+/// What changed since `last` (per pool: usable, shares the OS device), which is updated.
+fn changes(last: &mut HashMap<String, (bool, bool)>, report: &PoolsReport) -> Vec<PoolChange> {
+    let mut out = Vec::new();
+    for (name, h, shared) in &report.pools {
+        let before = last.insert(name.clone(), (h.usable, *shared));
+        if before.map(|b| b.0) != Some(h.usable) {
+            out.push(match &h.reason {
+                Some(reason) => PoolChange::Unusable {
+                    pool: name.clone(),
+                    reason: reason.clone(),
+                },
+                None => PoolChange::Usable {
+                    pool: name.clone(),
+                    available_bytes: h.available_bytes,
+                    total_bytes: h.total_bytes,
+                },
+            });
+        }
+        if *shared && before.map(|b| b.1) != Some(true) {
+            out.push(PoolChange::SharesOsDevice { pool: name.clone() });
+        }
+    }
+    out
 }
 
 /// Runs blocking filesystem work off the async runtime.
@@ -162,4 +197,41 @@ where
         f()
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(usable: bool, shared: bool) -> PoolsReport {
+        let health = PoolHealth {
+            usable,
+            reason: (!usable).then(|| "nothing is mounted there".to_owned()),
+            ..PoolHealth::default()
+        };
+        PoolsReport {
+            pools: vec![("guarded".to_owned(), health, shared)],
+        }
+    }
+
+    #[test]
+    fn a_pool_problem_is_reported_once_per_transition_not_per_probe() {
+        let mut last = HashMap::new();
+        let down = changes(&mut last, &report(false, false));
+        assert!(matches!(&down[..], [PoolChange::Unusable { pool, .. }] if pool == "guarded"));
+        for _ in 0..3 {
+            assert!(
+                changes(&mut last, &report(false, false)).is_empty(),
+                "no repeat while still down"
+            );
+        }
+        let up = changes(&mut last, &report(true, false));
+        assert!(matches!(&up[..], [PoolChange::Usable { .. }]));
+        assert!(changes(&mut last, &report(true, false)).is_empty());
+        assert_eq!(
+            changes(&mut last, &report(true, true)),
+            vec![PoolChange::SharesOsDevice { pool: "guarded".into() }]
+        );
+        assert!(changes(&mut last, &report(true, true)).is_empty());
+    }
 }
