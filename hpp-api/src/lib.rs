@@ -22,6 +22,7 @@ pub mod constants;
 pub mod conversion;
 pub mod crd;
 pub mod names;
+pub mod quantity;
 pub mod quota;
 pub mod v1alpha1;
 pub mod v1beta1;

@@ -5,8 +5,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// How a pool enforces the size of its volumes. Absent means [`QuotaMode::None`]: KubeVirt's
-/// behaviour, a size is recorded but not enforced.
+/// How a pool enforces the size of its volumes. Absent means `none`: KubeVirt's behaviour, a
+/// size is recorded but not enforced.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[serde(rename_all = "kebab-case")]
 pub enum QuotaMode {

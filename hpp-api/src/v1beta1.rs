@@ -9,6 +9,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::quota::QuotaMode;
 use crate::validation::rules;
 
 /// Desired state of the hostpath provisioner. Exactly one of `pathConfig` or `storagePools` is set.
@@ -90,6 +91,52 @@ pub struct StoragePool {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[garde(custom(rules::overlay_class_name))]
     pub overlay_class_name: Option<String>,
+    /// Inline ephemeral volumes (`csi.storage.k8s.io/ephemeral`) in this pool: allowed or not,
+    /// and how big one may be. Absent: allowed without a cap, as in KubeVirt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[garde(dive)]
+    pub ephemeral: Option<EphemeralVolumes>,
+    /// How volume sizes are enforced: `none` (default, KubeVirt's behaviour: sizes are recorded,
+    /// not enforced), `btrfs`, `xfs-project`, `ext4-project`, `image` or `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[garde(skip)]
+    pub quota: Option<QuotaMode>,
+    /// How much of the pool's filesystem may be promised to volumes, in percent of its size
+    /// (1 to 1000, default 100). Only meaningful with a `quota` backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("minimum" = 1, "maximum" = 1000, "format" = "int32"))]
+    #[garde(custom(rules::overcommit_percent))]
+    pub overcommit_percent: Option<u32>,
+}
+
+/// Inline ephemeral volumes in one pool. Any pod creator can ask for one, so an admin may refuse
+/// them or cap their size per pool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema, Validate)]
+#[serde(rename_all = "camelCase")]
+pub struct EphemeralVolumes {
+    /// Whether inline ephemeral volumes may use this pool (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[garde(skip)]
+    pub allowed: Option<bool>,
+    /// Largest size an inline ephemeral volume may ask for (its `size` volume attribute), as a
+    /// quantity such as `10Gi`. Absent: no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[garde(custom(rules::max_size))]
+    pub max_size: Option<String>,
+}
+
+impl EphemeralVolumes {
+    /// Whether inline ephemeral volumes are allowed (absent means yes).
+    pub fn is_allowed(&self) -> bool {
+        self.allowed.unwrap_or(true)
+    }
+
+    /// The size cap in bytes; `None` without a cap or when `maxSize` does not parse (the
+    /// validation rejects that).
+    pub fn max_bytes(&self) -> Option<u64> {
+        self.max_size.as_deref().and_then(crate::quantity::parse_bytes)
+    }
 }
 
 impl StoragePool {
@@ -179,6 +226,20 @@ pub struct StoragePoolStatus {
     /// Status of each pool PVC.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub claim_statuses: Vec<ClaimStatus>,
+    /// Why the pool is not Ready, naming the nodes it cannot serve (absent when Ready).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The configured `quota` mode of the pool (absent: `none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaMode>,
+    /// Sum of the capacities of the Bound PersistentVolumes of this pool (a quantity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed: Option<String>,
+    /// What the driver reports it can still provision, from the CSIStorageCapacity objects of
+    /// the pool's StorageClasses, summed over nodes (a quantity; absent without capacity
+    /// tracking).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available: Option<String>,
 }
 
 /// Status of one pool PVC.

@@ -40,6 +40,32 @@ fn beta_with_pools_round_trips_through_alpha() {
 }
 
 #[test]
+fn pool_ephemeral_and_quota_settings_survive_a_trip_through_alpha() {
+    let original = beta(json!({
+        "apiVersion": API_VERSION_V1BETA1, "kind": "HostPathProvisioner",
+        "metadata": {"name": "hpp"},
+        "spec": {
+            "storagePools": [{"name": "local", "path": "/var/hpvolumes", "quota": "btrfs",
+                "overcommitPercent": 150, "ephemeral": {"allowed": false, "maxSize": "2Gi"}}]
+        },
+        "status": {"storagePoolStatuses": [{"name": "local", "phase": "Ready", "quota": "btrfs",
+            "committed": "3Gi", "available": "7Gi", "message": "x"}]}
+    }));
+    let down = to_v1alpha1(&original).unwrap();
+    let alpha_json = serde_json::to_value(&down).unwrap();
+    assert!(
+        alpha_json["spec"].get("storagePools").is_none(),
+        "v1alpha1 has no pools"
+    );
+    let up = to_v1beta1(&down).unwrap();
+    assert_eq!(up, original);
+    assert_eq!(
+        serde_json::to_value(&up).unwrap()["spec"]["storagePools"][0]["ephemeral"]["maxSize"],
+        "2Gi"
+    );
+}
+
+#[test]
 fn beta_legacy_round_trips_through_alpha_without_annotations() {
     let original = beta(json!({
         "apiVersion": API_VERSION_V1BETA1, "kind": "HostPathProvisioner",

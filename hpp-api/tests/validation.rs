@@ -319,3 +319,60 @@ fn the_largest_admitted_spec_is_valid_and_at_the_limits() {
     let errors = over.validate_create().unwrap_err();
     assert_eq!(errors.errors().len(), 1, "{errors}");
 }
+
+#[test]
+fn ephemeral_quota_and_overcommit_settings_are_validated_with_their_paths() {
+    use hpp_api::quota::QuotaMode;
+    use hpp_api::v1beta1::EphemeralVolumes;
+    let with = |f: &dyn Fn(&mut StoragePool)| {
+        let mut spec = pools(&[("local", "/var/hpvolumes")]);
+        f(&mut spec.storage_pools.as_mut().unwrap()[0]);
+        spec
+    };
+    with(&|p| {
+        p.ephemeral = Some(EphemeralVolumes {
+            allowed: Some(false),
+            max_size: Some("10Gi".into()),
+        });
+        p.quota = Some(QuotaMode::Btrfs);
+        p.overcommit_percent = Some(150);
+    })
+    .validate_create()
+    .unwrap();
+    for bad in ["ten gigs", "0", "-1Gi", ""] {
+        rejected(
+            with(&|p| {
+                p.ephemeral = Some(EphemeralVolumes {
+                    allowed: None,
+                    max_size: Some(bad.into()),
+                })
+            })
+            .validate_create(),
+            "spec.storagePools[0].ephemeral.maxSize",
+            "quantity",
+        );
+    }
+    for bad in [0, 1001] {
+        rejected(
+            with(&|p| p.overcommit_percent = Some(bad)).validate_create(),
+            "spec.storagePools[0].overcommitPercent",
+            "from 1 to 1000",
+        );
+    }
+    with(&|p| p.overcommit_percent = Some(1000)).validate_create().unwrap();
+    // The wire spelling of every quota mode is what the driver's --datadir reads.
+    let spec: HostPathProvisionerSpec = serde_json::from_value(serde_json::json!({
+        "storagePools": [{"name": "local", "path": "/var/hpvolumes", "quota": "xfs-project",
+                          "overcommitPercent": 200, "ephemeral": {"allowed": true, "maxSize": "1Gi"}}]
+    }))
+    .unwrap();
+    let p = &spec.storage_pools.as_ref().unwrap()[0];
+    assert_eq!(p.quota, Some(QuotaMode::XfsProject));
+    assert_eq!(p.ephemeral.as_ref().unwrap().max_bytes(), Some(1 << 30));
+    assert!(
+        serde_json::from_value::<HostPathProvisionerSpec>(serde_json::json!({
+            "storagePools": [{"name": "local", "path": "/p", "quota": "zfs"}]
+        }))
+        .is_err()
+    );
+}

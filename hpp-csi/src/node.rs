@@ -175,9 +175,10 @@ fn check_ephemeral_allowed(pool: &Pool, ctx: &std::collections::HashMap<String, 
     }
     if let Some(cap) = pool.ephemeral_max_bytes {
         let size = match ctx.get(EPHEMERAL_SIZE_KEY) {
-            Some(v) => v.parse::<u64>().map_err(|_| {
+            // A quantity (`1Gi`) like the CR's `ephemeral.maxSize`, or a plain byte count.
+            Some(v) => hpp_api::quantity::parse_bytes(v).ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "volume attribute {EPHEMERAL_SIZE_KEY}={v:?} is not a byte count"
+                    "volume attribute {EPHEMERAL_SIZE_KEY}={v:?} is not a size; use bytes or a quantity such as 1Gi"
                 ))
             })?,
             None => 0,
@@ -290,7 +291,27 @@ fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
     Ok(())
 }
 
-fn volume_stats(pool: Option<Pool>, id: &str, path: &Path) -> Result<csi::NodeGetVolumeStatsResponse> {
+/// Why volume `id` is in no pool: the pools that cannot be read right now are the likely
+/// reason (a guarded pool whose mount went away takes its volumes with it).
+fn missing_volume_reason(state: &DriverState, id: &str) -> String {
+    let unusable: Vec<String> = state
+        .pools
+        .iter()
+        .filter_map(|p| pool_health(p).reason.map(|r| format!("{}: {r}", p.name)))
+        .collect();
+    if unusable.is_empty() {
+        format!("volume {id} was not found in any storage pool (pool gone?)")
+    } else {
+        format!(
+            "volume {id} was not found in any usable storage pool; not usable: {}",
+            unusable.join("; ")
+        )
+    }
+}
+
+/// Stats of the volume published at `path`; `pool` is where the volume lives, or why it was
+/// found nowhere (the condition's message).
+fn volume_stats(pool: std::result::Result<Pool, String>, path: &Path) -> Result<csi::NodeGetVolumeStatsResponse> {
     let path_fd = match rustix::fs::open(
         path,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
@@ -317,13 +338,13 @@ fn volume_stats(pool: Option<Pool>, id: &str, path: &Path) -> Result<csi::NodeGe
         message: "volume is healthy".into(),
     };
     match &pool {
-        None => {
+        Err(message) => {
             condition = csi::VolumeCondition {
                 abnormal: true,
-                message: format!("volume {id} was not found in any storage pool (pool gone?)"),
+                message: message.clone(),
             };
         }
-        Some(pool) => {
+        Ok(pool) => {
             let health = pool.health(&mounts);
             let c = caps::condition(&health, true);
             if c.abnormal {
@@ -467,7 +488,8 @@ impl NodeService {
                 .iter()
                 .find(|p| !p.is_reserved(&id) && volumes::exists(p, &id).unwrap_or(false))
                 .cloned();
-            volume_stats(pool, &id, &path)
+            let found = pool.ok_or_else(|| missing_volume_reason(&state, &id));
+            volume_stats(found, &path)
         })
         .await
     }

@@ -160,6 +160,7 @@ impl DriverBuilder {
                 inflight: InFlight::default(),
                 metrics: self.metrics,
                 os_reference,
+                last_seen: Default::default(),
             }),
             endpoint: self.endpoint,
         })
@@ -341,13 +342,11 @@ impl BoundDriver {
             let state = driver.state.clone();
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(HEALTH_INTERVAL);
-                let mut last = Vec::new();
                 loop {
                     tick.tick().await;
                     let s = state.clone();
-                    if let Ok(report) = tokio::task::spawn_blocking(move || s.pools_report()).await {
-                        log_report(&report, &mut last);
-                    }
+                    // Refreshes the gauges; changes are logged by the report itself.
+                    let _ = tokio::task::spawn_blocking(move || s.pools_report()).await;
                 }
             })
         };
@@ -381,25 +380,5 @@ impl BoundDriver {
         };
         refresher.abort();
         Ok(result?)
-    }
-}
-
-/// Logs pool problems when they change, not every 30 s.
-fn log_report(report: &PoolsReport, last: &mut Vec<(String, bool, bool)>) {
-    let now: Vec<(String, bool, bool)> = report.pools.iter().map(|(n, h, s)| (n.clone(), h.usable, *s)).collect();
-    if *last == now {
-        return;
-    }
-    *last = now;
-    for (name, h, shared) in &report.pools {
-        match &h.reason {
-            Some(reason) => tracing::warn!(pool = %name, %reason, "storage pool is not usable"),
-            None => {
-                tracing::info!(pool = %name, available_bytes = h.available_bytes, total_bytes = h.total_bytes, "storage pool is usable")
-            }
-        }
-        if *shared {
-            tracing::warn!(pool = %name, "storage pool shares a device with the OS disk");
-        }
     }
 }

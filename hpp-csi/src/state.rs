@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use hpp_api::constants::{DEFAULT_POOL_NAME, PARAM_STORAGE_POOL, TOPOLOGY_KEY};
 
@@ -30,6 +30,9 @@ pub struct DriverState {
     pub metrics: Option<Arc<DriverMetrics>>,
     /// A path on the OS disk, to detect pools that share its device.
     pub os_reference: PathBuf,
+    /// What the last report said per pool (usable, shares the OS device), so problems are logged
+    /// once when they start and once when they end, however often Probe is called.
+    pub(crate) last_seen: Mutex<HashMap<String, (bool, bool)>>,
 }
 
 /// Health of every pool, measured together.
@@ -43,6 +46,14 @@ impl PoolsReport {
     /// Whether every pool is usable.
     pub fn all_usable(&self) -> bool {
         self.pools.iter().all(|(_, h, _)| h.usable)
+    }
+
+    /// The pools that cannot serve volumes, with the reason.
+    pub fn unusable(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.pools
+            .iter()
+            .filter(|(_, h, _)| !h.usable)
+            .map(|(n, h, _)| (n.as_str(), h.reason.as_deref().unwrap_or("unknown reason")))
     }
 }
 
@@ -75,7 +86,8 @@ impl DriverState {
         }
     }
 
-    /// Measures every pool (blocking: statvfs and mountinfo) and updates the gauges.
+    /// Measures every pool (blocking: statvfs and mountinfo), updates the gauges and logs each
+    /// pool whose state changed since the last report.
     pub fn pools_report(&self) -> PoolsReport {
         let mounts = MountTable::read().unwrap_or_default();
         let pools: Vec<(String, PoolHealth, bool)> = self
@@ -93,8 +105,71 @@ impl DriverState {
             }
             m.set_shared_with_os(pools.iter().any(|(_, _, s)| *s));
         }
-        PoolsReport { pools }
+        let report = PoolsReport { pools };
+        self.log_transitions(&report);
+        report
     }
+
+    /// Logs a pool when it becomes unusable (warning, with the reason) or usable again, and when
+    /// it starts sharing the OS device: once per change, not once per Probe.
+    fn log_transitions(&self, report: &PoolsReport) {
+        let mut last = self.last_seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for change in changes(&mut last, report) {
+            match change {
+                PoolChange::Unusable { pool, reason } => {
+                    tracing::warn!(%pool, %reason, "storage pool is not usable; the other pools keep serving")
+                }
+                PoolChange::Usable {
+                    pool,
+                    available_bytes,
+                    total_bytes,
+                } => tracing::info!(%pool, available_bytes, total_bytes, "storage pool is usable"),
+                PoolChange::SharesOsDevice { pool } => {
+                    tracing::warn!(%pool, "storage pool shares a device with the OS disk")
+                }
+            }
+        }
+    }
+}
+
+/// A change in a pool's state worth one log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PoolChange {
+    /// The pool stopped (or started out) being usable.
+    Unusable { pool: String, reason: String },
+    /// The pool is usable (again, or from the start).
+    Usable {
+        pool: String,
+        available_bytes: u64,
+        total_bytes: u64,
+    },
+    /// The pool now shares a device with the OS disk.
+    SharesOsDevice { pool: String },
+}
+
+/// What changed since `last` (per pool: usable, shares the OS device), which is updated.
+fn changes(last: &mut HashMap<String, (bool, bool)>, report: &PoolsReport) -> Vec<PoolChange> {
+    let mut out = Vec::new();
+    for (name, h, shared) in &report.pools {
+        let before = last.insert(name.clone(), (h.usable, *shared));
+        if before.map(|b| b.0) != Some(h.usable) {
+            out.push(match &h.reason {
+                Some(reason) => PoolChange::Unusable {
+                    pool: name.clone(),
+                    reason: reason.clone(),
+                },
+                None => PoolChange::Usable {
+                    pool: name.clone(),
+                    available_bytes: h.available_bytes,
+                    total_bytes: h.total_bytes,
+                },
+            });
+        }
+        if *shared && before.map(|b| b.1) != Some(true) {
+            out.push(PoolChange::SharesOsDevice { pool: name.clone() });
+        }
+    }
+    out
 }
 
 /// Runs blocking filesystem work off the async runtime.
@@ -122,4 +197,41 @@ where
         f()
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(usable: bool, shared: bool) -> PoolsReport {
+        let health = PoolHealth {
+            usable,
+            reason: (!usable).then(|| "nothing is mounted there".to_owned()),
+            ..PoolHealth::default()
+        };
+        PoolsReport {
+            pools: vec![("guarded".to_owned(), health, shared)],
+        }
+    }
+
+    #[test]
+    fn a_pool_problem_is_reported_once_per_transition_not_per_probe() {
+        let mut last = HashMap::new();
+        let down = changes(&mut last, &report(false, false));
+        assert!(matches!(&down[..], [PoolChange::Unusable { pool, .. }] if pool == "guarded"));
+        for _ in 0..3 {
+            assert!(
+                changes(&mut last, &report(false, false)).is_empty(),
+                "no repeat while still down"
+            );
+        }
+        let up = changes(&mut last, &report(true, false));
+        assert!(matches!(&up[..], [PoolChange::Usable { .. }]));
+        assert!(changes(&mut last, &report(true, false)).is_empty());
+        assert_eq!(
+            changes(&mut last, &report(true, true)),
+            vec![PoolChange::SharesOsDevice { pool: "guarded".into() }]
+        );
+        assert!(changes(&mut last, &report(true, true)).is_empty());
+    }
 }

@@ -386,12 +386,17 @@ async fn ephemeral_volumes_follow_the_pools_switch_and_cap() {
         .node_publish_volume(eph("legacy", Some("2097152"), &target))
         .await;
     assert_eq!(code(big), Code::OutOfRange);
+    // Sizes are quantities, like the CR's ephemeral.maxSize.
+    let big = h.node.node_publish_volume(eph("legacy", Some("2Mi"), &target)).await;
+    assert_eq!(code(big), Code::OutOfRange);
+    let garbage = h.node.node_publish_volume(eph("legacy", Some("huge"), &target)).await;
+    assert_eq!(code(garbage), Code::InvalidArgument);
     assert!(
         !h.pool_path().join("csi-eph").exists(),
         "nothing created for refused requests"
     );
     h.node
-        .node_publish_volume(eph("legacy", Some("4096"), &target))
+        .node_publish_volume(eph("legacy", Some("4Ki"), &target))
         .await
         .unwrap();
     assert!(h.pool_path().join(".hpp-ephemeral/csi-eph").is_dir(), "marked");

@@ -28,10 +28,12 @@ async fn identity_reports_name_version_capabilities_and_readiness() {
     assert_eq!(caps.capabilities.len(), 2);
     let probe = h.identity.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
     assert_eq!(probe.ready, Some(true));
-    // Pool directory removed behind the driver's back: not ready, and say so.
+    // Pool directory removed behind the driver's back: the driver still serves (ready), the
+    // pool refuses work and says why.
     std::fs::remove_dir(h.pool_path()).unwrap();
     let probe = h.identity.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
-    assert_eq!(probe.ready, Some(false));
+    assert_eq!(probe.ready, Some(true));
+    assert!(h.metrics_text().contains("hpp_pool_usable{pool=\"legacy\"} 0"));
     assert_eq!(
         code(h.controller.create_volume(create_req("pvc-x")).await),
         Code::Unavailable
@@ -76,7 +78,8 @@ async fn mount_guard_refuses_an_unmounted_pool_and_serves_a_mounted_one() {
     assert_eq!(cap.maximum_volume_size, Some(0));
     assert_eq!(
         h.identity.probe(csi::ProbeRequest {}).await.unwrap().into_inner().ready,
-        Some(false)
+        Some(true),
+        "an unusable pool takes only itself out, never the driver"
     );
     let metrics = h.metrics_text();
     assert!(metrics.contains("hpp_pool_usable{pool=\"guarded\"} 0"), "{metrics}");
@@ -169,6 +172,84 @@ async fn mount_guard_refuses_an_unmounted_pool_and_serves_a_mounted_one() {
         .await;
     assert_eq!(code(del), Code::Unavailable);
     assert!(guarded.join("pvc-g").exists());
+    h.stop().await;
+}
+
+/// Issue 16: one unmounted guarded pool must not stop the healthy pool on the same node. Probe
+/// stays ready (so the node's csi-provisioner runs), the healthy pool provisions, the broken one
+/// reports zero capacity, refuses CreateVolume with the mount-guard reason, marks its published
+/// volumes abnormal and shows 0 in `hpp_pool_usable`.
+#[tokio::test]
+async fn one_unusable_pool_takes_only_itself_out() {
+    let mut h = Harness::with(|root, b| {
+        b.pool(legacy_pool(root))
+            .pool(PoolConfig::new("guarded", root.join("disk")).require_mount_point(true))
+    })
+    .await;
+    let guarded = h.root.join("disk");
+    rustix::mount::mount("tmpfs", &guarded, "tmpfs", rustix::mount::MountFlags::empty(), None).unwrap();
+    let mut req = create_req("pvc-g");
+    req.parameters = params("guarded");
+    h.controller.create_volume(req).await.unwrap();
+    let target = h.target("g");
+    let mut publish = publish_req("pvc-g", &target, false);
+    publish.volume_context = params("guarded");
+    h.node.node_publish_volume(publish).await.unwrap();
+    let stats = |path: &std::path::Path| csi::NodeGetVolumeStatsRequest {
+        volume_id: "pvc-g".into(),
+        volume_path: path.display().to_string(),
+        staging_target_path: String::new(),
+    };
+    let healthy = h.node.node_get_volume_stats(stats(&target)).await.unwrap().into_inner();
+    assert!(!healthy.volume_condition.unwrap().abnormal);
+
+    // The pool's mount goes away (the pod keeps its bind mount of the old filesystem).
+    rustix::mount::unmount(&guarded, rustix::mount::UnmountFlags::DETACH).unwrap();
+
+    let probe = h.identity.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(true), "the driver keeps serving the healthy pool");
+    let v = h.create("pvc-healthy").await;
+    assert_eq!(v.volume_context.get("storagePool").map(String::as_str), Some("legacy"));
+    assert!(h.pool_path().join("pvc-healthy").is_dir());
+
+    let mut req = create_req("pvc-g2");
+    req.parameters = params("guarded");
+    let err = h.controller.create_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.message().contains("storage pool guarded") && err.message().contains("mount point"),
+        "{}",
+        err.message()
+    );
+    let cap = |pool: &str| csi::GetCapacityRequest {
+        parameters: params(pool),
+        ..Default::default()
+    };
+    let broken = h.controller.get_capacity(cap("guarded")).await.unwrap().into_inner();
+    assert_eq!((broken.available_capacity, broken.maximum_volume_size), (0, Some(0)));
+    let fine = h.controller.get_capacity(cap("legacy")).await.unwrap().into_inner();
+    assert!(fine.available_capacity > 0);
+
+    let cond = h
+        .node
+        .node_get_volume_stats(stats(&target))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume_condition
+        .unwrap();
+    assert!(cond.abnormal);
+    assert!(
+        cond.message.contains("guarded") && cond.message.contains("mount point"),
+        "{}",
+        cond.message
+    );
+
+    let metrics = h.metrics_text();
+    assert!(metrics.contains("hpp_pool_usable{pool=\"guarded\"} 0"), "{metrics}");
+    assert!(metrics.contains("hpp_pool_usable{pool=\"legacy\"} 1"), "{metrics}");
+    // Unpublish cannot prove the target holds pvc-g while its pool is gone; clean up by hand.
+    rustix::mount::unmount(&target, rustix::mount::UnmountFlags::DETACH).unwrap();
     h.stop().await;
 }
 

@@ -421,3 +421,38 @@ async fn an_unmounted_node_local_disk_keeps_the_pv_and_warns_until_it_is_back() 
     assert_eq!(warnings.len(), 1);
     assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
 }
+
+/// Issue 13: the PV's capacity is what the claim asked for, spelled as it asked, never the size
+/// of the filesystem holding the directory (a 64 MiB tmpfs here).
+#[tokio::test]
+async fn pv_capacity_is_the_requested_size_not_the_filesystem_size() {
+    let fake = FakeApiServer::new();
+    setup(&fake, false);
+    let disk = Tmpfs::new("64m");
+    let a = provisioner(
+        &fake,
+        config(Mode::Kubevirt, Some("node-a"), Some(disk.path())),
+        disk.path(),
+    );
+    for (claim_name, request) in [("small", "10Mi"), ("odd", "1.5M")] {
+        let c = seed_claim(
+            &fake,
+            &claim(
+                "vm",
+                claim_name,
+                "hpp",
+                KV,
+                request,
+                &["ReadWriteOnce"],
+                &[(ANNOTATION_PROVISION_ON_NODE, "node-a")],
+            ),
+        );
+        let name = pv_name(&c);
+        assert_eq!(
+            a.reconcile_claim(&c).await.unwrap(),
+            ClaimOutcome::Provisioned(name.clone())
+        );
+        let capacity = pv(&fake, &name).spec.unwrap().capacity.unwrap();
+        assert_eq!(capacity["storage"].0, request, "capacity of {claim_name}");
+    }
+}

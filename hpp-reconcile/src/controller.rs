@@ -41,6 +41,31 @@ fn node_fingerprint(node: &DynamicObject) -> Option<u64> {
     Some(h.finish())
 }
 
+/// Fingerprint of what the pool status reads from a PersistentVolume (driver, phase, pool,
+/// capacity) or a CSIStorageCapacity (class, capacity), so PV status churn and capacity
+/// objects re-published unchanged do not trigger reconciles. Other drivers' PVs all hash the
+/// same, so they trigger once when first seen and never again.
+fn usage_fingerprint(obj: &DynamicObject) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let driver = obj.data.pointer("/spec/csi/driver").and_then(Value::as_str);
+    if obj.data.get("storageClassName").is_some() {
+        // CSIStorageCapacity: top-level fields.
+        obj.data.get("storageClassName").map(Value::to_string).hash(&mut h);
+        obj.data.get("capacity").map(Value::to_string).hash(&mut h);
+        obj.data.get("nodeTopology").map(Value::to_string).hash(&mut h);
+    } else if driver == Some(hpp_api::constants::DRIVER_NAME) {
+        obj.data.pointer("/status/phase").map(Value::to_string).hash(&mut h);
+        obj.data.pointer("/spec/capacity").map(Value::to_string).hash(&mut h);
+        obj.data
+            .pointer("/spec/csi/volumeAttributes")
+            .map(Value::to_string)
+            .hash(&mut h);
+    }
+    obj.metadata.deletion_timestamp.is_some().hash(&mut h);
+    Some(h.finish())
+}
+
 /// A reflector over `kind` objects matching `selector`, registered in `cache`; yields one item
 /// per change that should trigger a reconcile.
 fn cached_watch(
@@ -63,6 +88,11 @@ fn cached_watch(
     if kind.kind == "Node" && kind.group.is_empty() {
         objects
             .predicate_filter(node_fingerprint, Default::default())
+            .filter_map(|r| async move { r.ok().map(|_| ()) })
+            .boxed()
+    } else if (kind.kind == "PersistentVolume" && kind.group.is_empty()) || kind.kind == "CSIStorageCapacity" {
+        objects
+            .predicate_filter(usage_fingerprint, Default::default())
             .filter_map(|r| async move { r.ok().map(|_| ()) })
             .boxed()
     } else {

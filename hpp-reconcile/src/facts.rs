@@ -118,6 +118,35 @@ impl PartialEq for FactMap {
     }
 }
 
+/// A Bound PersistentVolume of the hpp CSI driver, for the pool status's `committed`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeFact {
+    /// Its `storagePool` volume attribute (`None`: absent, the driver's default pool).
+    pub pool: Option<String>,
+    /// Its capacity in bytes.
+    pub bytes: u64,
+}
+
+/// A StorageClass of the hpp CSI driver and the pool it selects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassFact {
+    /// Class name.
+    pub name: String,
+    /// Its `storagePool` parameter (`None`: absent, the driver's default pool).
+    pub pool: Option<String>,
+}
+
+/// A CSIStorageCapacity object (what the csi-provisioner learnt from GetCapacity).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CapacityFact {
+    /// The StorageClass it is for.
+    pub storage_class: String,
+    /// The node of its topology segment (empty when it has none).
+    pub node: String,
+    /// Its capacity in bytes.
+    pub bytes: u64,
+}
+
 /// Everything the builders may depend on besides the CR and the configuration: the facts the
 /// HPP distribution needs, plus [`FactMap`] extensions any step can add.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -140,6 +169,13 @@ pub struct ClusterFacts {
     pub claims: Vec<ClaimFact>,
     /// Names of the other HostPathProvisioner objects (a second one is reported, not served).
     pub other_provisioners: Vec<String>,
+    /// Bound PersistentVolumes of the hpp CSI driver.
+    pub volumes: Vec<VolumeFact>,
+    /// StorageClasses of the hpp CSI driver.
+    pub classes: Vec<ClassFact>,
+    /// CSIStorageCapacity objects in the operator's namespace (where the driver's sidecar
+    /// publishes them).
+    pub capacities: Vec<CapacityFact>,
     /// Facts plugged-in steps gathered for themselves (see `SubReconciler::gather`).
     pub extensions: FactMap,
 }

@@ -7,7 +7,8 @@ use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{CSIStorageCapacity, StorageClass};
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -16,10 +17,13 @@ use tracing::warn;
 use crate::apply::Applier;
 use crate::cache::Cache;
 use crate::error::{Error, Result};
-use crate::facts::{ClaimFact, CleanupJobFact, ClusterFacts, MounterFact, NodeFact};
+use crate::facts::{
+    CapacityFact, ClaimFact, ClassFact, CleanupJobFact, ClusterFacts, MounterFact, NodeFact, VolumeFact,
+};
 use crate::names;
 use crate::object::Kind;
-use crate::reconcilers::common::{deployment_kind, job_kind, pvc_kind};
+use crate::reconcilers::common::{deployment_kind, job_kind, pvc_kind, storage_class_kind};
+use hpp_api::quantity::parse_bytes;
 
 /// Whether the API server serves `kind` in `group` (any version).
 pub async fn has_api(client: &Client, group: &str, plural: &str) -> Result<bool> {
@@ -60,9 +64,86 @@ fn claim_source() -> Source {
     (pvc_kind(), c::LABEL_STORAGE_POOL.to_owned())
 }
 
+fn volume_source() -> Source {
+    (Kind::of::<PersistentVolume>(), String::new())
+}
+
+fn class_source() -> Source {
+    (storage_class_kind(), String::new())
+}
+
+fn capacity_source() -> Source {
+    (Kind::of::<CSIStorageCapacity>(), String::new())
+}
+
 /// The (kind, label selector) pairs `gather` reads; the controller keeps a watch cache of each.
 pub fn fact_sources() -> Vec<Source> {
-    vec![node_source(), mounter_source(), job_source(), claim_source()]
+    vec![
+        node_source(),
+        mounter_source(),
+        job_source(),
+        claim_source(),
+        volume_source(),
+        class_source(),
+        capacity_source(),
+    ]
+}
+
+/// Bound PersistentVolumes of the hpp CSI driver, with their pool and capacity.
+fn hpp_volumes(pvs: Vec<PersistentVolume>) -> Vec<VolumeFact> {
+    pvs.into_iter()
+        .filter(|pv| pv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+        .filter_map(|pv| {
+            let spec = pv.spec?;
+            let csi = spec.csi.filter(|csi| csi.driver == c::DRIVER_NAME)?;
+            let bytes = spec
+                .capacity
+                .as_ref()
+                .and_then(|cap| cap.get("storage"))
+                .and_then(|q| parse_bytes(&q.0))
+                .unwrap_or(0);
+            let pool = csi
+                .volume_attributes
+                .and_then(|attrs| attrs.get(c::PARAM_STORAGE_POOL).cloned());
+            Some(VolumeFact { pool, bytes })
+        })
+        .collect()
+}
+
+/// StorageClasses of the hpp CSI driver, with the pool each selects.
+fn hpp_classes(classes: Vec<StorageClass>) -> Vec<ClassFact> {
+    classes
+        .into_iter()
+        .filter(|sc| sc.provisioner == c::DRIVER_NAME)
+        .map(|sc| ClassFact {
+            pool: sc
+                .parameters
+                .as_ref()
+                .and_then(|p| p.get(c::PARAM_STORAGE_POOL).cloned()),
+            name: sc.name_any(),
+        })
+        .collect()
+}
+
+/// CSIStorageCapacity objects with a capacity.
+fn capacities(objects: Vec<CSIStorageCapacity>) -> Vec<CapacityFact> {
+    objects
+        .into_iter()
+        .filter_map(|o| {
+            let bytes = parse_bytes(&o.capacity.as_ref()?.0)?;
+            let node = o
+                .node_topology
+                .as_ref()
+                .and_then(|t| t.match_labels.as_ref())
+                .and_then(|l| l.get(c::TOPOLOGY_KEY).cloned())
+                .unwrap_or_default();
+            Some(CapacityFact {
+                storage_class: o.storage_class_name,
+                node,
+                bytes,
+            })
+        })
+        .collect()
 }
 
 fn typed<K: DeserializeOwned>(obj: DynamicObject) -> Result<K> {
@@ -150,6 +231,17 @@ pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> 
             })
         })
         .collect();
+    let volumes = hpp_volumes(list::<PersistentVolume>(applier, &volume_source(), namespace).await?);
+    let classes = hpp_classes(list::<StorageClass>(applier, &class_source(), namespace).await?);
+    // Capacity objects only feed the pool status: a cluster without the API (or a read that
+    // fails) leaves `available` out rather than failing the pass.
+    let capacities = match list::<CSIStorageCapacity>(applier, &capacity_source(), namespace).await {
+        Ok(objects) => capacities(objects),
+        Err(e) => {
+            warn!(error = %e, "cannot read CSIStorageCapacity objects; pool status shows no available bytes");
+            Vec::new()
+        }
+    };
     Ok(ClusterFacts {
         nodes,
         mounters,
@@ -157,6 +249,9 @@ pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> 
         cleanup_jobs,
         claims,
         other_provisioners: Vec::new(),
+        volumes,
+        classes,
+        capacities,
         ..discover(applier.client()).await?
     })
 }

@@ -55,6 +55,7 @@ pub use cache::Cache;
 pub use config::OperatorConfig;
 pub use error::{Error, Result};
 pub use facts::{ClusterFacts, FactMap};
+pub use gather::fact_sources;
 pub use object::{ApplyStrategy, DesiredObject, Kind, StaticScope};
 pub use pipeline::{PassReport, Pipeline};
 pub use subreconciler::{Decorate, Edit, ObjectWarning, Readiness, StepCondition, SubReconciler, SubReconcilerExt};

@@ -636,3 +636,41 @@ fn pool_nodes_follow_the_required_node_affinity_of_the_workload() {
         "the CSI DaemonSet does not run on a node outside the affinity, so no pool objects there: {names:?}"
     );
 }
+
+/// Issues 11 and 13: the per-pool ephemeral switch and cap and the quota settings reach the
+/// driver's `--datadir` under the keys it reads (`ephemeral`, `ephemeralMaxBytes`, `quota`,
+/// `overcommitPercent`); pools without them render exactly as before.
+#[test]
+fn pool_ephemeral_and_quota_settings_render_into_the_datadir() {
+    let mut hpp = example("hostpathprovisioner_cr");
+    let mut second = hpp.spec.storage_pools.as_ref().unwrap()[0].clone();
+    let first = &mut hpp.spec.storage_pools.as_mut().unwrap()[0];
+    first.ephemeral = Some(hpp_api::v1beta1::EphemeralVolumes {
+        allowed: Some(false),
+        max_size: None,
+    });
+    first.quota = Some(hpp_api::quota::QuotaMode::Btrfs);
+    first.overcommit_percent = Some(150);
+    second.name = "fast".into();
+    second.path = "/mnt/fast".into();
+    second.ephemeral = Some(hpp_api::v1beta1::EphemeralVolumes {
+        allowed: None,
+        max_size: Some("1Gi".into()),
+    });
+    hpp.spec.storage_pools.as_mut().unwrap().push(second);
+    let ds = value(&csi_daemonset::desired_csi_daemonset(&hpp, &cfg()).unwrap());
+    assert_eq!(
+        env(container(&ds, "hostpath-provisioner"), "PV_DIR")["value"],
+        concat!(
+            r#"[{"name":"local","path":"local-data-dir/csi","shared":false,"ephemeral":false,"quota":"btrfs","overcommitPercent":150},"#,
+            r#"{"name":"fast","path":"fast-data-dir/csi","shared":false,"ephemeralMaxBytes":1073741824}]"#
+        )
+    );
+    // A cap that is not a quantity (only possible with the webhook off) is refused, not dropped.
+    hpp.spec.storage_pools.as_mut().unwrap()[1].ephemeral = Some(hpp_api::v1beta1::EphemeralVolumes {
+        allowed: None,
+        max_size: Some("lots".into()),
+    });
+    let err = csi_daemonset::desired_csi_daemonset(&hpp, &cfg()).unwrap_err();
+    assert!(err.to_string().contains("fast"), "{err}");
+}

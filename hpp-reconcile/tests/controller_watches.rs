@@ -111,7 +111,7 @@ async fn objects_of_a_plugged_in_step_are_watched_and_repaired() {
 }
 
 /// Reads of a steady-state pass with the controller's caches synced: without the caches the
-/// same pass costs 32 reads (`operator_lifecycle::steady_state_costs_only_reads`); with them,
+/// same pass costs 35 reads (`operator_lifecycle::steady_state_costs_only_reads`); with them,
 /// discovery plus one GET for a claim that is not in the labelled cache.
 #[tokio::test]
 async fn steady_state_reads_come_from_the_watch_caches() {

@@ -100,6 +100,19 @@ fn rbac_covers_every_managed_kind_without_wildcards() {
         );
     }
     assert!(allows_some_name(&role_rules, "coordination.k8s.io", "leases", "patch"));
+    // Every fact source is read and watched (PVs, StorageClasses and CSIStorageCapacity feed
+    // the pool status).
+    for (kind, _selector) in hpp_reconcile::fact_sources() {
+        let rules = if kind.namespaced { &role_rules } else { &cluster_rules };
+        for verb in ["get", "list", "watch"] {
+            assert!(
+                allows(rules, &kind.group, &kind.plural, verb),
+                "{verb} {}/{} not granted for the facts",
+                kind.group,
+                kind.plural
+            );
+        }
+    }
     // The operator never holds the driver's PersistentVolume write permissions itself.
     assert!(!allows(&cluster_rules, "", "persistentvolumes", "create"));
 }

@@ -146,6 +146,72 @@ async fn pvc_template_pool_phase_follows_claims_then_mounters() {
     assert_eq!(p.current_ready, Some(2));
 }
 
+/// Issue 16: a guarded pool whose mounter is not ready on one node must say so on the CR: the
+/// pool status (phase and message), the Degraded condition and a Warning Event, each naming the
+/// pool and the node.
+#[tokio::test]
+async fn a_mounter_not_ready_on_one_node_is_reported_with_pool_and_node() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::events::v1::Event;
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &["node01", "node02"]);
+    env.converge().await;
+    env.daemonset_ready(CSI_DS, 2);
+    env.bind_claims();
+    let mounter = |name: &str, available: i64| {
+        let generation = env
+            .fake
+            .get::<Deployment>(Some(NS), name)
+            .and_then(|d| d.metadata.generation)
+            .unwrap();
+        assert!(env.fake.set_status::<Deployment>(
+            Some(NS),
+            name,
+            serde_json::json!({ "observedGeneration": generation, "replicas": 1, "updatedReplicas": 1,
+                                "readyReplicas": available, "availableReplicas": available }),
+        ));
+    };
+    mounter("hpp-pool-local-node01", 1);
+    mounter("hpp-pool-local-node02", 1);
+    env.converge().await;
+    assert_eq!(env.condition("Available").0, "True");
+    let pool = |env: &Env| env.hpp().status.unwrap().storage_pool_statuses[0].clone();
+    assert_eq!(pool(&env).message, None);
+
+    // node02's mounter loses its pod.
+    mounter("hpp-pool-local-node02", 0);
+    env.converge().await;
+    let p = pool(&env);
+    assert_eq!(p.phase.as_deref(), Some("Mounting"));
+    assert_eq!((p.current_ready, p.desired_ready), (Some(1), Some(2)));
+    let message = p.message.unwrap();
+    assert!(
+        message.contains("local") && message.contains("node02") && !message.contains("node01"),
+        "{message}"
+    );
+    let (status, reason, message) = env.condition("Degraded");
+    assert_eq!(
+        (status.as_str(), reason.as_deref()),
+        ("True", Some("StoragePoolNotReady"))
+    );
+    let message = message.unwrap();
+    assert!(message.contains("local") && message.contains("node02"), "{message}");
+    let warnings: Vec<Event> = env
+        .fake
+        .list::<Event>()
+        .into_iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some("StoragePoolNotReady"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    let note = warnings[0].note.clone().unwrap_or_default();
+    assert!(note.contains("local") && note.contains("node02"), "{note}");
+
+    // Back: healthy again, no message.
+    mounter("hpp-pool-local-node02", 1);
+    env.converge().await;
+    assert_eq!(env.condition("Available").0, "True");
+    assert_eq!(pool(&env).message, None);
+}
+
 #[tokio::test]
 async fn releasing_a_gone_second_cr_is_not_an_error() {
     let env = Env::new("hostpathprovisioner_cr", &["node01"]);
@@ -330,4 +396,87 @@ async fn a_deletion_stuck_on_cleanup_jobs_backs_off_and_the_skip_annotation_fini
         note.contains("pool local on node node01 (/var/hpvolumes/csi)") && note.contains("node node02"),
         "{note}"
     );
+}
+
+/// Issue 13: the pool status shows the configured quota mode, the committed bytes (Bound hpp
+/// PersistentVolumes of the pool) and the available bytes (the CSIStorageCapacity objects of the
+/// pool's StorageClasses, largest per node, summed over nodes).
+#[tokio::test]
+async fn pool_status_shows_quota_committed_and_available_bytes() {
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    use k8s_openapi::api::storage::v1::{CSIStorageCapacity, StorageClass};
+    use serde_json::json;
+    let env = Env::new("hostpathprovisioner_cr", &["node01", "node02"]);
+    // The example's pool `local`, with a quota backend and a second pool beside it.
+    let mut hpp = env.hpp();
+    let pools = hpp.spec.storage_pools.as_mut().unwrap();
+    pools[0].quota = Some(hpp_api::quota::QuotaMode::Btrfs);
+    let mut other = pools[0].clone();
+    other.name = "other".into();
+    other.path = "/var/other".into();
+    other.quota = None;
+    pools.push(other);
+    env.fake.seed(&hpp);
+    let driver = hpp_api::constants::DRIVER_NAME;
+    let class = |name: &str, pool: Option<&str>| -> StorageClass {
+        let mut sc = json!({ "metadata": { "name": name }, "provisioner": driver });
+        if let Some(p) = pool {
+            sc["parameters"] = json!({ "storagePool": p });
+        }
+        serde_json::from_value(sc).unwrap()
+    };
+    env.fake.seed(&class("hpp-local", Some("local")));
+    env.fake.seed(&class("hpp-local-wffc", Some("local")));
+    env.fake.seed(&class("hpp-other", Some("other")));
+    env.fake.seed(&serde_json::from_value::<StorageClass>(json!({
+        "metadata": { "name": "foreign" }, "provisioner": "example.com/other", "parameters": { "storagePool": "local" }
+    })).unwrap());
+    let pv = |name: &str, driver: &str, pool: &str, size: &str, phase: &str| -> PersistentVolume {
+        serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": { "capacity": { "storage": size }, "accessModes": ["ReadWriteOnce"],
+                      "csi": { "driver": driver, "volumeHandle": name, "volumeAttributes": { "storagePool": pool } } },
+            "status": { "phase": phase },
+        }))
+        .unwrap()
+    };
+    env.fake.seed(&pv("pv-1", driver, "local", "1Gi", "Bound"));
+    env.fake.seed(&pv("pv-2", driver, "local", "512Mi", "Bound"));
+    env.fake.seed(&pv("pv-3", driver, "local", "8Gi", "Released"));
+    env.fake.seed(&pv("pv-4", "example.com/other", "local", "8Gi", "Bound"));
+    env.fake.seed(&pv("pv-5", driver, "other", "2Gi", "Bound"));
+    let capacity = |name: &str, class: &str, node: &str, size: &str| -> CSIStorageCapacity {
+        serde_json::from_value(json!({
+            "metadata": { "name": name, "namespace": NS },
+            "storageClassName": class,
+            "nodeTopology": { "matchLabels": { "topology.hostpath.csi/node": node } },
+            "capacity": size,
+        }))
+        .unwrap()
+    };
+    // Two classes of one pool report the same node: counted once.
+    env.fake.seed(&capacity("csisc-1", "hpp-local", "node01", "10Gi"));
+    env.fake.seed(&capacity("csisc-2", "hpp-local-wffc", "node01", "10Gi"));
+    env.fake.seed(&capacity("csisc-3", "hpp-local", "node02", "5Gi"));
+    env.fake.seed(&capacity("csisc-4", "foreign", "node02", "100Gi"));
+    env.converge().await;
+    let statuses = env.hpp().status.unwrap().storage_pool_statuses;
+    let local = statuses.iter().find(|s| s.name == "local").unwrap();
+    assert_eq!(local.quota, Some(hpp_api::quota::QuotaMode::Btrfs));
+    assert_eq!(local.committed.as_deref(), Some("1536Mi"));
+    assert_eq!(local.available.as_deref(), Some("15Gi"));
+    let other = statuses.iter().find(|s| s.name == "other").unwrap();
+    assert_eq!(other.quota, None);
+    assert_eq!(other.committed.as_deref(), Some("2Gi"));
+    assert_eq!(other.available, None, "no capacity objects for its class");
+    let raw = serde_json::to_value(env.hpp()).unwrap();
+    assert_eq!(raw["status"]["storagePoolStatuses"][0]["committed"], "1536Mi");
+
+    // A volume is released: the status follows.
+    env.fake
+        .set_status::<PersistentVolume>(None, "pv-2", json!({ "phase": "Released" }));
+    env.converge().await;
+    let statuses = env.hpp().status.unwrap().storage_pool_statuses;
+    let local = statuses.iter().find(|s| s.name == "local").unwrap();
+    assert_eq!(local.committed.as_deref(), Some("1Gi"));
 }

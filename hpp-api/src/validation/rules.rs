@@ -49,6 +49,26 @@ pub fn snapshot_provider(value: &Option<String>, _ctx: &()) -> garde::Result {
     }
 }
 
+/// `ephemeral.maxSize`: a positive storage quantity such as `10Gi`.
+pub fn max_size(value: &Option<String>, _ctx: &()) -> garde::Result {
+    match value {
+        Some(v) if crate::quantity::parse_bytes(v).is_none_or(|b| b == 0) => Err(garde::Error::new(format!(
+            "{v:?} is not a positive storage quantity; use a size such as 512Mi or 10Gi"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// `overcommitPercent`: 1 to 1000 (% of the filesystem size that may be promised to volumes).
+pub fn overcommit_percent(value: &Option<u32>, _ctx: &()) -> garde::Result {
+    match value {
+        Some(v) if !(1..=1000).contains(v) => Err(garde::Error::new(format!(
+            "{v} is out of range; use a percentage of the filesystem size from 1 to 1000 (100 promises exactly the filesystem size)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// `overlayClassName`: a valid StorageClass name.
 pub fn overlay_class_name(value: &Option<String>, _ctx: &()) -> garde::Result {
     match value {

@@ -30,11 +30,10 @@ const LIVENESS_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Health and metrics routes.
 ///
 /// `/livez` is the liveness check: it calls the driver's CSI Probe over its own endpoint and
-/// answers 200 whenever the driver answers, ready or not. A driver that is waiting for a pool
-/// (a guarded pool not mounted yet) reports `ready: false`, which per the CSI spec means
-/// "initialising, do not restart"; the livenessprobe sidecar treats that as a failure and would
-/// restart the driver in a loop. Only an error or no answer (a wedged server, a removed socket)
-/// fails `/livez`. `/healthz` stays the readiness view: 503 while any pool is unusable.
+/// answers 200 whenever the driver answers. The driver answers ready even while a pool is
+/// unusable (that pool takes only itself out); `ready: false` would still mean "initialising, do
+/// not restart", so it passes too. Only an error or no answer (a wedged server, a removed socket)
+/// fails `/livez`. `/healthz` is the pools view: 503 while any pool is unusable.
 pub fn router(registry: Arc<Registry>, driver: Driver, csi_endpoint: CsiEndpoint) -> Router {
     crate::admin::metrics_router(registry)
         .route(

@@ -4,6 +4,7 @@
 use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
+use hpp_api::quota::QuotaMode;
 use kube::api::DynamicObject;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
@@ -48,6 +49,23 @@ pub struct DataDirEntry {
     /// JSON byte-identical to KubeVirt's for plain pools.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub require_mount_point: bool,
+    /// `false` when the CR refuses inline ephemeral volumes in this pool (`ephemeral.allowed`);
+    /// omitted when they are allowed, the driver's default.
+    #[serde(skip_serializing_if = "is_true")]
+    pub ephemeral: bool,
+    /// The CR's `ephemeral.maxSize` in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ephemeral_max_bytes: Option<u64>,
+    /// The CR's `quota`; omitted for `none` (the default), so plain pools render as in KubeVirt.
+    #[serde(skip_serializing_if = "QuotaMode::is_none")]
+    pub quota: QuotaMode,
+    /// The CR's `overcommitPercent`, when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overcommit_percent: Option<u32>,
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// A pool as the DaemonSet mounts it: volume name, host path, datadir entry.
@@ -71,11 +89,13 @@ pub fn mount_name(pool: &str) -> String {
     }
 }
 
-/// The pools the CSI driver serves, in spec order.
-pub fn pool_mounts(hpp: &HostPathProvisioner) -> Vec<PoolMount> {
+/// The pools the CSI driver serves, in spec order. An `ephemeral.maxSize` that is not a
+/// quantity (the webhook refuses it; it can only arrive with the webhook off) is an error rather
+/// than a pool without its cap.
+pub fn pool_mounts(hpp: &HostPathProvisioner) -> Result<Vec<PoolMount>> {
     if let Some(pc) = &hpp.spec.path_config {
         let mount_name = names::LEGACY_DATA_DIR.to_owned();
-        return vec![PoolMount {
+        return Ok(vec![PoolMount {
             host_path: pc.path.clone(),
             entry: DataDirEntry {
                 name: c::DEFAULT_POOL_NAME.into(),
@@ -84,9 +104,13 @@ pub fn pool_mounts(hpp: &HostPathProvisioner) -> Vec<PoolMount> {
                 snapshot_provider: None,
                 shared: false,
                 require_mount_point: false,
+                ephemeral: true,
+                ephemeral_max_bytes: None,
+                quota: QuotaMode::None,
+                overcommit_percent: None,
             },
             mount_name,
-        }];
+        }]);
     }
     hpp.spec
         .storage_pools
@@ -94,7 +118,17 @@ pub fn pool_mounts(hpp: &HostPathProvisioner) -> Vec<PoolMount> {
         .flatten()
         .map(|p| {
             let mount_name = mount_name(&p.name);
-            PoolMount {
+            let ephemeral = p.ephemeral.clone().unwrap_or_default();
+            let ephemeral_max_bytes = match &ephemeral.max_size {
+                None => None,
+                Some(q) => Some(ephemeral.max_bytes().ok_or_else(|| {
+                    Error::InvalidSpec(format!(
+                        "storage pool {}: ephemeral.maxSize {q:?} is not a storage quantity such as 10Gi",
+                        p.name
+                    ))
+                })?),
+            };
+            Ok(PoolMount {
                 host_path: p.path.clone(),
                 entry: DataDirEntry {
                     name: p.name.clone(),
@@ -106,16 +140,20 @@ pub fn pool_mounts(hpp: &HostPathProvisioner) -> Vec<PoolMount> {
                     snapshot_provider: p.snapshot_provider.clone(),
                     shared: p.is_shared(),
                     require_mount_point: p.pvc_template.is_some(),
+                    ephemeral: ephemeral.is_allowed(),
+                    ephemeral_max_bytes,
+                    quota: p.quota.unwrap_or_default(),
+                    overcommit_percent: p.overcommit_percent,
                 },
                 mount_name,
-            }
+            })
         })
         .collect()
 }
 
 /// The `--datadir` / `PV_DIR` JSON.
 pub fn datadir_json(hpp: &HostPathProvisioner) -> Result<String> {
-    let entries: Vec<DataDirEntry> = pool_mounts(hpp).into_iter().map(|m| m.entry).collect();
+    let entries: Vec<DataDirEntry> = pool_mounts(hpp)?.into_iter().map(|m| m.entry).collect();
     serde_json::to_string(&entries).map_err(|source| Error::Serialize {
         what: "datadir".into(),
         source,
@@ -192,7 +230,7 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
     let pull = common::pull_policy(hpp);
     let img = &cfg.images;
     let v = cfg.verbosity;
-    let mounts = pool_mounts(hpp);
+    let mounts = pool_mounts(hpp)?;
     let pool_volume_mounts: Vec<VolumeMount> = mounts
         .iter()
         .map(|m| mount(&m.mount_name, &format!("/{}", m.mount_name), Some("HostToContainer")))
@@ -217,8 +255,8 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
         ]),
         ports: Some(vec![port("healthz", 9898), port("metrics", 8443)]),
         // The driver's own /livez, not the livenessprobe sidecar on 9898: the sidecar fails
-        // on Probe `ready: false`, which the driver answers while a guarded pool waits for
-        // its mount, and a restart loop would not bring the mount any sooner.
+        // on Probe `ready: false` (older drivers answered it while a guarded pool waited for
+        // its mount), and a restart loop would not bring the mount any sooner.
         liveness_probe: Some(Probe {
             http_get: Some(HTTPGetAction {
                 path: Some("/livez".into()),

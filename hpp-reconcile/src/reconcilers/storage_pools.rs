@@ -6,6 +6,8 @@ use std::collections::BTreeSet;
 use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
+use hpp_api::quantity::format_bytes;
+use hpp_api::quota::QuotaMode;
 use hpp_api::v1beta1::{ClaimStatus, StoragePoolStatus};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaimStatus, Toleration};
 use kube::ResourceExt;
@@ -168,23 +170,100 @@ pub const PHASE_MOUNTING: &str = "Mounting";
 /// Pool phase: usable on every node it serves.
 pub const PHASE_READY: &str = "Ready";
 
-/// `storagePoolStatuses` and PVC problems from the live pool objects.
-pub fn pool_readiness(hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Readiness {
+/// The pool the driver picks for a StorageClass or volume without a `storagePool`: `legacy`,
+/// or the first pool when none is called that (as `DriverState::pool_for` in hpp-csi).
+fn default_pool(pools: &[&str]) -> Option<String> {
+    pools
+        .iter()
+        .find(|p| **p == c::DEFAULT_POOL_NAME)
+        .or_else(|| pools.first())
+        .map(|p| (*p).to_owned())
+}
+
+/// `committed` and `available` of pool `name` from the facts: the Bound hpp PersistentVolumes
+/// of the pool, and the CSIStorageCapacity objects of its StorageClasses (per node the largest
+/// value, as several classes may select one pool; summed over nodes, or the largest for a
+/// shared pool, which every node sees whole). `available` is `None` without such objects.
+fn pool_usage(name: &str, shared: bool, pools: &[&str], facts: &ClusterFacts) -> (u64, Option<u64>) {
+    let fallback = default_pool(pools);
+    let selects = |pool: &Option<String>| pool.as_ref().or(fallback.as_ref()).map(String::as_str) == Some(name);
+    let committed = facts
+        .volumes
+        .iter()
+        .filter(|v| selects(&v.pool))
+        .fold(0u64, |sum, v| sum.saturating_add(v.bytes));
+    let classes: BTreeSet<&str> = facts
+        .classes
+        .iter()
+        .filter(|cl| selects(&cl.pool))
+        .map(|cl| cl.name.as_str())
+        .collect();
+    let mut per_node: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for cap in facts
+        .capacities
+        .iter()
+        .filter(|cap| classes.contains(cap.storage_class.as_str()))
+    {
+        let entry = per_node.entry(cap.node.as_str()).or_default();
+        *entry = (*entry).max(cap.bytes);
+    }
+    let available = (!per_node.is_empty()).then(|| {
+        if shared {
+            per_node.values().copied().max().unwrap_or(0)
+        } else {
+            per_node.values().fold(0u64, |sum, b| sum.saturating_add(*b))
+        }
+    });
+    (committed, available)
+}
+
+/// Fills in the configured quota mode and the `committed` / `available` bytes of a pool status.
+fn with_usage(
+    mut status: StoragePoolStatus,
+    quota: Option<QuotaMode>,
+    shared: bool,
+    pools: &[&str],
+    facts: &ClusterFacts,
+) -> StoragePoolStatus {
+    let (committed, available) = pool_usage(&status.name, shared, pools, facts);
+    status.quota = quota;
+    status.committed = Some(format_bytes(committed));
+    status.available = available.map(format_bytes);
+    status
+}
+
+/// `storagePoolStatuses` and PVC problems from the live pool objects and the facts.
+pub fn pool_readiness(hpp: &HostPathProvisioner, facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
     let mut r = Readiness::ready();
     if hpp.spec.path_config.is_some() {
-        r.pool_statuses.push(StoragePoolStatus {
+        let status = StoragePoolStatus {
             name: c::DEFAULT_POOL_NAME.into(),
             phase: Some(PHASE_READY.into()),
             ..Default::default()
-        });
+        };
+        r.pool_statuses
+            .push(with_usage(status, None, false, &[c::DEFAULT_POOL_NAME], facts));
         return r;
     }
+    let names: Vec<&str> = hpp
+        .spec
+        .storage_pools
+        .iter()
+        .flatten()
+        .map(|p| p.name.as_str())
+        .collect();
     for pool in hpp.spec.storage_pools.iter().flatten() {
-        let mut status = StoragePoolStatus {
-            name: pool.name.clone(),
-            phase: Some(PHASE_READY.into()),
-            ..Default::default()
-        };
+        let mut status = with_usage(
+            StoragePoolStatus {
+                name: pool.name.clone(),
+                phase: Some(PHASE_READY.into()),
+                ..Default::default()
+            },
+            pool.quota,
+            pool.is_shared(),
+            &names,
+            facts,
+        );
         if pool.pvc_template.is_some() {
             let label = names::pool_label_value(&pool.name);
             let of_pool = |o: &&DynamicObject| label_of(o, c::LABEL_STORAGE_POOL).as_deref() == Some(label.as_str());
@@ -194,10 +273,27 @@ pub fn pool_readiness(hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Read
                 .filter(of_pool)
                 .filter(|o| kind(o) == "Deployment")
                 .collect();
-            let mounted = deployments
-                .iter()
-                .filter(|d| super::rollout::deployment(d) == super::rollout::Rollout::Done)
-                .count();
+            // A mounter rolling out is reported like a DaemonSet rollout (Progressing); one that
+            // is not ready makes its pool unusable on that node (Degraded, naming pool and node).
+            let mut not_mounted: Vec<(String, String)> = Vec::new();
+            let mut rolling_out: Vec<String> = Vec::new();
+            for d in &deployments {
+                let node = || {
+                    d.annotations()
+                        .get(names::ANNOTATION_POOL_NODE)
+                        .cloned()
+                        .unwrap_or_else(|| d.name_any())
+                };
+                match super::rollout::deployment(d) {
+                    super::rollout::Rollout::Done => {}
+                    super::rollout::Rollout::InProgress(why) => {
+                        not_mounted.push((node(), why.clone()));
+                        rolling_out.push(why);
+                    }
+                    super::rollout::Rollout::NotReady(why) => not_mounted.push((node(), why)),
+                }
+            }
+            let mounted = deployments.len() - not_mounted.len();
             status.desired_ready = Some(deployments.len() as i32);
             status.current_ready = Some(mounted as i32);
             let mut claims_bound = true;
@@ -229,16 +325,18 @@ pub fn pool_readiness(hpp: &HostPathProvisioner, live: &[DynamicObject]) -> Read
             }
             let prepared = claims_bound && claims > 0;
             status.phase = Some(pool_phase(prepared, mounted, deployments.len()).into());
-            // Mounters feed the CR's conditions like the DaemonSets do, once their claims are
-            // Bound (before that the pool is reported as not ready, naming the claim).
             if prepared {
-                for d in &deployments {
-                    match super::rollout::deployment(d) {
-                        super::rollout::Rollout::Done => {}
-                        super::rollout::Rollout::InProgress(m) => r.workloads_rolling_out.push(m),
-                        super::rollout::Rollout::NotReady(m) => r.workloads_not_ready.push(m),
-                    }
+                let rolling = !rolling_out.is_empty();
+                r.workloads_rolling_out.extend(rolling_out);
+                // Claims Bound but a mounter is not ready: that node's driver refuses the pool
+                // (its mount guard), so say which nodes, here and in the Degraded condition +
+                // Event. A rollout in progress is Progressing, not Degraded.
+                if !rolling && let Some(problem) = mounters_not_ready(&pool.name, &not_mounted) {
+                    status.message = Some(problem.clone());
+                    r.pools_not_ready.push(problem);
                 }
+            } else {
+                status.message = Some(format!("storage pool {}: waiting for its PVCs to be Bound", pool.name));
             }
         }
         r.pool_statuses.push(status);
@@ -272,6 +370,23 @@ pub fn uncleaned_mounts(facts: &ClusterFacts) -> Vec<String> {
     out.into_iter().collect()
 }
 
+/// The problem of a pool whose mounters are not ready on some nodes, naming the pool and the
+/// nodes; `None` when every mounter is ready. `not_mounted` is (node, rollout detail).
+fn mounters_not_ready(pool: &str, not_mounted: &[(String, String)]) -> Option<String> {
+    let (_, first_detail) = not_mounted.first()?;
+    let nodes: Vec<&str> = not_mounted.iter().map(|(n, _)| n.as_str()).collect();
+    let (noun, them) = if nodes.len() == 1 {
+        ("node", "its mounter is")
+    } else {
+        ("nodes", "their mounters are")
+    };
+    Some(format!(
+        "Storage pool {pool} is not usable on {noun} {}: {them} not ready ({first_detail}); \
+         volumes of this pool cannot be created or published there, other pools are not affected",
+        nodes.join(", ")
+    ))
+}
+
 /// Sub-reconciler for pvcTemplate pools.
 pub struct StoragePools;
 
@@ -294,8 +409,8 @@ impl SubReconciler for StoragePools {
         desired_pool_objects(hpp, cfg, facts)
     }
 
-    fn readiness(&self, hpp: &HostPathProvisioner, _facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
-        pool_readiness(hpp, live)
+    fn readiness(&self, hpp: &HostPathProvisioner, facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
+        pool_readiness(hpp, facts, live)
     }
 
     /// Unmount on every Ready node first (Jobs), then delete Jobs, PVCs and overlay classes.
