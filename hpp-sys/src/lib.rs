@@ -7,4 +7,5 @@
 //! Every function takes borrowed file descriptors and Rust strings, checks its inputs, and
 //! returns `std::io::Error` from the kernel's errno, so callers never see raw pointers.
 
+pub mod btrfs;
 pub mod mount;
