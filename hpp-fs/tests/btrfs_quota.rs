@@ -7,6 +7,7 @@ mod common;
 
 use std::io::Write;
 use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 
 use hpp_fs::quota::{Btrfs, QuotaBackend};
