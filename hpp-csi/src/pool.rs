@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use hpp_api::quota::QuotaMode;
-use hpp_fs::quota::{QuotaBackend, Unlimited};
+use hpp_fs::quota::{QuotaBackend, QuotaError, Unlimited};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
@@ -90,6 +90,7 @@ impl Pool {
             }
             None => None,
         };
+        let quota = quota_backend(cfg, &path)?;
         Ok(Pool {
             name: cfg.name.clone(),
             path,
@@ -99,7 +100,7 @@ impl Pool {
             ephemeral: cfg.ephemeral,
             ephemeral_max_bytes: cfg.ephemeral_max_bytes,
             quota_mode: cfg.quota,
-            quota: quota_backend(cfg)?,
+            quota,
             overcommit_percent: cfg.overcommit_percent,
             reserved: BTreeSet::new(),
         })
@@ -243,14 +244,78 @@ impl Pool {
     }
 }
 
-/// The backend for a pool's configured quota mode.
-fn quota_backend(cfg: &PoolConfig) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
-    match cfg.quota {
-        QuotaMode::None => Ok(Arc::new(Unlimited)),
+/// The backend for a pool's configured quota mode; `auto` resolved by [`auto_mode`] and
+/// logged. An explicitly configured backend that cannot work on the pool's filesystem is a
+/// configuration error; `auto` falls back to `none` instead.
+fn quota_backend(cfg: &PoolConfig, path: &Path) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
+    if cfg.quota == QuotaMode::None {
+        return Ok(Arc::new(Unlimited));
+    }
+    let mode = match cfg.quota {
+        QuotaMode::Auto => {
+            let dir = fsops::open_dir_path(path).ok();
+            let btrfs = dir
+                .as_ref()
+                .is_some_and(|d| hpp_sys::btrfs::is_btrfs(d.as_fd()).unwrap_or(false));
+            let table = MountTable::read().ok();
+            let mount = table.as_ref().and_then(|t| t.containing(path));
+            let mode = auto_mode(btrfs, mount);
+            tracing::info!(pool = %cfg.name, path = %path.display(), quota = %mode, "quota mode auto resolved");
+            mode
+        }
+        m => m,
+    };
+    match build_backend(cfg, mode, path) {
+        Ok(b) => Ok(b),
+        Err(e) if cfg.quota == QuotaMode::Auto => {
+            tracing::warn!(pool = %cfg.name, quota = %mode, error = %e, "quota backend unavailable; volumes are not size-limited");
+            Ok(Arc::new(Unlimited))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn build_backend(cfg: &PoolConfig, mode: QuotaMode, path: &Path) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
+    let quota_err = |source| ConfigError::Quota {
+        pool: cfg.name.clone(),
+        mode,
+        source,
+    };
+    match mode {
+        QuotaMode::None | QuotaMode::Auto => Ok(Arc::new(Unlimited)),
+        QuotaMode::Btrfs => {
+            let dir = rustix::fs::open(
+                path,
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| {
+                quota_err(QuotaError::Io {
+                    op: format!("opening {}", path.display()),
+                    source: e.into(),
+                })
+            })?;
+            let backend = hpp_fs::quota::Btrfs::open(dir.as_fd()).map_err(quota_err)?;
+            tracing::info!(pool = %cfg.name, "volumes are btrfs subvolumes limited by qgroups");
+            Ok(Arc::new(backend))
+        }
         other => Err(ConfigError::UnsupportedQuota {
             pool: cfg.name.clone(),
             mode: other,
         }),
+    }
+}
+
+/// What `auto` means for a pool: btrfs on btrfs, the filesystem's project quota where it is
+/// mounted with `prjquota`, else none.
+pub fn auto_mode(is_btrfs: bool, mount: Option<&crate::mountinfo::Mount>) -> QuotaMode {
+    if is_btrfs {
+        return QuotaMode::Btrfs;
+    }
+    match mount {
+        Some(m) if m.project_quota() && m.fs_type == "xfs" => QuotaMode::XfsProject,
+        Some(m) if m.project_quota() && m.fs_type == "ext4" => QuotaMode::Ext4Project,
+        _ => QuotaMode::None,
     }
 }
 
@@ -284,6 +349,36 @@ fn create_dir_all_mode(path: &Path, mode: u32) -> std::io::Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn auto_picks_btrfs_then_project_quota_then_none() {
+        let table = MountTable::parse(
+            "50 22 253:0 / /x rw - xfs /dev/vg rw,prjquota\n\
+             51 22 253:1 / /e rw - ext4 /dev/sdb rw,prjquota\n\
+             52 22 253:2 / /p rw - ext4 /dev/sdc rw\n",
+        );
+        let at = |p: &str| table.containing(Path::new(p));
+        assert_eq!(auto_mode(true, at("/p/pool")), QuotaMode::Btrfs);
+        assert_eq!(auto_mode(false, at("/x/pool")), QuotaMode::XfsProject);
+        assert_eq!(auto_mode(false, at("/e/pool")), QuotaMode::Ext4Project);
+        assert_eq!(auto_mode(false, at("/p/pool")), QuotaMode::None);
+        assert_eq!(auto_mode(false, None), QuotaMode::None);
+    }
+
+    #[test]
+    fn btrfs_on_a_pool_that_is_not_btrfs_is_a_clear_configuration_error() {
+        let root = tempfile::tempdir().unwrap();
+        if hpp_sys::btrfs::is_btrfs(std::fs::File::open(root.path()).unwrap().as_fd()).unwrap() {
+            eprintln!("skipped: the temporary directory is on btrfs");
+            return;
+        }
+        let mut cfg = PoolConfig::new("b", root.path().join("b"));
+        cfg.quota = QuotaMode::Btrfs;
+        let err = Pool::prepare(&cfg).unwrap_err();
+        assert!(err.to_string().contains("btrfs"), "{err}");
+        cfg.quota = QuotaMode::Auto;
+        assert_eq!(Pool::prepare(&cfg).unwrap().quota.name(), "none");
+    }
 
     #[test]
     fn rounding_matches_kubevirt() {

@@ -127,6 +127,30 @@ impl Btrfs {
     }
 }
 
+/// Names of the subvolumes directly inside the open directory `dir`.
+fn subvolume_children(dir: BorrowedFd<'_>) -> Result<Vec<String>, QuotaError> {
+    if !matches!(hpp_sys::btrfs::is_btrfs(dir), Ok(true)) {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    let mut d = rustix::fs::Dir::read_from(dir).map_err(errno("listing a directory"))?;
+    while let Some(entry) = d.read() {
+        let entry = entry.map_err(errno("listing a directory"))?;
+        let Ok(name) = entry.file_name().to_str() else { continue };
+        // readdir reports a subvolume's entry with the subvolume id as its inode number, so
+        // only opening it tells.
+        if entry.file_type() != rustix::fs::FileType::Directory || name == "." || name == ".." {
+            continue;
+        }
+        if let Ok(child) = open_child(dir, name)
+            && is_subvolume(child.as_fd())
+        {
+            out.push(name.to_owned());
+        }
+    }
+    Ok(out)
+}
+
 impl QuotaBackend for Btrfs {
     fn name(&self) -> &'static str {
         "btrfs"
@@ -204,6 +228,12 @@ impl QuotaBackend for Btrfs {
             Err(e) => return Err(errno(format!("opening {name}"))(e)),
         };
         if !is_subvolume(fd.as_fd()) {
+            // A snapshot's directory holds its data as a read-only subvolume, which the walk
+            // cannot empty: destroy the subvolumes directly inside first.
+            for child in subvolume_children(fd.as_fd())? {
+                hpp_sys::btrfs::subvolume_destroy(fd.as_fd(), &child)
+                    .map_err(io_err(format!("destroying subvolume {name}/{child}")))?;
+            }
             drop(fd);
             return super::remove_tree(pool, name);
         }
