@@ -112,6 +112,8 @@ struct Publish {
     target: PathBuf,
     opts: BindOptions,
     ephemeral: bool,
+    /// The `size` an inline ephemeral volume asked for (0: none); its limit on quota pools.
+    ephemeral_bytes: u64,
 }
 
 fn publish(p: &Publish) -> Result<()> {
@@ -122,7 +124,11 @@ fn publish(p: &Publish) -> Result<()> {
         if !volumes::exists(&p.pool, &p.id)? {
             mark_ephemeral(&p.pool, &p.id)?;
         }
-        volumes::create(&p.pool, &p.id, None, volumes::Requested::default())?;
+        let requested = volumes::Requested {
+            required: p.ephemeral_bytes,
+            limit: 0,
+        };
+        volumes::create(&p.pool, &p.id, None, requested)?;
     }
     let source = volumes::open(&p.pool, &p.id)?;
     let opts = p.opts.with_source_flags(&source);
@@ -165,31 +171,35 @@ fn publish(p: &Publish) -> Result<()> {
 /// Volume attribute an inline ephemeral volume may use to say how big it wants to be.
 pub const EPHEMERAL_SIZE_KEY: &str = "size";
 
-/// Refuses inline ephemeral volumes on a pool that does not allow them, or bigger than its cap.
-fn check_ephemeral_allowed(pool: &Pool, ctx: &std::collections::HashMap<String, String>) -> Result<()> {
+/// Refuses inline ephemeral volumes on a pool that does not allow them, or bigger than its cap;
+/// returns the size asked for (0 when none).
+fn check_ephemeral_allowed(pool: &Pool, ctx: &std::collections::HashMap<String, String>) -> Result<u64> {
     if !pool.ephemeral {
         return Err(Error::FailedPrecondition(format!(
             "storage pool {} does not allow inline ephemeral volumes (\"ephemeral\": false)",
             pool.name
         )));
     }
-    if let Some(cap) = pool.ephemeral_max_bytes {
-        let size = match ctx.get(EPHEMERAL_SIZE_KEY) {
-            Some(v) => v.parse::<u64>().map_err(|_| {
-                Error::InvalidArgument(format!(
-                    "volume attribute {EPHEMERAL_SIZE_KEY}={v:?} is not a byte count"
-                ))
-            })?,
-            None => 0,
-        };
-        if size > cap {
-            return Err(Error::OutOfRange(format!(
-                "inline ephemeral volume asks for {size} bytes; storage pool {} allows at most {cap}",
-                pool.name
-            )));
-        }
+    // Only checked where it means something (a cap or an enforced size): KubeVirt ignores it,
+    // and an unlimited pool keeps doing so whatever it says.
+    let strict = pool.ephemeral_max_bytes.is_some() || pool.quota.enforces();
+    let size = match ctx.get(EPHEMERAL_SIZE_KEY) {
+        Some(v) if strict => v.parse::<u64>().map_err(|_| {
+            Error::InvalidArgument(format!(
+                "volume attribute {EPHEMERAL_SIZE_KEY}={v:?} is not a byte count"
+            ))
+        })?,
+        _ => 0,
+    };
+    if let Some(cap) = pool.ephemeral_max_bytes
+        && size > cap
+    {
+        return Err(Error::OutOfRange(format!(
+            "inline ephemeral volume asks for {size} bytes; storage pool {} allows at most {cap}",
+            pool.name
+        )));
     }
-    Ok(())
+    Ok(size)
 }
 
 fn mark_ephemeral(pool: &Pool, id: &str) -> Result<()> {
@@ -409,9 +419,11 @@ impl NodeService {
             .await?
         };
         pool.check_volume_name(&id)?;
-        if ephemeral {
-            check_ephemeral_allowed(&pool, &req.volume_context)?;
-        }
+        let ephemeral_bytes = if ephemeral {
+            check_ephemeral_allowed(&pool, &req.volume_context)?
+        } else {
+            0
+        };
         let guard = self
             .state
             .inflight
@@ -422,6 +434,7 @@ impl NodeService {
             target,
             opts,
             ephemeral,
+            ephemeral_bytes,
         };
         blocking_locked(guard, move || {
             // Never publish the shadow directory of an unmounted guarded pool.
