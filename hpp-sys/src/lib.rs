@@ -8,4 +8,5 @@
 //! returns `std::io::Error` from the kernel's errno, so callers never see raw pointers.
 
 pub mod btrfs;
+pub mod loopdev;
 pub mod mount;
