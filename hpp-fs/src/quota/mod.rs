@@ -13,8 +13,10 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::Path;
 
 pub mod btrfs;
+pub mod image;
 
 pub use btrfs::Btrfs;
+pub use image::{Image, ImageFs};
 
 use crate::WalkError;
 
@@ -129,6 +131,20 @@ pub trait QuotaBackend: Send + Sync + Debug {
     /// Makes `name` in `dir` a read-only, instant snapshot of the volume open as `source`.
     /// `Ok(false)` when the backend has none for this source: the caller copies (reflink).
     fn snapshot(&self, _dir: BorrowedFd<'_>, _name: &str, _source: BorrowedFd<'_>) -> Result<bool, QuotaError> {
+        Ok(false)
+    }
+
+    /// Why volume `name` must not be deleted now, when the backend knows of a user that the
+    /// mount table does not show as a bind of the volume (an image attached to a loop device).
+    fn in_use(&self, _pool: BorrowedFd<'_>, _name: &str) -> Result<Option<String>, QuotaError> {
+        Ok(None)
+    }
+
+    /// Mounts the volume open as `volume` at `target` when publish is more than a bind mount
+    /// ([`Layout::Image`]: attach the image to a loop device and mount it). `Ok(false)`: the
+    /// caller bind-mounts the directory. Idempotent: the same image already mounted there is
+    /// success.
+    fn mount_at(&self, _volume: BorrowedFd<'_>, _target: &Path, _read_only: bool) -> Result<bool, QuotaError> {
         Ok(false)
     }
 
