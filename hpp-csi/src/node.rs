@@ -5,6 +5,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use hpp_fs::quota::Layout;
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use tonic::{Request, Response, Status};
@@ -131,6 +132,19 @@ fn publish(p: &Publish) -> Result<()> {
         volumes::create(&p.pool, &p.id, None, requested)?;
     }
     let source = volumes::open(&p.pool, &p.id)?;
+    if p.pool.quota.layout() != Layout::Directory {
+        // An image: loop-mounted, not bound (idempotent on retries).
+        drop(open_or_create_target(&p.target)?);
+        let result = p
+            .pool
+            .quota
+            .mount_at(source.as_fd(), &p.target, p.opts.read_only())
+            .map_err(Error::from);
+        if result.is_err() && p.ephemeral {
+            let _ = remove_ephemeral(&p.pool, &p.id);
+        }
+        return result.map(|_| ());
+    }
     let opts = p.opts.with_source_flags(&source);
     // The mount table is only read when the target already is a mount point (a retry).
     let mounts = if fsops::is_mount_root(&p.target) == Some(false) {
@@ -259,6 +273,8 @@ fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
                     mounts
                         .fs_location(&pool.volume_path(id))
                         .is_some_and(|(dev, root)| top.dev == dev && top.root == root)
+                        || matches!(pool.quota.layout(), Layout::Image(file)
+                            if hpp_fs::quota::image::loop_backs(&top.source, &pool.volume_path(id).join(file)))
                 });
                 if !ours {
                     return Err(Error::FailedPrecondition(format!(

@@ -299,6 +299,12 @@ fn build_backend(cfg: &PoolConfig, mode: QuotaMode, path: &Path) -> Result<Arc<d
             tracing::info!(pool = %cfg.name, "volumes are btrfs subvolumes limited by qgroups");
             Ok(Arc::new(backend))
         }
+        QuotaMode::Image => {
+            let backend = hpp_fs::quota::Image::new(hpp_fs::quota::ImageFs::Ext4);
+            backend.check_tools().map_err(quota_err)?;
+            tracing::info!(pool = %cfg.name, "volumes are ext4 images, loop-mounted at publish");
+            Ok(Arc::new(backend))
+        }
         other => Err(ConfigError::UnsupportedQuota {
             pool: cfg.name.clone(),
             mode: other,

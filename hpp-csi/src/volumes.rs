@@ -228,6 +228,11 @@ pub fn delete(pool: &Pool, id: &str, mounts: &MountTable) -> Result<bool> {
         Entry::Dir { .. } => {}
     }
     check_not_mounted(pool, id, mounts)?;
+    if let Some(why) = pool.quota.in_use(dir.as_fd(), id)? {
+        return Err(Error::FailedPrecondition(format!(
+            "volume {id} is in use: {why}; unpublish it first"
+        )));
+    }
     fsops::rename_noreplace(dir.as_fd(), id, &gone).map_err(|e| Error::io(format!("renaming {id} for deletion"), e))?;
     fsops::sync_dir(dir.as_fd());
     pool.quota.remove(dir.as_fd(), &gone)?;

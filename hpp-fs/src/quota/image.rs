@@ -153,7 +153,34 @@ fn backing_file(dev: &str) -> Option<String> {
         .map(|s| s.trim_end_matches('\n').to_owned())
 }
 
+/// Whether the mount source `source` (a mountinfo source field, `/dev/loopN`) is a loop device
+/// whose backing file is `image`: how unpublish recognises an image volume's mount as its own.
+pub fn loop_backs(source: &str, image: &Path) -> bool {
+    source
+        .strip_prefix("/dev/")
+        .filter(|dev| dev.starts_with("loop"))
+        .and_then(backing_file)
+        .is_some_and(|backing| Path::new(&backing) == image)
+}
+
 impl Image {
+    /// Checks the tools this backend forks are installed (at start-up, so a node without them
+    /// says so before the first volume).
+    pub fn check_tools(&self) -> Result<(), QuotaError> {
+        let tools: &[&str] = match self.fs {
+            ImageFs::Ext4 => &["mkfs.ext4", "resize2fs", "e2fsck"],
+            ImageFs::Xfs => &["mkfs.xfs", "xfs_growfs"],
+        };
+        for tool in tools {
+            if Command::new(tool).arg("-V").output().is_err() {
+                return Err(QuotaError::Unsupported(format!(
+                    "quota mode image needs {tool}, which is not installed"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// An image backend whose volumes are formatted with `fs`.
     pub fn new(fs: ImageFs) -> Self {
         Image { fs }
