@@ -10,3 +10,4 @@
 pub mod btrfs;
 pub mod loopdev;
 pub mod mount;
+pub mod quota;
