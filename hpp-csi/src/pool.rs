@@ -284,17 +284,7 @@ fn build_backend(cfg: &PoolConfig, mode: QuotaMode, path: &Path) -> Result<Arc<d
     match mode {
         QuotaMode::None | QuotaMode::Auto => Ok(Arc::new(Unlimited)),
         QuotaMode::Btrfs => {
-            let dir = rustix::fs::open(
-                path,
-                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )
-            .map_err(|e| {
-                quota_err(QuotaError::Io {
-                    op: format!("opening {}", path.display()),
-                    source: e.into(),
-                })
-            })?;
+            let dir = open_pool_dir(path).map_err(quota_err)?;
             let backend = hpp_fs::quota::Btrfs::open(dir.as_fd()).map_err(quota_err)?;
             tracing::info!(pool = %cfg.name, "volumes are btrfs subvolumes limited by qgroups");
             Ok(Arc::new(backend))
@@ -305,11 +295,31 @@ fn build_backend(cfg: &PoolConfig, mode: QuotaMode, path: &Path) -> Result<Arc<d
             tracing::info!(pool = %cfg.name, "volumes are ext4 images, loop-mounted at publish");
             Ok(Arc::new(backend))
         }
-        other => Err(ConfigError::UnsupportedQuota {
-            pool: cfg.name.clone(),
-            mode: other,
-        }),
+        QuotaMode::XfsProject | QuotaMode::Ext4Project => {
+            let fs = if mode == QuotaMode::XfsProject {
+                hpp_fs::quota::ProjectFs::Xfs
+            } else {
+                hpp_fs::quota::ProjectFs::Ext4
+            };
+            let dir = open_pool_dir(path).map_err(quota_err)?;
+            let backend = hpp_fs::quota::Project::open(dir.as_fd(), fs).map_err(quota_err)?;
+            tracing::info!(pool = %cfg.name, quota = %mode, "volumes get a project id each, limited by project quota");
+            Ok(Arc::new(backend))
+        }
     }
+}
+
+/// Opens the pool directory for a backend's checks.
+fn open_pool_dir(path: &Path) -> Result<OwnedFd, QuotaError> {
+    rustix::fs::open(
+        path,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| QuotaError::Io {
+        op: format!("opening {}", path.display()),
+        source: e.into(),
+    })
 }
 
 /// What `auto` means for a pool: btrfs on btrfs, the filesystem's project quota where it is
@@ -372,7 +382,7 @@ mod tests {
     }
 
     #[test]
-    fn btrfs_on_a_pool_that_is_not_btrfs_is_a_clear_configuration_error() {
+    fn a_backend_the_pool_cannot_use_is_a_clear_configuration_error() {
         let root = tempfile::tempdir().unwrap();
         if hpp_sys::btrfs::is_btrfs(std::fs::File::open(root.path()).unwrap().as_fd()).unwrap() {
             eprintln!("skipped: the temporary directory is on btrfs");
@@ -382,6 +392,9 @@ mod tests {
         cfg.quota = QuotaMode::Btrfs;
         let err = Pool::prepare(&cfg).unwrap_err();
         assert!(err.to_string().contains("btrfs"), "{err}");
+        cfg.quota = QuotaMode::XfsProject;
+        let err = Pool::prepare(&cfg).unwrap_err();
+        assert!(err.to_string().contains("prjquota"), "{err}");
         cfg.quota = QuotaMode::Auto;
         assert_eq!(Pool::prepare(&cfg).unwrap().quota.name(), "none");
     }

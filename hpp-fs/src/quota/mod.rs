@@ -14,9 +14,11 @@ use std::path::Path;
 
 pub mod btrfs;
 pub mod image;
+pub mod project;
 
 pub use btrfs::Btrfs;
 pub use image::{Image, ImageFs};
+pub use project::{Project, ProjectFs};
 
 use crate::WalkError;
 
