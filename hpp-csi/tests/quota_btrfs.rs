@@ -100,3 +100,142 @@ fn a_btrfs_pool_builds_limited_subvolumes_snapshots_and_clones_and_removes_them(
     assert!(snapshots::delete(&pool, "snap-1").unwrap());
     assert!(!root.join("snaps/snap-1").exists());
 }
+
+/// Environment variable that turns [`crash_child`] into the workload the crash test kills.
+const CRASH_CHILD: &str = "HPP_TEST_CRASH_CHILD_ROOT";
+
+fn crash_pool(root: &std::path::Path) -> Pool {
+    let cfg = PoolConfig::new("b", root.join("pool"))
+        .with_snapshots(root.join("snaps"))
+        .quota(QuotaMode::Btrfs, 100);
+    Pool::prepare(&cfg).unwrap()
+}
+
+/// Not a test on its own: when the crash test runs this binary with [`CRASH_CHILD`] set, it
+/// creates, snapshots, clones and deletes volumes forever, until it is killed.
+#[test]
+fn crash_child() {
+    let Ok(root) = std::env::var(CRASH_CHILD) else {
+        return;
+    };
+    let root = std::path::PathBuf::from(root);
+    let pool = crash_pool(&root);
+    let want = Requested {
+        required: 4 * MIB,
+        limit: 0,
+    };
+    std::fs::write(root.join(format!("started-{}", std::process::id())), b"").unwrap();
+    for i in 0u64.. {
+        let (vol, snap, clone) = (format!("vol-{i}"), format!("snap-{i}"), format!("clone-{i}"));
+        volumes::create(&pool, &vol, None, want).unwrap();
+        std::fs::write(root.join("pool").join(&vol).join("data"), i.to_string()).unwrap();
+        let src = volumes::open(&pool, &vol).unwrap();
+        snapshots::create(&pool, &snap, &vol, &src).unwrap();
+        drop(src);
+        let data = snapshots::open_data(&pool, &snap).unwrap();
+        volumes::create(&pool, &clone, Some(&data), want).unwrap();
+        drop(data);
+        let mounts = MountTable::read().unwrap();
+        volumes::delete(&pool, &vol, &mounts).unwrap();
+        snapshots::delete(&pool, &snap).unwrap();
+        volumes::delete(&pool, &clone, &mounts).unwrap();
+    }
+}
+
+/// kill -9 of a process creating, snapshotting, cloning and deleting btrfs volumes, at many
+/// different moments: after the start-up sweep, no temporary is left, every volume is a
+/// complete, limited subvolume, and deleting them all leaves no subvolume and no qgroup.
+#[test]
+fn killing_the_driver_at_any_moment_converges() {
+    let Some(fs) = loopfs::LoopFs::new("btrfs", 512, "") else {
+        return;
+    };
+    let root = fs.path().to_path_buf();
+    crash_pool(&root);
+    let exe = std::env::current_exe().unwrap();
+    for round in 0..12u64 {
+        let mut child = std::process::Command::new(&exe)
+            .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
+            .env(CRASH_CHILD, &root)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Once the child is at work, a different moment each round; where the kill lands does
+        // not matter to the checks.
+        let started = root.join(format!("started-{}", child.id()));
+        for _ in 0..30_000 {
+            if started.exists() || child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(round * 17));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let _ = std::fs::remove_file(&started);
+    }
+    // What the driver does at start-up.
+    let pool = crash_pool(&root);
+    let dir = pool.open().unwrap();
+    volumes::sweep(dir.as_fd(), &*pool.quota).unwrap();
+    snapshots::sweep(&pool).unwrap();
+    let leftovers = |p: &std::path::Path| {
+        std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".hpp-tmp-") || n.starts_with(".hpp-del-"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(leftovers(&root.join("pool")), Vec::<String>::new());
+    assert_eq!(leftovers(&root.join("snaps")), Vec::<String>::new());
+    let volumes = pool.list_volumes().unwrap();
+    for id in &volumes {
+        assert!(is_subvol(&root.join("pool").join(id)), "{id} is a complete subvolume");
+        assert_eq!(
+            volumes::recorded_capacity(dir.as_fd(), id).unwrap(),
+            Some(4 * MIB),
+            "{id}"
+        );
+        let usage = pool.quota.usage(dir.as_fd(), id).unwrap().unwrap();
+        assert_eq!(usage.limit_bytes, 4 * MIB, "{id}");
+    }
+    let mounts = MountTable::read().unwrap();
+    for id in &volumes {
+        volumes::delete(&pool, id, &mounts).unwrap();
+    }
+    for snap in snapshots::list(&pool).unwrap() {
+        snapshots::delete(&pool, &snap.id).unwrap();
+    }
+    let _ = std::process::Command::new("btrfs")
+        .args(["subvolume", "sync"])
+        .arg(&root)
+        .output();
+    // The children did work: every subvolume they made used up an id (a fresh one is past them).
+    let probe = pool.quota.create(dir.as_fd(), "probe", MIB).unwrap();
+    let last_id = hpp_sys::btrfs::subvolume_id(probe.as_fd()).unwrap();
+    drop(probe);
+    pool.quota.remove(dir.as_fd(), "probe").unwrap();
+    eprintln!("the killed children made {} subvolumes", last_id - 256);
+    assert!(last_id > 257, "the children made no subvolume at all ({last_id})");
+    let _ = std::process::Command::new("btrfs")
+        .args(["subvolume", "sync"])
+        .arg(&root)
+        .output();
+    let uuid = hpp_sys::btrfs::fs_uuid(dir.as_fd()).unwrap();
+    let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    let qgroups = format!(
+        "/sys/fs/btrfs/{}-{}-{}-{}-{}/qgroups",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    );
+    let left: Vec<String> = std::fs::read_dir(&qgroups)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("0_") && n != "0_5")
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "no qgroup outlives its subvolume");
+}
