@@ -115,6 +115,7 @@ impl From<hpp_fs::quota::QuotaError> for Error {
             Q::Io { op, source } => Error::io(op, source),
             Q::Unsupported(m) => Error::FailedPrecondition(m),
             Q::OutOfRange(m) => Error::OutOfRange(m),
+            Q::Invalid(m) => Error::InvalidArgument(m),
             Q::Walk(w) => w.into(),
             other => Error::Internal(other.to_string()),
         }

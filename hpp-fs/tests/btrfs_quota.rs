@@ -146,3 +146,27 @@ fn a_pool_that_is_not_btrfs_is_refused_with_a_clear_error() {
     let err = Btrfs::open(dir.as_fd()).unwrap_err();
     assert!(err.to_string().contains("btrfs"), "{err}");
 }
+
+#[test]
+fn compression_is_a_per_volume_parameter_applied_while_in_use() {
+    let Some(fs) = common::LoopFs::new("btrfs", 512, "") else {
+        return;
+    };
+    let pool_dir = std::fs::File::open(fs.path()).unwrap();
+    let pool = pool_dir.as_fd();
+    let backend = Btrfs::open(pool).unwrap();
+    backend.create(pool, "v", 64 * MIB).unwrap();
+    let open_file = std::fs::File::create(fs.path().join("v/busy")).unwrap();
+    assert!(backend.parameters().iter().any(|(k, _)| *k == "compression"));
+    backend.set_parameter(pool, "v", "compression", "zstd").unwrap();
+    let dir = std::fs::File::open(fs.path().join("v")).unwrap();
+    let mut buf = [0u8; 16];
+    let n = rustix::fs::fgetxattr(&dir, "btrfs.compression", &mut buf[..]).unwrap();
+    assert_eq!(&buf[..n], b"zstd");
+    for (key, value) in [("compression", "gzip"), ("colour", "blue")] {
+        let err = backend.set_parameter(pool, "v", key, value).unwrap_err();
+        assert!(matches!(err, hpp_fs::quota::QuotaError::Invalid(_)), "{err}");
+    }
+    drop((open_file, dir));
+    backend.remove(pool, "v").unwrap();
+}

@@ -18,6 +18,9 @@ use rustix::io::Errno;
 
 use super::{QuotaBackend, QuotaError, QuotaUsage};
 
+/// The VolumeAttributesClass parameter for btrfs compression.
+pub const COMPRESSION: &str = "compression";
+
 /// Limits are kept in whole filesystem blocks; 4 KiB is btrfs's sector size on every
 /// platform hpp runs on.
 const GRANULARITY: u64 = 4096;
@@ -264,6 +267,35 @@ impl QuotaBackend for Btrfs {
     fn release(&self, _pool: BorrowedFd<'_>, _name: &str) -> Result<(), QuotaError> {
         // The qgroup goes with the subvolume in `remove`.
         Ok(())
+    }
+
+    fn parameters(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            COMPRESSION,
+            "compression of data written from now on: zstd, lzo, zlib or none",
+        )]
+    }
+
+    fn set_parameter(&self, pool: BorrowedFd<'_>, name: &str, key: &str, value: &str) -> Result<(), QuotaError> {
+        if key != COMPRESSION {
+            return Err(QuotaError::Invalid(format!(
+                "quota backend btrfs has no parameter {key:?} (it has: {COMPRESSION})"
+            )));
+        }
+        if !["zstd", "lzo", "zlib", "none"].contains(&value) {
+            return Err(QuotaError::Invalid(format!(
+                "{COMPRESSION}={value:?}: expected zstd, lzo, zlib or none"
+            )));
+        }
+        let (fd, _) = self.subvolume(pool, name)?;
+        // The `btrfs.compression` property: inherited by files created below from now on.
+        rustix::fs::fsetxattr(
+            &fd,
+            "btrfs.compression",
+            value.as_bytes(),
+            rustix::fs::XattrFlags::empty(),
+        )
+        .map_err(errno(format!("setting btrfs.compression on {name}")))
     }
 }
 

@@ -41,6 +41,9 @@ pub enum QuotaError {
     /// The requested limit cannot be applied (for example below what is already used).
     #[error("{0}")]
     OutOfRange(String),
+    /// A parameter or value the backend does not understand.
+    #[error("{0}")]
+    Invalid(String),
     /// Removing a volume's tree failed (a mount inside it, a permission error).
     #[error(transparent)]
     Walk(#[from] WalkError),
@@ -134,6 +137,21 @@ pub trait QuotaBackend: Send + Sync + Debug {
     /// `Ok(false)` when the backend has none for this source: the caller copies (reflink).
     fn snapshot(&self, _dir: BorrowedFd<'_>, _name: &str, _source: BorrowedFd<'_>) -> Result<bool, QuotaError> {
         Ok(false)
+    }
+
+    /// Names of the per-volume parameters [`QuotaBackend::set_parameter`] accepts (the mutable
+    /// parameters of a VolumeAttributesClass), with what each means.
+    fn parameters(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
+
+    /// Applies parameter `key` = `value` to volume `name` while it may be in use. Unknown keys
+    /// and bad values are [`QuotaError::Invalid`].
+    fn set_parameter(&self, _pool: BorrowedFd<'_>, _name: &str, key: &str, _value: &str) -> Result<(), QuotaError> {
+        Err(QuotaError::Invalid(format!(
+            "quota backend {} has no parameter {key:?}",
+            self.name()
+        )))
     }
 
     /// Why volume `name` must not be deleted now, when the backend knows of a user that the

@@ -21,6 +21,9 @@ use rustix::io::Errno;
 
 use super::{QuotaBackend, QuotaError, QuotaUsage};
 
+/// The VolumeAttributesClass parameter for the inode limit.
+pub const INODE_LIMIT: &str = "inodeLimit";
+
 /// The allocation lock inside the pool (hidden: never a volume).
 pub const LOCK_FILE: &str = ".hpp-projid.lock";
 /// First project id hpp hands out: well above the small ids admins set by hand in
@@ -290,6 +293,34 @@ impl QuotaBackend for Project {
 
     fn release(&self, _pool: BorrowedFd<'_>, _name: &str) -> Result<(), QuotaError> {
         Ok(())
+    }
+
+    fn parameters(&self) -> &'static [(&'static str, &'static str)] {
+        &[(
+            INODE_LIMIT,
+            "hard limit on files and directories in the volume (0: none)",
+        )]
+    }
+
+    fn set_parameter(&self, pool: BorrowedFd<'_>, name: &str, key: &str, value: &str) -> Result<(), QuotaError> {
+        if key != INODE_LIMIT {
+            return Err(QuotaError::Invalid(format!(
+                "quota backend {} has no parameter {key:?} (it has: {INODE_LIMIT})",
+                self.name()
+            )));
+        }
+        let inodes: u64 = value
+            .parse()
+            .map_err(|_| QuotaError::Invalid(format!("{INODE_LIMIT}={value:?} is not a whole number")))?;
+        let (fd, id) = self.volume(pool, name)?;
+        if id == 0 {
+            return Err(QuotaError::Unsupported(format!("volume {name} has no project id")));
+        }
+        let bytes = hpp_sys::quota::project_quota(fd.as_fd(), id)
+            .map_err(io_err(format!("reading project {id}")))?
+            .limit_bytes;
+        hpp_sys::quota::set_project_limits(fd.as_fd(), id, bytes, inodes)
+            .map_err(io_err(format!("setting the inode limit of project {id}")))
     }
 }
 
