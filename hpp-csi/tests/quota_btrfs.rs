@@ -92,6 +92,17 @@ fn a_btrfs_pool_builds_limited_subvolumes_snapshots_and_clones_and_removes_them(
     assert!(pool.quota.usage(dir.as_fd(), "legacy").unwrap().is_none());
 
     drop((src, data));
+    // A published (bind-mounted) subvolume is never deleted.
+    let target = root.join("target");
+    std::fs::create_dir(&target).unwrap();
+    rustix::mount::mount_bind(&vol, &target).unwrap();
+    let refused = volumes::delete(&pool, "pvc-1", &MountTable::read().unwrap());
+    rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty()).unwrap();
+    assert!(
+        matches!(refused, Err(hpp_csi::Error::FailedPrecondition(_))),
+        "{refused:?}"
+    );
+    assert!(vol.exists());
     let mounts = MountTable::read().unwrap();
     for id in ["pvc-1", "pvc-2", "legacy"] {
         assert!(volumes::delete(&pool, id, &mounts).unwrap(), "{id}");
