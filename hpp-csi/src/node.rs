@@ -138,7 +138,7 @@ fn publish(p: &Publish) -> Result<()> {
         let result = p
             .pool
             .quota
-            .mount_at(source.as_fd(), &p.target, p.opts.read_only())
+            .mount_at(source.as_fd(), &p.target, p.opts.with_source_flags(&source).flags)
             .map_err(Error::from);
         if result.is_err() && p.ephemeral {
             let _ = remove_ephemeral(&p.pool, &p.id);

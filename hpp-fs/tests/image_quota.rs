@@ -8,6 +8,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use hpp_fs::quota::{Image, ImageFs, QuotaBackend};
+use rustix::mount::MountFlags;
 
 const MIB: u64 = 1 << 20;
 
@@ -73,9 +74,9 @@ fn an_image_volume_is_limited_grows_online_and_clones() {
     assert_eq!(usage.limit_bytes, 16 * MIB);
     assert!(usage.used_bytes < 16 * MIB, "the image is sparse: {usage:?}");
 
-    assert!(backend.mount_at(vol.as_fd(), &target, false).unwrap());
+    assert!(backend.mount_at(vol.as_fd(), &target, MountFlags::empty()).unwrap());
     // Idempotent retry.
-    assert!(backend.mount_at(vol.as_fd(), &target, false).unwrap());
+    assert!(backend.mount_at(vol.as_fd(), &target, MountFlags::empty()).unwrap());
     assert!(df_bytes(&target) <= 16 * MIB, "df shows the volume, not the pool");
     let err = fill(&target.join("big"), 32).unwrap_err();
     assert_eq!(
@@ -106,10 +107,19 @@ fn an_image_volume_is_limited_grows_online_and_clones() {
 
     // A clone copies the image and grows it to its own size.
     let clone = backend.clone_volume(pool, "c", vol.as_fd(), 96 * MIB).unwrap().unwrap();
-    assert!(backend.mount_at(clone.as_fd(), &target2, true).unwrap());
+    assert!(
+        backend
+            .mount_at(clone.as_fd(), &target2, MountFlags::RDONLY | MountFlags::NOEXEC)
+            .unwrap()
+    );
     assert_eq!(std::fs::read(target2.join("hello")).unwrap(), b"world");
     assert!(df_bytes(&target2) > 80 * MIB);
     assert!(std::fs::write(target2.join("x"), b"x").is_err(), "published read-only");
+    let st = rustix::fs::statvfs(&target2).unwrap();
+    assert!(
+        st.f_flag
+            .contains(rustix::fs::StatVfsMountFlags::NOEXEC | rustix::fs::StatVfsMountFlags::NOSUID)
+    );
     rustix::mount::unmount(&target2, rustix::mount::UnmountFlags::empty()).unwrap();
 
     drop((vol, clone));
@@ -141,7 +151,7 @@ fn an_xfs_image_grows_online() {
     // Below XFS's minimum: the image gets the minimum.
     let vol = backend.create(pool, "x", 16 * MIB).unwrap();
     assert_eq!(backend.usage(pool, "x").unwrap().unwrap().limit_bytes, 300 * MIB);
-    assert!(backend.mount_at(vol.as_fd(), &target, false).unwrap());
+    assert!(backend.mount_at(vol.as_fd(), &target, MountFlags::empty()).unwrap());
     let before = df_bytes(&target);
     backend.set_limit(pool, "x", 600 * MIB).unwrap();
     backend.expand_mounted(&target).unwrap();

@@ -99,7 +99,7 @@ fn measure(name: &str, pool: &Path, targets: &Path, setup: &Setup, ops: usize, l
         publish.push(time(|| {
             let src = std::fs::File::open(pool.join(&vol))?;
             let mounted = match setup {
-                Setup::Backend(b) => b.mount_at(src.as_fd(), &target, false)?,
+                Setup::Backend(b) => b.mount_at(src.as_fd(), &target, rustix::mount::MountFlags::empty())?,
                 Setup::Mkdir => false,
             };
             if !mounted {

@@ -377,7 +377,8 @@ impl QuotaBackend for Image {
         Ok(None)
     }
 
-    fn mount_at(&self, volume: BorrowedFd<'_>, target: &Path, read_only: bool) -> Result<bool, QuotaError> {
+    fn mount_at(&self, volume: BorrowedFd<'_>, target: &Path, flags: MountFlags) -> Result<bool, QuotaError> {
+        let read_only = flags.contains(MountFlags::RDONLY);
         let image = open_image(volume, !read_only).map_err(errno(format!("opening {IMAGE_FILE}")))?;
         // A retry after a publish that got as far as mounting: the same image is already there.
         if let Some(dev) = mounted_loop(target)? {
@@ -390,10 +391,8 @@ impl QuotaBackend for Image {
             )));
         }
         let dev = hpp_sys::loopdev::attach(image.as_fd(), read_only).map_err(io_err("attaching a loop device"))?;
-        let mut flags = MountFlags::NOSUID | MountFlags::NODEV;
-        if read_only {
-            flags |= MountFlags::RDONLY;
-        }
+        // Device files and set-id programs inside a tenant's image are never honoured.
+        let flags = flags | MountFlags::NOSUID | MountFlags::NODEV;
         let mut result = rustix::mount::mount(dev.path(), target, self.fs.name(), flags, c"");
         if result == Err(Errno::INVAL) {
             // Formatted with the other filesystem (the pool's setting changed since).

@@ -160,11 +160,17 @@ pub trait QuotaBackend: Send + Sync + Debug {
         Ok(None)
     }
 
-    /// Mounts the volume open as `volume` at `target` when publish is more than a bind mount
+    /// Mounts the volume open as `volume` at `target` with the per-mount `flags` (`RDONLY`,
+    /// `NOSUID`, `NOEXEC`, `NOATIME`, ...) when publish is more than a bind mount
     /// ([`Layout::Image`]: attach the image to a loop device and mount it). `Ok(false)`: the
     /// caller bind-mounts the directory. Idempotent: the same image already mounted there is
     /// success.
-    fn mount_at(&self, _volume: BorrowedFd<'_>, _target: &Path, _read_only: bool) -> Result<bool, QuotaError> {
+    fn mount_at(
+        &self,
+        _volume: BorrowedFd<'_>,
+        _target: &Path,
+        _flags: rustix::mount::MountFlags,
+    ) -> Result<bool, QuotaError> {
         Ok(false)
     }
 
