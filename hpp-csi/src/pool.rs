@@ -248,10 +248,20 @@ impl Pool {
 /// logged. An explicitly configured backend that cannot work on the pool's filesystem is a
 /// configuration error; `auto` falls back to `none` instead.
 fn quota_backend(cfg: &PoolConfig, path: &Path) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
-    if cfg.quota == QuotaMode::None {
+    build_quota_backend(&cfg.name, cfg.quota, path)
+}
+
+/// The quota backend `configured` for the pool `pool` at `path` (also used by the legacy
+/// provisioner for its node-local base directory).
+pub fn build_quota_backend(
+    pool: &str,
+    configured: QuotaMode,
+    path: &Path,
+) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
+    if configured == QuotaMode::None {
         return Ok(Arc::new(Unlimited));
     }
-    let mode = match cfg.quota {
+    let mode = match configured {
         QuotaMode::Auto => {
             let dir = fsops::open_dir_path(path).ok();
             let btrfs = dir
@@ -260,24 +270,24 @@ fn quota_backend(cfg: &PoolConfig, path: &Path) -> Result<Arc<dyn QuotaBackend>,
             let table = MountTable::read().ok();
             let mount = table.as_ref().and_then(|t| t.containing(path));
             let mode = auto_mode(btrfs, mount);
-            tracing::info!(pool = %cfg.name, path = %path.display(), quota = %mode, "quota mode auto resolved");
+            tracing::info!(pool = %pool, path = %path.display(), quota = %mode, "quota mode auto resolved");
             mode
         }
         m => m,
     };
-    match build_backend(cfg, mode, path) {
+    match build_backend(pool, mode, path) {
         Ok(b) => Ok(b),
-        Err(e) if cfg.quota == QuotaMode::Auto => {
-            tracing::warn!(pool = %cfg.name, quota = %mode, error = %e, "quota backend unavailable; volumes are not size-limited");
+        Err(e) if configured == QuotaMode::Auto => {
+            tracing::warn!(pool = %pool, quota = %mode, error = %e, "quota backend unavailable; volumes are not size-limited");
             Ok(Arc::new(Unlimited))
         }
         Err(e) => Err(e),
     }
 }
 
-fn build_backend(cfg: &PoolConfig, mode: QuotaMode, path: &Path) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
+fn build_backend(pool: &str, mode: QuotaMode, path: &Path) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
     let quota_err = |source| ConfigError::Quota {
-        pool: cfg.name.clone(),
+        pool: pool.to_owned(),
         mode,
         source,
     };
@@ -286,13 +296,13 @@ fn build_backend(cfg: &PoolConfig, mode: QuotaMode, path: &Path) -> Result<Arc<d
         QuotaMode::Btrfs => {
             let dir = open_pool_dir(path).map_err(quota_err)?;
             let backend = hpp_fs::quota::Btrfs::open(dir.as_fd()).map_err(quota_err)?;
-            tracing::info!(pool = %cfg.name, "volumes are btrfs subvolumes limited by qgroups");
+            tracing::info!(pool = %pool, "volumes are btrfs subvolumes limited by qgroups");
             Ok(Arc::new(backend))
         }
         QuotaMode::Image => {
             let backend = hpp_fs::quota::Image::new(hpp_fs::quota::ImageFs::Ext4);
             backend.check_tools().map_err(quota_err)?;
-            tracing::info!(pool = %cfg.name, "volumes are ext4 images, loop-mounted at publish");
+            tracing::info!(pool = %pool, "volumes are ext4 images, loop-mounted at publish");
             Ok(Arc::new(backend))
         }
         QuotaMode::XfsProject | QuotaMode::Ext4Project => {
@@ -303,7 +313,7 @@ fn build_backend(cfg: &PoolConfig, mode: QuotaMode, path: &Path) -> Result<Arc<d
             };
             let dir = open_pool_dir(path).map_err(quota_err)?;
             let backend = hpp_fs::quota::Project::open(dir.as_fd(), fs).map_err(quota_err)?;
-            tracing::info!(pool = %cfg.name, quota = %mode, "volumes get a project id each, limited by project quota");
+            tracing::info!(pool = %pool, quota = %mode, "volumes get a project id each, limited by project quota");
             Ok(Arc::new(backend))
         }
     }
