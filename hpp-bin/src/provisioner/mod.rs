@@ -384,6 +384,7 @@ mod tests {
         );
     }
 
+    #[allow(clippy::unnecessary_cast)] // f_type is i64 here, another width elsewhere
     fn hpp_sys_is_btrfs(f: &std::fs::File) -> bool {
         rustix::fs::fstatfs(f).is_ok_and(|st| st.f_type as i64 == 0x9123_683E)
     }
