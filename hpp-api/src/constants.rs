@@ -26,8 +26,11 @@ pub const DEFAULT_POOL_NAME: &str = "legacy";
 
 /// Snapshot provider that clones files copy-on-write where the filesystem supports it.
 pub const SNAPSHOT_PROVIDER_REFLINK: &str = "reflink";
+/// Snapshot provider that takes read-only btrfs subvolume snapshots (instant) of volumes that
+/// are subvolumes (pools with `quota: btrfs`); other volumes fall back to reflink copies.
+pub const SNAPSHOT_PROVIDER_BTRFS: &str = "btrfs";
 /// Every snapshot provider hpp implements.
-pub const KNOWN_SNAPSHOT_PROVIDERS: &[&str] = &[SNAPSHOT_PROVIDER_REFLINK];
+pub const KNOWN_SNAPSHOT_PROVIDERS: &[&str] = &[SNAPSHOT_PROVIDER_REFLINK, SNAPSHOT_PROVIDER_BTRFS];
 
 /// Feature gate that deploys the csi-snapshotter sidecar and its RBAC.
 pub const FEATURE_GATE_SNAPSHOTTING: &str = "Snapshotting";

@@ -161,6 +161,8 @@ fn snapshot_provider_must_be_known() {
     let mut spec = pools(&[("a", "/x")]);
     spec.storage_pools.as_mut().unwrap()[0].snapshot_provider = Some("reflink".into());
     spec.validate_create().unwrap();
+    spec.storage_pools.as_mut().unwrap()[0].snapshot_provider = Some("btrfs".into());
+    spec.validate_create().unwrap();
     spec.storage_pools.as_mut().unwrap()[0].snapshot_provider = Some("zfs".into());
     rejected(
         spec.validate_create(),

@@ -163,6 +163,17 @@ pub enum ConfigError {
         /// The mode asked for.
         mode: QuotaMode,
     },
+    /// The pool's quota backend cannot work on its filesystem.
+    #[error("storage pool {pool:?}: quota mode {mode}: {source}")]
+    Quota {
+        /// The pool.
+        pool: String,
+        /// The mode asked for.
+        mode: QuotaMode,
+        /// Why.
+        #[source]
+        source: hpp_fs::quota::QuotaError,
+    },
     /// A required setting is missing.
     #[error("{0} is required")]
     Missing(&'static str),

@@ -106,6 +106,22 @@ impl From<hpp_fs::WalkError> for Error {
     }
 }
 
+/// Quota backend errors: an unusable backend is a precondition, an impossible limit is out
+/// of range, kernel errors keep their errno's code (EDQUOT/ENOSPC: ResourceExhausted).
+impl From<hpp_fs::quota::QuotaError> for Error {
+    fn from(e: hpp_fs::quota::QuotaError) -> Self {
+        use hpp_fs::quota::QuotaError as Q;
+        match e {
+            Q::Io { op, source } => Error::io(op, source),
+            Q::Unsupported(m) => Error::FailedPrecondition(m),
+            Q::OutOfRange(m) => Error::OutOfRange(m),
+            Q::Invalid(m) => Error::InvalidArgument(m),
+            Q::Walk(w) => w.into(),
+            other => Error::Internal(other.to_string()),
+        }
+    }
+}
+
 impl From<Error> for Status {
     fn from(err: Error) -> Self {
         let code = err.code();

@@ -5,6 +5,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use hpp_fs::quota::Layout;
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use tonic::{Request, Response, Status};
@@ -112,6 +113,8 @@ struct Publish {
     target: PathBuf,
     opts: BindOptions,
     ephemeral: bool,
+    /// The `size` an inline ephemeral volume asked for (0: none); its limit on quota pools.
+    ephemeral_bytes: u64,
 }
 
 fn publish(p: &Publish) -> Result<()> {
@@ -122,9 +125,26 @@ fn publish(p: &Publish) -> Result<()> {
         if !volumes::exists(&p.pool, &p.id)? {
             mark_ephemeral(&p.pool, &p.id)?;
         }
-        volumes::create(&p.pool, &p.id, None, volumes::Requested::default())?;
+        let requested = volumes::Requested {
+            required: p.ephemeral_bytes,
+            limit: 0,
+        };
+        volumes::create(&p.pool, &p.id, None, requested)?;
     }
     let source = volumes::open(&p.pool, &p.id)?;
+    if p.pool.quota.layout() != Layout::Directory {
+        // An image: loop-mounted, not bound (idempotent on retries).
+        drop(open_or_create_target(&p.target)?);
+        let result = p
+            .pool
+            .quota
+            .mount_at(source.as_fd(), &p.target, p.opts.with_source_flags(&source).flags)
+            .map_err(Error::from);
+        if result.is_err() && p.ephemeral {
+            let _ = remove_ephemeral(&p.pool, &p.id);
+        }
+        return result.map(|_| ());
+    }
     let opts = p.opts.with_source_flags(&source);
     // The mount table is only read when the target already is a mount point (a retry).
     let mounts = if fsops::is_mount_root(&p.target) == Some(false) {
@@ -165,32 +185,36 @@ fn publish(p: &Publish) -> Result<()> {
 /// Volume attribute an inline ephemeral volume may use to say how big it wants to be.
 pub const EPHEMERAL_SIZE_KEY: &str = "size";
 
-/// Refuses inline ephemeral volumes on a pool that does not allow them, or bigger than its cap.
-fn check_ephemeral_allowed(pool: &Pool, ctx: &std::collections::HashMap<String, String>) -> Result<()> {
+/// Refuses inline ephemeral volumes on a pool that does not allow them, or bigger than its cap;
+/// returns the size asked for (0 when none).
+fn check_ephemeral_allowed(pool: &Pool, ctx: &std::collections::HashMap<String, String>) -> Result<u64> {
     if !pool.ephemeral {
         return Err(Error::FailedPrecondition(format!(
             "storage pool {} does not allow inline ephemeral volumes (\"ephemeral\": false)",
             pool.name
         )));
     }
-    if let Some(cap) = pool.ephemeral_max_bytes {
-        let size = match ctx.get(EPHEMERAL_SIZE_KEY) {
-            // A quantity (`1Gi`) like the CR's `ephemeral.maxSize`, or a plain byte count.
-            Some(v) => hpp_api::quantity::parse_bytes(v).ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "volume attribute {EPHEMERAL_SIZE_KEY}={v:?} is not a size; use bytes or a quantity such as 1Gi"
-                ))
-            })?,
-            None => 0,
-        };
-        if size > cap {
-            return Err(Error::OutOfRange(format!(
-                "inline ephemeral volume asks for {size} bytes; storage pool {} allows at most {cap}",
-                pool.name
-            )));
-        }
+    // Only checked where it means something (a cap or an enforced size): KubeVirt ignores it,
+    // and an unlimited pool keeps doing so whatever it says.
+    let strict = pool.ephemeral_max_bytes.is_some() || pool.quota.enforces();
+    let size = match ctx.get(EPHEMERAL_SIZE_KEY) {
+        // A quantity (`1Gi`) like the CR's `ephemeral.maxSize`, or a plain byte count.
+        Some(v) if strict => hpp_api::quantity::parse_bytes(v).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "volume attribute {EPHEMERAL_SIZE_KEY}={v:?} is not a size; use bytes or a quantity such as 1Gi"
+            ))
+        })?,
+        _ => 0,
+    };
+    if let Some(cap) = pool.ephemeral_max_bytes
+        && size > cap
+    {
+        return Err(Error::OutOfRange(format!(
+            "inline ephemeral volume asks for {size} bytes; storage pool {} allows at most {cap}",
+            pool.name
+        )));
     }
-    Ok(())
+    Ok(size)
 }
 
 fn mark_ephemeral(pool: &Pool, id: &str) -> Result<()> {
@@ -250,6 +274,8 @@ fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
                     mounts
                         .fs_location(&pool.volume_path(id))
                         .is_some_and(|(dev, root)| top.dev == dev && top.root == root)
+                        || matches!(pool.quota.layout(), Layout::Image(file)
+                            if hpp_fs::quota::image::loop_backs(&top.source, &pool.volume_path(id).join(file)))
                 });
                 if !ours {
                     return Err(Error::FailedPrecondition(format!(
@@ -430,9 +456,11 @@ impl NodeService {
             .await?
         };
         pool.check_volume_name(&id)?;
-        if ephemeral {
-            check_ephemeral_allowed(&pool, &req.volume_context)?;
-        }
+        let ephemeral_bytes = if ephemeral {
+            check_ephemeral_allowed(&pool, &req.volume_context)?
+        } else {
+            0
+        };
         let guard = self
             .state
             .inflight
@@ -443,6 +471,7 @@ impl NodeService {
             target,
             opts,
             ephemeral,
+            ephemeral_bytes,
         };
         blocking_locked(guard, move || {
             // Never publish the shadow directory of an unmounted guarded pool.

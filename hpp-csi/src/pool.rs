@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use hpp_api::quota::QuotaMode;
-use hpp_fs::quota::{QuotaBackend, Unlimited};
+use hpp_fs::quota::{QuotaBackend, QuotaError, Unlimited};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
@@ -90,6 +90,7 @@ impl Pool {
             }
             None => None,
         };
+        let quota = quota_backend(cfg, &path)?;
         Ok(Pool {
             name: cfg.name.clone(),
             path,
@@ -99,7 +100,7 @@ impl Pool {
             ephemeral: cfg.ephemeral,
             ephemeral_max_bytes: cfg.ephemeral_max_bytes,
             quota_mode: cfg.quota,
-            quota: quota_backend(cfg)?,
+            quota,
             overcommit_percent: cfg.overcommit_percent,
             reserved: BTreeSet::new(),
         })
@@ -243,14 +244,104 @@ impl Pool {
     }
 }
 
-/// The backend for a pool's configured quota mode.
-fn quota_backend(cfg: &PoolConfig) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
-    match cfg.quota {
-        QuotaMode::None => Ok(Arc::new(Unlimited)),
-        other => Err(ConfigError::UnsupportedQuota {
-            pool: cfg.name.clone(),
-            mode: other,
-        }),
+/// The backend for a pool's configured quota mode; `auto` resolved by [`auto_mode`] and
+/// logged. An explicitly configured backend that cannot work on the pool's filesystem is a
+/// configuration error; `auto` falls back to `none` instead.
+fn quota_backend(cfg: &PoolConfig, path: &Path) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
+    build_quota_backend(&cfg.name, cfg.quota, path)
+}
+
+/// The quota backend `configured` for the pool `pool` at `path` (also used by the legacy
+/// provisioner for its node-local base directory).
+pub fn build_quota_backend(
+    pool: &str,
+    configured: QuotaMode,
+    path: &Path,
+) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
+    if configured == QuotaMode::None {
+        return Ok(Arc::new(Unlimited));
+    }
+    let mode = match configured {
+        QuotaMode::Auto => {
+            let dir = fsops::open_dir_path(path).ok();
+            let btrfs = dir
+                .as_ref()
+                .is_some_and(|d| hpp_sys::btrfs::is_btrfs(d.as_fd()).unwrap_or(false));
+            let table = MountTable::read().ok();
+            let mount = table.as_ref().and_then(|t| t.containing(path));
+            let mode = auto_mode(btrfs, mount);
+            tracing::info!(pool = %pool, path = %path.display(), quota = %mode, "quota mode auto resolved");
+            mode
+        }
+        m => m,
+    };
+    match build_backend(pool, mode, path) {
+        Ok(b) => Ok(b),
+        Err(e) if configured == QuotaMode::Auto => {
+            tracing::warn!(pool = %pool, quota = %mode, error = %e, "quota backend unavailable; volumes are not size-limited");
+            Ok(Arc::new(Unlimited))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn build_backend(pool: &str, mode: QuotaMode, path: &Path) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
+    let quota_err = |source| ConfigError::Quota {
+        pool: pool.to_owned(),
+        mode,
+        source,
+    };
+    match mode {
+        QuotaMode::None | QuotaMode::Auto => Ok(Arc::new(Unlimited)),
+        QuotaMode::Btrfs => {
+            let dir = open_pool_dir(path).map_err(quota_err)?;
+            let backend = hpp_fs::quota::Btrfs::open(dir.as_fd()).map_err(quota_err)?;
+            tracing::info!(pool = %pool, "volumes are btrfs subvolumes limited by qgroups");
+            Ok(Arc::new(backend))
+        }
+        QuotaMode::Image => {
+            let backend = hpp_fs::quota::Image::new(hpp_fs::quota::ImageFs::Ext4);
+            backend.check_tools().map_err(quota_err)?;
+            tracing::info!(pool = %pool, "volumes are ext4 images, loop-mounted at publish");
+            Ok(Arc::new(backend))
+        }
+        QuotaMode::XfsProject | QuotaMode::Ext4Project => {
+            let fs = if mode == QuotaMode::XfsProject {
+                hpp_fs::quota::ProjectFs::Xfs
+            } else {
+                hpp_fs::quota::ProjectFs::Ext4
+            };
+            let dir = open_pool_dir(path).map_err(quota_err)?;
+            let backend = hpp_fs::quota::Project::open(dir.as_fd(), fs).map_err(quota_err)?;
+            tracing::info!(pool = %pool, quota = %mode, "volumes get a project id each, limited by project quota");
+            Ok(Arc::new(backend))
+        }
+    }
+}
+
+/// Opens the pool directory for a backend's checks.
+fn open_pool_dir(path: &Path) -> Result<OwnedFd, QuotaError> {
+    rustix::fs::open(
+        path,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| QuotaError::Io {
+        op: format!("opening {}", path.display()),
+        source: e.into(),
+    })
+}
+
+/// What `auto` means for a pool: btrfs on btrfs, the filesystem's project quota where it is
+/// mounted with `prjquota`, else none.
+pub fn auto_mode(is_btrfs: bool, mount: Option<&crate::mountinfo::Mount>) -> QuotaMode {
+    if is_btrfs {
+        return QuotaMode::Btrfs;
+    }
+    match mount {
+        Some(m) if m.project_quota() && m.fs_type == "xfs" => QuotaMode::XfsProject,
+        Some(m) if m.project_quota() && m.fs_type == "ext4" => QuotaMode::Ext4Project,
+        _ => QuotaMode::None,
     }
 }
 
@@ -284,6 +375,39 @@ fn create_dir_all_mode(path: &Path, mode: u32) -> std::io::Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn auto_picks_btrfs_then_project_quota_then_none() {
+        let table = MountTable::parse(
+            "50 22 253:0 / /x rw - xfs /dev/vg rw,prjquota\n\
+             51 22 253:1 / /e rw - ext4 /dev/sdb rw,prjquota\n\
+             52 22 253:2 / /p rw - ext4 /dev/sdc rw\n",
+        );
+        let at = |p: &str| table.containing(Path::new(p));
+        assert_eq!(auto_mode(true, at("/p/pool")), QuotaMode::Btrfs);
+        assert_eq!(auto_mode(false, at("/x/pool")), QuotaMode::XfsProject);
+        assert_eq!(auto_mode(false, at("/e/pool")), QuotaMode::Ext4Project);
+        assert_eq!(auto_mode(false, at("/p/pool")), QuotaMode::None);
+        assert_eq!(auto_mode(false, None), QuotaMode::None);
+    }
+
+    #[test]
+    fn a_backend_the_pool_cannot_use_is_a_clear_configuration_error() {
+        let root = tempfile::tempdir().unwrap();
+        if hpp_sys::btrfs::is_btrfs(std::fs::File::open(root.path()).unwrap().as_fd()).unwrap() {
+            eprintln!("skipped: the temporary directory is on btrfs");
+            return;
+        }
+        let mut cfg = PoolConfig::new("b", root.path().join("b"));
+        cfg.quota = QuotaMode::Btrfs;
+        let err = Pool::prepare(&cfg).unwrap_err();
+        assert!(err.to_string().contains("btrfs"), "{err}");
+        cfg.quota = QuotaMode::XfsProject;
+        let err = Pool::prepare(&cfg).unwrap_err();
+        assert!(err.to_string().contains("prjquota"), "{err}");
+        cfg.quota = QuotaMode::Auto;
+        assert_eq!(Pool::prepare(&cfg).unwrap().quota.name(), "none");
+    }
 
     #[test]
     fn rounding_matches_kubevirt() {

@@ -176,7 +176,7 @@ fn sweep_pool(pool: &Pool) {
     }
     let volumes = pool
         .open()
-        .and_then(|dir| crate::volumes::sweep(std::os::fd::AsFd::as_fd(&dir)));
+        .and_then(|dir| crate::volumes::sweep(std::os::fd::AsFd::as_fd(&dir), &*pool.quota));
     for (what, result) in [("volumes", volumes), ("snapshots", crate::snapshots::sweep(pool))] {
         match result {
             Ok(0) => {}

@@ -172,6 +172,11 @@ pub fn create(pool: &Pool, id: &str, source_id: &str, source: &OwnedFd) -> Resul
     let tmp_fd = fsops::mkdir_exact(root.as_fd(), &tmp, 0o750).map_err(|e| Error::io("creating snapshot", e))?;
     let result = (|| {
         fsops::mkdir_exact(tmp_fd.as_fd(), source_id, 0o750).map_err(|e| Error::io("creating source marker", e))?;
+        // A read-only subvolume snapshot where the pool's backend has one (btrfs), else a
+        // (reflink) copy.
+        if pool.quota.snapshot(tmp_fd.as_fd(), DATA_DIR, source.as_fd())? {
+            return Ok(copy::CopyStats::default());
+        }
         let data =
             fsops::mkdir_exact(tmp_fd.as_fd(), DATA_DIR, 0o750).map_err(|e| Error::io("creating snapshot data", e))?;
         let stats = copy::copy_tree(source.as_fd(), data.as_fd())?;
@@ -182,14 +187,14 @@ pub fn create(pool: &Pool, id: &str, source_id: &str, source: &OwnedFd) -> Resul
     let stats = match result {
         Ok(s) => s,
         Err(e) => {
-            let _ = fsops::remove_tree(root.as_fd(), &tmp);
+            let _ = pool.quota.remove(root.as_fd(), &tmp);
             return Err(e);
         }
     };
     match fsops::rename_noreplace(root.as_fd(), &tmp, id) {
         Ok(()) => {}
         Err(Errno::EXIST) | Err(Errno::NOTEMPTY) => {
-            let _ = fsops::remove_tree(root.as_fd(), &tmp);
+            let _ = pool.quota.remove(root.as_fd(), &tmp);
             return Err(Error::Aborted(format!("snapshot {id} appeared concurrently; retry")));
         }
         Err(e) => return Err(Error::io(format!("renaming snapshot {id} into place"), e)),
@@ -211,7 +216,7 @@ pub fn sweep(pool: &Pool) -> Result<usize> {
         return Ok(0);
     }
     match open_root(pool, false)? {
-        Some(root) => crate::volumes::sweep(root.as_fd()),
+        Some(root) => crate::volumes::sweep(root.as_fd(), &*pool.quota),
         None => Ok(0),
     }
 }
@@ -225,7 +230,7 @@ pub fn delete(pool: &Pool, id: &str) -> Result<bool> {
         return Ok(false);
     };
     let gone = deleting_name(id);
-    fsops::remove_tree(root.as_fd(), &gone)?;
+    pool.quota.remove(root.as_fd(), &gone)?;
     match fsops::entry(root.as_fd(), id).map_err(|e| Error::io("stat snapshot", e))? {
         Entry::Missing => return Ok(false),
         Entry::Dir { .. } => {}
@@ -237,7 +242,7 @@ pub fn delete(pool: &Pool, id: &str) -> Result<bool> {
         }
     }
     fsops::rename_noreplace(root.as_fd(), id, &gone).map_err(|e| Error::io("renaming snapshot for deletion", e))?;
-    fsops::remove_tree(root.as_fd(), &gone)?;
+    pool.quota.remove(root.as_fd(), &gone)?;
     Ok(true)
 }
 

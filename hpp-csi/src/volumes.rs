@@ -9,6 +9,8 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use rustix::io::Errno;
 
+use hpp_fs::quota::{QuotaBackend, round_up};
+
 use crate::copy::{self, CopyStats};
 use crate::error::{Error, Result};
 use crate::fsops::{self, Entry};
@@ -35,13 +37,14 @@ pub fn temp_name(id: &str) -> String {
     format!("{TEMP_PREFIX}{id}-{:08x}", h.finish() as u32)
 }
 
-/// Removes every temporary (and finishes every interrupted deletion) directly in `dir`. Run at
-/// start-up, before any request can start an attempt of its own.
-pub fn sweep(dir: std::os::fd::BorrowedFd<'_>) -> Result<usize> {
+/// Removes every temporary (and finishes every interrupted deletion) directly in `dir`, through
+/// the pool's quota backend (a temporary may be a subvolume with a qgroup). Run at start-up,
+/// before any request can start an attempt of its own.
+pub fn sweep(dir: std::os::fd::BorrowedFd<'_>, backend: &dyn QuotaBackend) -> Result<usize> {
     let mut swept = 0;
     for name in fsops::list_names(dir).map_err(|e| Error::io("listing for temporaries", e))? {
         if name.starts_with(TEMP_PREFIX) || name.starts_with(DELETING_PREFIX) {
-            fsops::remove_tree(dir, &name)?;
+            backend.remove(dir, &name)?;
             swept += 1;
         }
     }
@@ -144,27 +147,42 @@ pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>, requested: Reques
         }
     }
     let tmp = temp_name(id);
-    let tmp_fd = fsops::mkdir_exact(dir.as_fd(), &tmp, VOLUME_MODE)
-        .map_err(|e| Error::io(format!("creating {}", pool.path.join(&tmp).display()), e))?;
-    let stats = match source {
-        Some(src) => match copy::copy_tree(src.as_fd(), tmp_fd.as_fd()) {
-            Ok(stats) => {
-                // The source's mode was copied; a volume is always traversable by its owner.
-                stats
+    let backend = &*pool.quota;
+    let limit = round_up(requested.required, backend.granularity());
+    // Removes the half-built temporary (subvolume, project id and all) on the way out.
+    let abandon = |fd: OwnedFd, e: Error| {
+        drop(fd);
+        if let Err(cleanup) = backend.remove(dir.as_fd(), &tmp) {
+            tracing::warn!(temporary = %tmp, error = %cleanup, "cannot remove an abandoned temporary; the start-up sweep will");
+        }
+        Err(e)
+    };
+    let native = match source {
+        Some(src) => backend.clone_volume(dir.as_fd(), &tmp, src.as_fd(), limit)?,
+        None => None,
+    };
+    let (tmp_fd, stats) = match native {
+        Some(fd) => (fd, CopyStats::default()),
+        None => {
+            let tmp_fd = backend
+                .create(dir.as_fd(), &tmp, limit)
+                .map_err(|e| with_context(e, &pool.path.join(&tmp)))?;
+            if let Err(e) = rustix::fs::fchmod(&tmp_fd, rustix::fs::Mode::from_raw_mode(VOLUME_MODE)) {
+                return abandon(tmp_fd, Error::io(format!("chmod {tmp}"), e));
             }
-            Err(e) => {
-                drop(tmp_fd);
-                let _ = fsops::remove_tree(dir.as_fd(), &tmp);
-                return Err(e);
+            match source {
+                // The source's mode is copied; a volume is always traversable by its owner.
+                Some(src) => match copy::copy_tree(src.as_fd(), tmp_fd.as_fd()) {
+                    Ok(stats) => (tmp_fd, stats),
+                    Err(e) => return abandon(tmp_fd, e),
+                },
+                None => (tmp_fd, CopyStats::default()),
             }
-        },
-        None => CopyStats::default(),
+        }
     };
     // After the copy: the source's own record came along with its xattrs.
     if let Err(e) = record_capacity(tmp_fd.as_fd(), requested.required) {
-        drop(tmp_fd);
-        let _ = fsops::remove_tree(dir.as_fd(), &tmp);
-        return Err(e);
+        return abandon(tmp_fd, e);
     }
     if source.is_some() {
         // Copied data must be on disk before the volume becomes visible; one syncfs is far
@@ -175,7 +193,7 @@ pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>, requested: Reques
     match fsops::rename_noreplace(dir.as_fd(), &tmp, id) {
         Ok(()) => {}
         Err(Errno::EXIST) | Err(Errno::NOTEMPTY) => {
-            let _ = fsops::remove_tree(dir.as_fd(), &tmp);
+            let _ = backend.remove(dir.as_fd(), &tmp);
             return Ok(Created::Existing);
         }
         Err(e) => return Err(Error::io(format!("renaming {tmp} to {id}"), e)),
@@ -191,8 +209,7 @@ pub fn delete(pool: &Pool, id: &str, mounts: &MountTable) -> Result<bool> {
     let dir = pool.open()?;
     let gone = deleting_name(id);
     // Finish an interrupted deletion first.
-    fsops::remove_tree(dir.as_fd(), &gone)?;
-    let pool_dev = fsops::dev_of(dir.as_fd()).map_err(|e| Error::io("stat pool", e))?;
+    pool.quota.remove(dir.as_fd(), &gone)?;
     match fsops::entry(dir.as_fd(), id).map_err(|e| Error::io(format!("stat volume {id}"), e))? {
         Entry::Missing => return Ok(false),
         Entry::Symlink | Entry::Other => {
@@ -201,7 +218,8 @@ pub fn delete(pool: &Pool, id: &str, mounts: &MountTable) -> Result<bool> {
                 pool.volume_path(id).display()
             )));
         }
-        Entry::Dir { dev } if dev != pool_dev => {
+        // Compared by mount, not device: a btrfs subvolume has a device of its own.
+        Entry::Dir { .. } if !same_mount(dir.as_fd(), id)? => {
             return Err(Error::FailedPrecondition(format!(
                 "{} is a mount point of another filesystem; unmount it first",
                 pool.volume_path(id).display()
@@ -210,10 +228,32 @@ pub fn delete(pool: &Pool, id: &str, mounts: &MountTable) -> Result<bool> {
         Entry::Dir { .. } => {}
     }
     check_not_mounted(pool, id, mounts)?;
+    if let Some(why) = pool.quota.in_use(dir.as_fd(), id)? {
+        return Err(Error::FailedPrecondition(format!(
+            "volume {id} is in use: {why}; unpublish it first"
+        )));
+    }
     fsops::rename_noreplace(dir.as_fd(), id, &gone).map_err(|e| Error::io(format!("renaming {id} for deletion"), e))?;
     fsops::sync_dir(dir.as_fd());
-    fsops::remove_tree(dir.as_fd(), &gone)?;
+    pool.quota.remove(dir.as_fd(), &gone)?;
     Ok(true)
+}
+
+/// Whether `name` in `dir` is on the same mount as `dir` itself.
+fn same_mount(dir: std::os::fd::BorrowedFd<'_>, name: &str) -> Result<bool> {
+    let cname =
+        std::ffi::CString::new(name).map_err(|_| Error::InvalidArgument(format!("{name:?} holds a NUL byte")))?;
+    let child = hpp_fs::Meta::at(dir, &cname).map_err(|e| Error::io(format!("stat volume {name}"), e))?;
+    let parent = hpp_fs::Meta::of(dir).map_err(|e| Error::io("stat pool", e))?;
+    Ok(child.same_mount(&parent))
+}
+
+/// Names the temporary in an I/O error from the backend.
+fn with_context(e: hpp_fs::quota::QuotaError, path: &std::path::Path) -> Error {
+    match e {
+        hpp_fs::quota::QuotaError::Io { source, .. } => Error::io(format!("creating {}", path.display()), source),
+        other => other.into(),
+    }
 }
 
 /// Fails with FailedPrecondition while volume `id` is bind-mounted somewhere or has something

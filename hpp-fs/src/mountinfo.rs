@@ -23,6 +23,16 @@ pub struct Mount {
     pub fs_type: String,
     /// Mount source (device path, `tmpfs`, server:/export, ...).
     pub source: String,
+    /// Filesystem-wide (superblock) options (`prjquota`, `compress=zstd`, ...).
+    pub super_options: Vec<String>,
+}
+
+impl Mount {
+    /// Whether the filesystem is mounted with project quotas enforced (`prjquota` on ext4 and
+    /// XFS; XFS also spells it `pquota`).
+    pub fn project_quota(&self) -> bool {
+        self.super_options.iter().any(|o| o == "prjquota" || o == "pquota")
+    }
 }
 
 impl Mount {
@@ -146,6 +156,10 @@ pub fn parse_line(line: &str) -> Option<Mount> {
     }
     let fs_type = fields.next()?.to_owned();
     let source = unescape(fields.next()?);
+    let super_options = fields
+        .next()
+        .map(|o| o.split(',').map(str::to_owned).collect())
+        .unwrap_or_default();
     Some(Mount {
         id,
         parent_id,
@@ -155,6 +169,7 @@ pub fn parse_line(line: &str) -> Option<Mount> {
         options,
         fs_type,
         source,
+        super_options,
     })
 }
 
@@ -320,7 +335,7 @@ mod tests {
 30 22 0:25 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw
 40 22 8:1 /var/hpp/pool /var/lib/kubelet/pods/p1/volumes/kubernetes.io~csi/pvc-1/mount rw,relatime shared:1 - ext4 /dev/sda1 rw
 41 22 8:1 /var/hpp/pool/pvc-2 /mnt/target\\040with\\040space ro,relatime shared:1 - ext4 /dev/sda1 rw
-50 22 253:0 / /var/hpp/xfs rw,relatime - xfs /dev/mapper/vg-data rw,attr2
+50 22 253:0 / /var/hpp/xfs rw,relatime - xfs /dev/mapper/vg-data rw,attr2,prjquota
 51 50 253:0 /pvc-3 /var/hpp/xfs/pvc-3/inner rw - xfs /dev/mapper/vg-data rw
 ";
 
@@ -341,6 +356,8 @@ mod tests {
         let proc_flags = t.mounts()[1].flags();
         assert!(proc_flags.nosuid && proc_flags.nodev && proc_flags.noexec && !proc_flags.read_only);
         assert_eq!(unescape("a\\134b\\011"), "a\\b\t");
+        assert!(t.mounts()[4].project_quota());
+        assert!(!t.mounts()[0].project_quota());
     }
 
     #[test]

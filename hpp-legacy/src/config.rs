@@ -117,6 +117,10 @@ pub struct ProvisionerConfig {
     pub identity: String,
     /// Extra identity values accepted on deletion (PVs written by the original provisioner).
     pub accepted_identities: Vec<String>,
+    /// Quota backend of the node-local base directory (`pv_dir`): volumes made there are
+    /// limited to their claim's request, as the CSI driver's are. `None`: plain directories,
+    /// as the classic provisioner made them. Never used for shared mode's per-class bases.
+    pub quota: Option<std::sync::Arc<dyn hpp_fs::quota::QuotaBackend>>,
 }
 
 impl ProvisionerConfig {
@@ -137,6 +141,16 @@ impl ProvisionerConfig {
             reclaim_override: None,
             identity,
             accepted_identities: Vec::new(),
+            quota: None,
+        }
+    }
+
+    /// The quota backend for volumes under `base`: the configured one when `base` is the
+    /// node-local `pv_dir`, else none.
+    pub fn quota_for(&self, base: &std::path::Path) -> Option<std::sync::Arc<dyn hpp_fs::quota::QuotaBackend>> {
+        match (&self.quota, &self.pv_dir) {
+            (Some(q), Some(dir)) if self.mode != Mode::Shared && dir == base => Some(q.clone()),
+            _ => None,
         }
     }
 

@@ -35,6 +35,9 @@ pub enum Error {
     /// Leader election failed.
     #[error("leader election: {0}")]
     Lease(#[from] hpp_reconcile::leader::LeaderError),
+    /// The pool's quota backend failed (see [`hpp_fs::quota`]).
+    #[error("quota backend: {0}")]
+    Quota(#[from] hpp_fs::quota::QuotaError),
 }
 
 impl Error {
@@ -46,6 +49,7 @@ impl Error {
             Error::UnsafeDelete { .. } => "unsafe_delete",
             Error::Config(_) => "config",
             Error::Lease(_) => "lease",
+            Error::Quota(_) => "quota",
         }
     }
 

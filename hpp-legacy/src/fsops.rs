@@ -6,6 +6,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
+use hpp_fs::quota::{QuotaBackend, QuotaError, Unlimited};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, StatxFlags};
 use rustix::io::Errno;
 
@@ -106,6 +107,20 @@ pub fn filesystem_size(dir: &Path) -> Result<u64> {
 /// Creates `base/rel` (parents as needed, never through symlinks), then sets mode, owner and
 /// SELinux label. `base` must exist: it is never created here.
 pub fn create_volume_dir(base: &Path, rel: &Path, spec: DirSpec, labeler: &Labeler) -> Result<Created> {
+    create_volume_dir_in(base, rel, spec, labeler, &Unlimited, 0)
+}
+
+/// [`create_volume_dir`] through a quota backend: the leaf is made by `backend` (a subvolume,
+/// a directory with a project id, ...) limited to `limit_bytes`, so node-local pools of the
+/// legacy provisioner get the same enforcement as the CSI driver's.
+pub fn create_volume_dir_in(
+    base: &Path,
+    rel: &Path,
+    spec: DirSpec,
+    labeler: &Labeler,
+    backend: &dyn QuotaBackend,
+    limit_bytes: u64,
+) -> Result<Created> {
     let parts = normal_components(rel)?;
     let mut parent = open_base(base)?;
     let mut path = base.to_path_buf();
@@ -119,10 +134,17 @@ pub fn create_volume_dir(base: &Path, rel: &Path, spec: DirSpec, labeler: &Label
         parent = open_child(&parent, name, &path)?;
     }
     path.push(leaf);
-    let newly_created = match rustix::fs::mkdirat(&parent, *leaf, Mode::from_raw_mode(0o700)) {
-        Ok(()) => true,
-        Err(Errno::EXIST) => false,
-        Err(e) => return Err(Error::fs("mkdir", &path, e)),
+    let leaf_name = leaf
+        .to_str()
+        .ok_or_else(|| Error::Config(format!("{} is not UTF-8", path.display())))?;
+    let newly_created = match rustix::fs::statat(&parent, *leaf, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(_) => false,
+        Err(Errno::NOENT) => match backend.create(parent.as_fd(), leaf_name, limit_bytes) {
+            Ok(_) => true,
+            Err(QuotaError::Io { source, .. }) if source.raw_os_error() == Some(Errno::EXIST.raw_os_error()) => false,
+            Err(e) => return Err(e.into()),
+        },
+        Err(e) => return Err(Error::fs("stat", &path, e)),
     };
     let result = open_child(&parent, leaf, &path).and_then(|dir| set_up(&parent, &dir, &path, spec, labeler));
     match result {
@@ -133,7 +155,7 @@ pub fn create_volume_dir(base: &Path, rel: &Path, spec: DirSpec, labeler: &Label
         Err(e) => {
             if newly_created {
                 // Leave nothing half-configured behind; the next attempt starts clean.
-                let _ = rustix::fs::unlinkat(&parent, *leaf, AtFlags::REMOVEDIR);
+                let _ = backend.remove(parent.as_fd(), leaf_name);
             }
             Err(e)
         }
@@ -184,7 +206,8 @@ fn open_parent<'a>(base: &Path, rel: &'a Path) -> Result<(OwnedFd, &'a std::ffi:
     Ok((parent, leaf, path))
 }
 
-/// Identity of the mount an open file lives on (mount id where the kernel has it, else device).
+/// Identity of the mount an open file lives on: the mount id where the kernel has it (a btrfs
+/// subvolume has a device of its own but is no mount), else the device.
 fn mount_key(fd: impl AsFd, path: &Path) -> Result<(u64, u32, u32)> {
     let st = rustix::fs::statx(
         fd,
@@ -193,17 +216,22 @@ fn mount_key(fd: impl AsFd, path: &Path) -> Result<(u64, u32, u32)> {
         StatxFlags::BASIC_STATS | StatxFlags::MNT_ID,
     )
     .map_err(|e| Error::fs("statx", path, e))?;
-    let mnt = if st.stx_mask & StatxFlags::MNT_ID.bits() != 0 {
-        st.stx_mnt_id
+    if st.stx_mask & StatxFlags::MNT_ID.bits() != 0 {
+        Ok((st.stx_mnt_id, 0, 0))
     } else {
-        0
-    };
-    Ok((mnt, st.stx_dev_major, st.stx_dev_minor))
+        Ok((0, st.stx_dev_major, st.stx_dev_minor))
+    }
 }
 
 /// Removes (or archives) the volume directory `dir`, which must be strictly inside `base`.
 /// Never follows symlinks (they are unlinked as links) and refuses to cross into another mount.
 pub fn remove_volume_dir(base: &Path, dir: &Path, archive: bool) -> Result<Removed> {
+    remove_volume_dir_in(base, dir, archive, &Unlimited)
+}
+
+/// [`remove_volume_dir`] through the quota backend that made the directory (a subvolume is
+/// destroyed, a project id's limit cleared).
+pub fn remove_volume_dir_in(base: &Path, dir: &Path, archive: bool, backend: &dyn QuotaBackend) -> Result<Removed> {
     let rel = dir.strip_prefix(base).map_err(|_| Error::UnsafeDelete {
         path: dir.to_path_buf(),
         reason: format!("not inside {}", base.display()),
@@ -236,7 +264,13 @@ pub fn remove_volume_dir(base: &Path, dir: &Path, archive: bool) -> Result<Remov
         });
     }
     drop(top);
-    hpp_fs::remove_tree(parent.as_fd(), leaf).map_err(|e| walk_error(e, &path))?;
+    match leaf.to_str() {
+        Some(name) => backend.remove(parent.as_fd(), name).map_err(|e| match e {
+            QuotaError::Walk(w) => walk_error(w, &path),
+            other => other.into(),
+        })?,
+        None => hpp_fs::remove_tree(parent.as_fd(), leaf).map_err(|e| walk_error(e, &path))?,
+    }
     Ok(Removed::Deleted)
 }
 

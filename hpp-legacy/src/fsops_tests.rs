@@ -161,3 +161,62 @@ fn filesystem_size_is_positive() {
     let base = tempfile::tempdir().unwrap();
     assert!(filesystem_size(base.path()).unwrap() > 0);
 }
+
+/// Unmounts a loop-mounted test filesystem even when the test fails.
+struct LoopMount(std::path::PathBuf);
+
+impl Drop for LoopMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_btrfs_backend_makes_limited_subvolumes_that_delete_cleanly() {
+    if !rustix::process::geteuid().is_root() || Command::new("mkfs.btrfs").arg("-V").output().is_err() {
+        eprintln!("skipped: needs root and mkfs.btrfs");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let img = tmp.path().join("fs.img");
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
+    assert!(
+        Command::new("mkfs.btrfs")
+            .arg("-q")
+            .arg(&img)
+            .output()
+            .unwrap()
+            .status
+            .success()
+    );
+    assert!(
+        Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&img)
+            .arg(&mnt)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let _guard = LoopMount(mnt.clone());
+    let pool = std::fs::File::open(&mnt).unwrap();
+    let backend = hpp_fs::quota::Btrfs::open(pool.as_fd()).unwrap();
+    let l = labeler(tmp.path());
+    let made = create_volume_dir_in(&mnt, Path::new("pvc-1"), spec(0o770), &l, &backend, 1 << 20).unwrap();
+    assert!(made.newly_created);
+    let again = create_volume_dir_in(&mnt, Path::new("pvc-1"), spec(0o770), &l, &backend, 1 << 20).unwrap();
+    assert!(!again.newly_created);
+    let vol = std::fs::File::open(mnt.join("pvc-1")).unwrap();
+    assert!(hpp_fs::quota::btrfs::is_subvolume(vol.as_fd()));
+    let usage = backend.usage(pool.as_fd(), "pvc-1").unwrap().unwrap();
+    assert_eq!(usage.limit_bytes, 1 << 20);
+    drop(vol);
+    // A subvolume has a device of its own but is no mount point: deletion goes ahead.
+    assert_eq!(
+        remove_volume_dir_in(&mnt, &mnt.join("pvc-1"), false, &backend).unwrap(),
+        Removed::Deleted
+    );
+    assert!(!mnt.join("pvc-1").exists());
+}

@@ -258,7 +258,13 @@ impl Provisioner {
             ceph_quota_bytes: plan.cephfs_quota.then_some(plan.request_bytes),
         };
         let labeler = self.labeler.clone();
-        let created = blocking(move || fsops::create_volume_dir(&base, &rel, spec, &labeler)).await??;
+        let quota = self.cfg.quota_for(&base);
+        let limit = plan.request_bytes;
+        let created = blocking(move || match quota {
+            Some(q) => fsops::create_volume_dir_in(&base, &rel, spec, &labeler, &*q, limit),
+            None => fsops::create_volume_dir(&base, &rel, spec, &labeler),
+        })
+        .await??;
         let pv = build_pv(&self.cfg, &plan, claim, hostname.as_deref());
         match pvs.create(&PostParams::default(), &pv).await {
             Ok(_) => {}
@@ -415,7 +421,13 @@ impl Provisioner {
                 return Ok(self.refuse_delete(pv, r.message).await);
             }
         }
-        let removed = match blocking(move || fsops::remove_volume_dir(&base, &dir, archive)).await? {
+        let quota = self.cfg.quota_for(&base);
+        let removed = match blocking(move || match quota {
+            Some(q) if !archive => fsops::remove_volume_dir_in(&base, &dir, archive, &*q),
+            _ => fsops::remove_volume_dir(&base, &dir, archive),
+        })
+        .await?
+        {
             Ok(r) => r,
             Err(e @ Error::UnsafeDelete { .. }) => return Ok(self.refuse_delete(pv, e.to_string()).await),
             Err(e) => return Err(e),

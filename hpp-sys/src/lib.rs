@@ -7,4 +7,7 @@
 //! Every function takes borrowed file descriptors and Rust strings, checks its inputs, and
 //! returns `std::io::Error` from the kernel's errno, so callers never see raw pointers.
 
+pub mod btrfs;
+pub mod loopdev;
 pub mod mount;
+pub mod quota;

@@ -50,6 +50,10 @@ pub struct Args {
     /// floods of identical pools, then exit. Needs no root and no driver.
     #[arg(long)]
     validation: bool,
+    /// Only measure the quota backends (Create/Delete/Publish per backend, each on a fresh
+    /// loop-mounted filesystem, against plain directories), then exit. Needs root.
+    #[arg(long)]
+    quota_backends: bool,
     /// Internal: serve a driver on DIR (used for the child process).
     #[arg(long, hide = true, value_name = "DIR")]
     serve_driver: Option<PathBuf>,
@@ -299,6 +303,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(dir) = &args.serve_driver {
         return serve_driver(dir).await;
+    }
+    if args.quota_backends {
+        let dir = args.dir.join(format!("quota-{}", std::process::id()));
+        let result = crate::bench_quota::run(&dir, args.mount_ops);
+        let _ = std::fs::remove_dir_all(&dir);
+        return result;
     }
     // A fresh run directory of our own: nothing the user already had is ever deleted.
     let dir = args.dir.join(format!("run-{}", std::process::id()));

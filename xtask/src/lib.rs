@@ -2,7 +2,9 @@
 //! `.cargo/config.toml`). Not shipped: nothing here is part of the product's crates.
 //!
 //! - `cargo xtask bench`: the CSI driver against the bare system calls it wraps ([`mod@bench`]);
+//!   with `--quota-backends`, each quota backend against plain directories ([`mod@bench_quota`]);
 //! - `cargo xtask docs [--check]`: the generated blocks of docs/reference.md ([`mod@docs`]).
 
 pub mod bench;
+pub mod bench_quota;
 pub mod docs;

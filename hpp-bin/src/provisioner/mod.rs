@@ -91,6 +91,10 @@ pub struct Args {
     /// Force this reclaim policy on new PVs instead of the StorageClass's.
     #[arg(long, env = "PV_RECLAIM_POLICY", value_enum)]
     pub reclaim_policy: Option<ReclaimArg>,
+    /// Quota backend for volumes under --pv-dir (node-local modes), limiting each to its
+    /// claim's request. One of: `none`, `btrfs`, `xfs-project`, `ext4-project`, `auto`.
+    #[arg(long, env = "PV_QUOTA", default_value = "none", value_parser = parse_quota)]
+    pub quota: hpp_api::quota::QuotaMode,
     /// Value of the `hostPathProvisionerIdentity` annotation; defaults as the original did.
     #[arg(long, env = "PROVISIONER_IDENTITY")]
     pub identity: Option<String>,
@@ -160,7 +164,8 @@ impl Args {
         })
     }
 
-    /// The library configuration these flags describe.
+    /// The library configuration these flags describe (with `--quota`, the backend is
+    /// prepared on `--pv-dir`).
     pub fn config(&self) -> anyhow::Result<ProvisionerConfig> {
         let mode = Mode::from(self.effective_mode());
         let mut cfg = ProvisionerConfig::new(mode, self.node_name.clone(), self.pv_dir.clone());
@@ -179,6 +184,16 @@ impl Args {
             ReclaimArg::Delete => ReclaimOverride::Delete,
         });
         cfg.accepted_identities = self.accept_identity.iter().filter(|s| !s.is_empty()).cloned().collect();
+        if self.quota != hpp_api::quota::QuotaMode::None {
+            let dir = match (&self.pv_dir, mode) {
+                (_, Mode::Shared) => {
+                    anyhow::bail!("--quota works only for node-local --pv-dir volumes, not in shared mode")
+                }
+                (None, _) => anyhow::bail!("--quota needs --pv-dir"),
+                (Some(dir), _) => dir,
+            };
+            cfg.quota = Some(hpp_csi::pool::build_quota_backend("pv-dir", self.quota, dir)?);
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -277,6 +292,19 @@ pub async fn main_with(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Parses `--quota`: the pool quota modes a hostPath PV can use (not `image`, which needs a
+/// loop mount at publish that only the CSI driver does).
+fn parse_quota(v: &str) -> Result<hpp_api::quota::QuotaMode, String> {
+    use hpp_api::quota::QuotaMode;
+    match QuotaMode::ALL.into_iter().find(|m| m.as_str() == v) {
+        Some(QuotaMode::Image) => Err("image volumes need the CSI driver (a loop mount at publish)".into()),
+        Some(m) => Ok(m),
+        None => Err(format!(
+            "expected one of none, btrfs, xfs-project, ext4-project, auto; got {v:?}"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,6 +357,36 @@ mod tests {
         ]);
         assert!(!a.config().unwrap().use_naming_prefix);
         assert!(parse(&["--pv-dir", "/var/hpvolumes"]).config().is_err());
+    }
+
+    #[test]
+    fn quota_flag_is_checked_and_builds_the_backend() {
+        assert!(Args::try_parse_from(["hpp-provisioner", "--quota", "image"]).is_err());
+        assert!(Args::try_parse_from(["hpp-provisioner", "--quota", "zfs"]).is_err());
+        let shared = parse(&["--mode", "shared", "--quota", "btrfs"]);
+        assert!(shared.config().unwrap_err().to_string().contains("shared"));
+        let no_dir = parse(&["--mode", "single-node", "--quota", "btrfs"]);
+        assert!(no_dir.config().unwrap_err().to_string().contains("--pv-dir"));
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_str().unwrap();
+        let not_btrfs = parse(&["--mode", "single-node", "--pv-dir", dir, "--quota", "btrfs"]);
+        if !matches!(std::fs::File::open(tmp.path()).map(|f| hpp_sys_is_btrfs(&f)), Ok(true)) {
+            assert!(not_btrfs.config().unwrap_err().to_string().contains("btrfs"));
+        }
+        let auto = parse(&["--mode", "single-node", "--pv-dir", dir, "--quota", "auto"]);
+        assert!(auto.config().unwrap().quota.is_some());
+        assert!(
+            parse(&["--mode", "single-node", "--pv-dir", dir])
+                .config()
+                .unwrap()
+                .quota
+                .is_none()
+        );
+    }
+
+    #[allow(clippy::unnecessary_cast)] // f_type is i64 here, another width elsewhere
+    fn hpp_sys_is_btrfs(f: &std::fs::File) -> bool {
+        rustix::fs::fstatfs(f).is_ok_and(|st| st.f_type as i64 == 0x9123_683E)
     }
 
     #[test]

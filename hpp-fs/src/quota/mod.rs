@@ -10,6 +10,17 @@
 use std::fmt::Debug;
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::path::Path;
+
+pub mod btrfs;
+pub mod image;
+pub mod project;
+
+pub use btrfs::Btrfs;
+pub use image::{Image, ImageFs};
+pub use project::{Project, ProjectFs};
+
+use crate::WalkError;
 
 /// Why a backend operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +41,12 @@ pub enum QuotaError {
     /// The requested limit cannot be applied (for example below what is already used).
     #[error("{0}")]
     OutOfRange(String),
+    /// A parameter or value the backend does not understand.
+    #[error("{0}")]
+    Invalid(String),
+    /// Removing a volume's tree failed (a mount inside it, a permission error).
+    #[error(transparent)]
+    Walk(#[from] WalkError),
 }
 
 /// Usage of one volume as the backend accounts it, read in O(1) (no tree walk).
@@ -91,8 +108,83 @@ pub trait QuotaBackend: Send + Sync + Debug {
     fn usage(&self, pool: BorrowedFd<'_>, name: &str) -> Result<Option<QuotaUsage>, QuotaError>;
 
     /// Releases what the backend attached to volume `name` (qgroup, project id) after its
-    /// tree was removed; the caller removes the tree itself.
+    /// tree was removed; [`QuotaBackend::remove`] calls it.
     fn release(&self, pool: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError>;
+
+    /// Removes volume (or temporary, or snapshot) `name` in `pool` with everything the backend
+    /// attached to it; missing is success, so an interrupted removal is simply retried. The
+    /// default walks the tree away (never crossing a mount) and then calls `release`; backends
+    /// whose volumes are not plain trees (subvolumes) override it.
+    fn remove(&self, pool: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError> {
+        remove_tree(pool, name)?;
+        self.release(pool, name)
+    }
+
+    /// Makes volume `name` in `pool` as an instant copy of the volume or snapshot open as
+    /// `source`, limited to `limit_bytes`. `Ok(None)` when the backend has no native clone for
+    /// this source: the caller then calls `create` and copies.
+    fn clone_volume(
+        &self,
+        _pool: BorrowedFd<'_>,
+        _name: &str,
+        _source: BorrowedFd<'_>,
+        _limit_bytes: u64,
+    ) -> Result<Option<OwnedFd>, QuotaError> {
+        Ok(None)
+    }
+
+    /// Makes `name` in `dir` a read-only, instant snapshot of the volume open as `source`.
+    /// `Ok(false)` when the backend has none for this source: the caller copies (reflink).
+    fn snapshot(&self, _dir: BorrowedFd<'_>, _name: &str, _source: BorrowedFd<'_>) -> Result<bool, QuotaError> {
+        Ok(false)
+    }
+
+    /// Names of the per-volume parameters [`QuotaBackend::set_parameter`] accepts (the mutable
+    /// parameters of a VolumeAttributesClass), with what each means.
+    fn parameters(&self) -> &'static [(&'static str, &'static str)] {
+        &[]
+    }
+
+    /// Applies parameter `key` = `value` to volume `name` while it may be in use. Unknown keys
+    /// and bad values are [`QuotaError::Invalid`].
+    fn set_parameter(&self, _pool: BorrowedFd<'_>, _name: &str, key: &str, _value: &str) -> Result<(), QuotaError> {
+        Err(QuotaError::Invalid(format!(
+            "quota backend {} has no parameter {key:?}",
+            self.name()
+        )))
+    }
+
+    /// Why volume `name` must not be deleted now, when the backend knows of a user that the
+    /// mount table does not show as a bind of the volume (an image attached to a loop device).
+    fn in_use(&self, _pool: BorrowedFd<'_>, _name: &str) -> Result<Option<String>, QuotaError> {
+        Ok(None)
+    }
+
+    /// Mounts the volume open as `volume` at `target` with the per-mount `flags` (`RDONLY`,
+    /// `NOSUID`, `NOEXEC`, `NOATIME`, ...) when publish is more than a bind mount
+    /// ([`Layout::Image`]: attach the image to a loop device and mount it). `Ok(false)`: the
+    /// caller bind-mounts the directory. Idempotent: the same image already mounted there is
+    /// success.
+    fn mount_at(
+        &self,
+        _volume: BorrowedFd<'_>,
+        _target: &Path,
+        _flags: rustix::mount::MountFlags,
+    ) -> Result<bool, QuotaError> {
+        Ok(false)
+    }
+
+    /// Grows the filesystem of a volume mounted at `target` to its (raised) limit: the work of
+    /// NodeExpandVolume for backends with [`QuotaBackend::needs_node_expansion`]. Nothing to do
+    /// for the others.
+    fn expand_mounted(&self, _target: &Path) -> Result<(), QuotaError> {
+        Ok(())
+    }
+}
+
+/// Removes `name` in `pool` and everything below it (the shared walk; missing is success).
+pub(crate) fn remove_tree(pool: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError> {
+    Ok(crate::remove_tree(pool, std::ffi::OsStr::new(name))?)
 }
 
 /// KubeVirt's behaviour: plain directories, no enforcement.

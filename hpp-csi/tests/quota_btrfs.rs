@@ -1,0 +1,252 @@
+//! Volumes and snapshots of a `quota: btrfs` pool on a real, loop-mounted btrfs: every volume
+//! is a size-limited subvolume, clones and snapshots are subvolume snapshots, deletion and the
+//! start-up sweep take subvolumes (read-only ones included) away.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../../hpp-fs/tests/common/mod.rs"]
+mod loopfs;
+
+use std::io::Write;
+use std::os::fd::AsFd;
+
+use hpp_api::quota::QuotaMode;
+use hpp_csi::mountinfo::MountTable;
+use hpp_csi::pool::Pool;
+use hpp_csi::volumes::{self, Created, Requested};
+use hpp_csi::{PoolConfig, snapshots};
+use hpp_fs::quota::btrfs::is_subvolume;
+
+const MIB: u64 = 1 << 20;
+
+fn is_subvol(path: &std::path::Path) -> bool {
+    is_subvolume(std::fs::File::open(path).unwrap().as_fd())
+}
+
+fn write_mib(path: &std::path::Path, mib: u64) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    for _ in 0..mib {
+        f.write_all(&vec![7u8; MIB as usize])?;
+    }
+    f.sync_all()
+}
+
+#[test]
+fn a_btrfs_pool_builds_limited_subvolumes_snapshots_and_clones_and_removes_them() {
+    let Some(fs) = loopfs::LoopFs::new("btrfs", 512, "") else {
+        return;
+    };
+    let root = fs.path();
+    let cfg = PoolConfig::new("b", root.join("pool"))
+        .with_snapshots(root.join("snaps"))
+        .quota(QuotaMode::Btrfs, 100);
+    let pool = Pool::prepare(&cfg).unwrap();
+    assert_eq!(pool.quota.name(), "btrfs");
+    let want = |bytes| Requested {
+        required: bytes,
+        limit: 0,
+    };
+
+    assert!(matches!(
+        volumes::create(&pool, "pvc-1", None, want(8 * MIB)).unwrap(),
+        Created::New(_)
+    ));
+    let vol = root.join("pool/pvc-1");
+    assert!(is_subvol(&vol));
+    assert!(write_mib(&vol.join("big"), 16).is_err(), "the 8 MiB limit holds");
+    std::fs::remove_file(vol.join("big")).unwrap();
+    std::fs::write(vol.join("hello"), b"world").unwrap();
+    // Idempotent retry.
+    assert_eq!(
+        volumes::create(&pool, "pvc-1", None, want(8 * MIB)).unwrap(),
+        Created::Existing
+    );
+
+    let src = volumes::open(&pool, "pvc-1").unwrap();
+    snapshots::create(&pool, "snap-1", "pvc-1", &src).unwrap();
+    assert!(is_subvol(&root.join("snaps/snap-1/data")));
+
+    let data = snapshots::open_data(&pool, "snap-1").unwrap();
+    volumes::create(&pool, "pvc-2", Some(&data), want(32 * MIB)).unwrap();
+    let clone = root.join("pool/pvc-2");
+    assert!(is_subvol(&clone));
+    assert_eq!(std::fs::read(clone.join("hello")).unwrap(), b"world");
+    let dir = pool.open().unwrap();
+    let usage = pool.quota.usage(dir.as_fd(), "pvc-2").unwrap().unwrap();
+    assert_eq!(usage.limit_bytes, 32 * MIB);
+
+    // Leftovers of crashed attempts: a temporary subvolume and a half-made snapshot.
+    pool.quota.create(dir.as_fd(), ".hpp-tmp-pvc-3-0badf00d", MIB).unwrap();
+    let snaps = std::fs::File::open(root.join("snaps")).unwrap();
+    std::fs::create_dir(root.join("snaps/.hpp-tmp-snap-2-0badf00d")).unwrap();
+    let half = std::fs::File::open(root.join("snaps/.hpp-tmp-snap-2-0badf00d")).unwrap();
+    assert!(pool.quota.snapshot(half.as_fd(), "data", src.as_fd()).unwrap());
+    drop(half);
+    assert_eq!(volumes::sweep(dir.as_fd(), &*pool.quota).unwrap(), 1);
+    assert_eq!(snapshots::sweep(&pool).unwrap(), 1);
+    assert!(!root.join("pool/.hpp-tmp-pvc-3-0badf00d").exists());
+    assert!(!root.join("snaps/.hpp-tmp-snap-2-0badf00d").exists());
+    drop(snaps);
+
+    // A plain directory from before the pool used btrfs is still served and deleted.
+    std::fs::create_dir(root.join("pool/legacy")).unwrap();
+    assert!(pool.quota.usage(dir.as_fd(), "legacy").unwrap().is_none());
+
+    drop((src, data));
+    // A published (bind-mounted) subvolume is never deleted.
+    let target = root.join("target");
+    std::fs::create_dir(&target).unwrap();
+    rustix::mount::mount_bind(&vol, &target).unwrap();
+    let refused = volumes::delete(&pool, "pvc-1", &MountTable::read().unwrap());
+    rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty()).unwrap();
+    assert!(
+        matches!(refused, Err(hpp_csi::Error::FailedPrecondition(_))),
+        "{refused:?}"
+    );
+    assert!(vol.exists());
+    let mounts = MountTable::read().unwrap();
+    for id in ["pvc-1", "pvc-2", "legacy"] {
+        assert!(volumes::delete(&pool, id, &mounts).unwrap(), "{id}");
+        assert!(!root.join("pool").join(id).exists());
+    }
+    assert!(snapshots::delete(&pool, "snap-1").unwrap());
+    assert!(!root.join("snaps/snap-1").exists());
+}
+
+/// Environment variable that turns [`crash_child`] into the workload the crash test kills.
+const CRASH_CHILD: &str = "HPP_TEST_CRASH_CHILD_ROOT";
+
+fn crash_pool(root: &std::path::Path) -> Pool {
+    let cfg = PoolConfig::new("b", root.join("pool"))
+        .with_snapshots(root.join("snaps"))
+        .quota(QuotaMode::Btrfs, 100);
+    Pool::prepare(&cfg).unwrap()
+}
+
+/// Not a test on its own: when the crash test runs this binary with [`CRASH_CHILD`] set, it
+/// creates, snapshots, clones and deletes volumes forever, until it is killed.
+#[test]
+fn crash_child() {
+    let Ok(root) = std::env::var(CRASH_CHILD) else {
+        return;
+    };
+    let root = std::path::PathBuf::from(root);
+    let pool = crash_pool(&root);
+    let want = Requested {
+        required: 4 * MIB,
+        limit: 0,
+    };
+    std::fs::write(root.join(format!("started-{}", std::process::id())), b"").unwrap();
+    for i in 0u64.. {
+        let (vol, snap, clone) = (format!("vol-{i}"), format!("snap-{i}"), format!("clone-{i}"));
+        volumes::create(&pool, &vol, None, want).unwrap();
+        std::fs::write(root.join("pool").join(&vol).join("data"), i.to_string()).unwrap();
+        let src = volumes::open(&pool, &vol).unwrap();
+        snapshots::create(&pool, &snap, &vol, &src).unwrap();
+        drop(src);
+        let data = snapshots::open_data(&pool, &snap).unwrap();
+        volumes::create(&pool, &clone, Some(&data), want).unwrap();
+        drop(data);
+        let mounts = MountTable::read().unwrap();
+        volumes::delete(&pool, &vol, &mounts).unwrap();
+        snapshots::delete(&pool, &snap).unwrap();
+        volumes::delete(&pool, &clone, &mounts).unwrap();
+    }
+}
+
+/// kill -9 of a process creating, snapshotting, cloning and deleting btrfs volumes, at many
+/// different moments: after the start-up sweep, no temporary is left, every volume is a
+/// complete, limited subvolume, and deleting them all leaves no subvolume and no qgroup.
+#[test]
+fn killing_the_driver_at_any_moment_converges() {
+    let Some(fs) = loopfs::LoopFs::new("btrfs", 512, "") else {
+        return;
+    };
+    let root = fs.path().to_path_buf();
+    crash_pool(&root);
+    let exe = std::env::current_exe().unwrap();
+    for round in 0..12u64 {
+        let mut child = std::process::Command::new(&exe)
+            .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
+            .env(CRASH_CHILD, &root)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Once the child is at work, a different moment each round; where the kill lands does
+        // not matter to the checks.
+        let started = root.join(format!("started-{}", child.id()));
+        for _ in 0..30_000 {
+            if started.exists() || child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(round * 17));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let _ = std::fs::remove_file(&started);
+    }
+    // What the driver does at start-up.
+    let pool = crash_pool(&root);
+    let dir = pool.open().unwrap();
+    volumes::sweep(dir.as_fd(), &*pool.quota).unwrap();
+    snapshots::sweep(&pool).unwrap();
+    let leftovers = |p: &std::path::Path| {
+        std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".hpp-tmp-") || n.starts_with(".hpp-del-"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(leftovers(&root.join("pool")), Vec::<String>::new());
+    assert_eq!(leftovers(&root.join("snaps")), Vec::<String>::new());
+    let volumes = pool.list_volumes().unwrap();
+    for id in &volumes {
+        assert!(is_subvol(&root.join("pool").join(id)), "{id} is a complete subvolume");
+        assert_eq!(
+            volumes::recorded_capacity(dir.as_fd(), id).unwrap(),
+            Some(4 * MIB),
+            "{id}"
+        );
+        let usage = pool.quota.usage(dir.as_fd(), id).unwrap().unwrap();
+        assert_eq!(usage.limit_bytes, 4 * MIB, "{id}");
+    }
+    let mounts = MountTable::read().unwrap();
+    for id in &volumes {
+        volumes::delete(&pool, id, &mounts).unwrap();
+    }
+    for snap in snapshots::list(&pool).unwrap() {
+        snapshots::delete(&pool, &snap.id).unwrap();
+    }
+    let _ = std::process::Command::new("btrfs")
+        .args(["subvolume", "sync"])
+        .arg(&root)
+        .output();
+    // The children did work: every subvolume they made used up an id (a fresh one is past them).
+    let probe = pool.quota.create(dir.as_fd(), "probe", MIB).unwrap();
+    let last_id = hpp_sys::btrfs::subvolume_id(probe.as_fd()).unwrap();
+    drop(probe);
+    pool.quota.remove(dir.as_fd(), "probe").unwrap();
+    eprintln!("the killed children made {} subvolumes", last_id - 256);
+    assert!(last_id > 257, "the children made no subvolume at all ({last_id})");
+    let _ = std::process::Command::new("btrfs")
+        .args(["subvolume", "sync"])
+        .arg(&root)
+        .output();
+    let uuid = hpp_sys::btrfs::fs_uuid(dir.as_fd()).unwrap();
+    let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    let qgroups = format!(
+        "/sys/fs/btrfs/{}-{}-{}-{}-{}/qgroups",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    );
+    let left: Vec<String> = std::fs::read_dir(&qgroups)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("0_") && n != "0_5")
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "no qgroup outlives its subvolume");
+}

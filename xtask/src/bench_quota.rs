@@ -1,0 +1,178 @@
+//! `cargo xtask bench --quota-backends`: the cost of each quota backend's Create, Delete and
+//! Publish (+ unpublish) against plain directories, in the same run, each on its own freshly
+//! made loop-mounted filesystem:
+//!
+//! | setup | create | delete | publish |
+//! |---|---|---|---|
+//! | `mkdir` on ext4 / on btrfs | mkdir | rmdir | bind mount + umount |
+//! | `none` on ext4 | `Unlimited::create` | `remove` | bind mount + umount |
+//! | `btrfs` on btrfs | subvolume + qgroup limit | destroy subvolume + qgroup | bind mount + umount |
+//! | `image` on ext4 | sparse file + mkfs.ext4 | unlink | loop attach + mount + umount |
+//!
+//! Needs root, loop devices, mkfs.ext4 and mkfs.btrfs. Library calls, no gRPC: the driver's own
+//! overhead is what `cargo xtask bench` measures.
+
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use hpp_fs::quota::{Btrfs, Image, ImageFs, QuotaBackend, Unlimited};
+use rustix::mount::UnmountFlags;
+
+/// A loop-mounted scratch filesystem, unmounted on drop.
+struct LoopFs(PathBuf);
+
+impl LoopFs {
+    fn new(dir: &Path, fstype: &str, mib: u64) -> anyhow::Result<LoopFs> {
+        let img = dir.join(format!("{fstype}.img"));
+        let mnt = dir.join(fstype);
+        std::fs::create_dir_all(&mnt)?;
+        std::fs::File::create(&img)?.set_len(mib << 20)?;
+        let force = if fstype == "ext4" { "-F" } else { "-f" };
+        let out = Command::new(format!("mkfs.{fstype}"))
+            .args(["-q", force])
+            .arg(&img)
+            .output()
+            .with_context(|| format!("running mkfs.{fstype}"))?;
+        anyhow::ensure!(
+            out.status.success(),
+            "mkfs.{fstype}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&img)
+            .arg(&mnt)
+            .output()?;
+        anyhow::ensure!(out.status.success(), "mount: {}", String::from_utf8_lossy(&out.stderr));
+        std::fs::remove_file(&img)?;
+        Ok(LoopFs(mnt))
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, UnmountFlags::DETACH);
+    }
+}
+
+/// p50, p99 and operations per second of a series of latencies.
+fn summary(mut lat: Vec<Duration>) -> (Duration, Duration, f64) {
+    if lat.is_empty() {
+        return (Duration::ZERO, Duration::ZERO, 0.0);
+    }
+    let total: Duration = lat.iter().sum();
+    lat.sort();
+    let at = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+    (at(0.5), at(0.99), lat.len() as f64 / total.as_secs_f64().max(1e-9))
+}
+
+fn time(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    f()?;
+    Ok(start.elapsed())
+}
+
+/// How a setup makes, publishes and removes one volume.
+enum Setup {
+    Mkdir,
+    Backend(Box<dyn QuotaBackend>),
+}
+
+fn measure(name: &str, pool: &Path, targets: &Path, setup: &Setup, ops: usize, limit: u64) -> anyhow::Result<()> {
+    let pool_dir = std::fs::File::open(pool)?;
+    let fd = pool_dir.as_fd();
+    let (mut create, mut publish, mut delete) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..ops {
+        let vol = format!("v{i}");
+        let target = targets.join(format!("{name}-{i}"));
+        std::fs::create_dir_all(&target)?;
+        create.push(time(|| {
+            match setup {
+                Setup::Mkdir => std::fs::create_dir(pool.join(&vol))?,
+                Setup::Backend(b) => drop(b.create(fd, &vol, limit)?),
+            }
+            Ok(())
+        })?);
+        publish.push(time(|| {
+            let src = std::fs::File::open(pool.join(&vol))?;
+            let mounted = match setup {
+                Setup::Backend(b) => b.mount_at(src.as_fd(), &target, rustix::mount::MountFlags::empty())?,
+                Setup::Mkdir => false,
+            };
+            if !mounted {
+                rustix::mount::mount_bind(pool.join(&vol), &target)?;
+            }
+            rustix::mount::unmount(&target, UnmountFlags::empty())?;
+            Ok(())
+        })?);
+        delete.push(time(|| {
+            match setup {
+                Setup::Mkdir => std::fs::remove_dir(pool.join(&vol))?,
+                Setup::Backend(b) => b.remove(fd, &vol)?,
+            }
+            Ok(())
+        })?);
+        std::fs::remove_dir(&target)?;
+    }
+    for (op, lat) in [("create", create), ("publish", publish), ("delete", delete)] {
+        let (p50, p99, rate) = summary(lat);
+        println!(
+            "| {name} | {op} | {:.1} µs | {:.1} µs | {rate:.0} |",
+            p50.as_secs_f64() * 1e6,
+            p99.as_secs_f64() * 1e6
+        );
+    }
+    Ok(())
+}
+
+/// Runs every setup with `ops` volumes (images: a tenth, they run mkfs) under `dir`.
+pub fn run(dir: &Path, ops: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        rustix::process::geteuid().is_root(),
+        "--quota-backends needs root (loop mounts)"
+    );
+    std::fs::create_dir_all(dir)?;
+    let targets = dir.join("targets");
+    std::fs::create_dir_all(&targets)?;
+    let ext4 = LoopFs::new(dir, "ext4", 2048)?;
+    let btrfs = LoopFs::new(dir, "btrfs", 2048)?;
+    let pool_dir = std::fs::File::open(&btrfs.0)?;
+    let btrfs_backend = Btrfs::open(pool_dir.as_fd())?;
+    println!("| setup | operation | p50 | p99 | ops/s |");
+    println!("|---|---|---|---|---|");
+    let mk = |p: &Path, n: &str| -> anyhow::Result<PathBuf> {
+        let d = p.join(n);
+        std::fs::create_dir_all(&d)?;
+        Ok(d)
+    };
+    measure("mkdir on ext4", &mk(&ext4.0, "a")?, &targets, &Setup::Mkdir, ops, 0)?;
+    measure(
+        "none on ext4",
+        &mk(&ext4.0, "b")?,
+        &targets,
+        &Setup::Backend(Box::new(Unlimited)),
+        ops,
+        0,
+    )?;
+    measure("mkdir on btrfs", &mk(&btrfs.0, "a")?, &targets, &Setup::Mkdir, ops, 0)?;
+    measure(
+        "btrfs on btrfs",
+        &mk(&btrfs.0, "b")?,
+        &targets,
+        &Setup::Backend(Box::new(btrfs_backend)),
+        ops,
+        1 << 30,
+    )?;
+    measure(
+        "image (ext4) on ext4",
+        &mk(&ext4.0, "c")?,
+        &targets,
+        &Setup::Backend(Box::new(Image::new(ImageFs::Ext4))),
+        (ops / 10).max(1),
+        64 << 20,
+    )?;
+    Ok(())
+}
