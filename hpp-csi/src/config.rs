@@ -163,6 +163,9 @@ pub enum ConfigError {
         /// The mode asked for.
         mode: QuotaMode,
     },
+    /// A backend was supplied for a pool that is not configured.
+    #[error("a quota backend was supplied for storage pool {0:?}, which is not configured")]
+    UnknownPool(String),
     /// A required setting is missing.
     #[error("{0} is required")]
     Missing(&'static str),

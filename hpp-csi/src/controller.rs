@@ -1,6 +1,7 @@
 //! The CSI Controller service: volumes (create, clone, restore, delete, list, get, validate),
 //! capacity and reflink snapshots.
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use hpp_api::constants::TOPOLOGY_KEY;
@@ -15,6 +16,7 @@ use crate::pagination::{self, pool_key};
 use crate::pool::{Pool, PoolHealth};
 use crate::snapshots::{self, SnapshotInfo};
 use crate::state::{DriverState, blocking, blocking_locked};
+use crate::sizing::{self, Range};
 use crate::validate::check_id;
 use crate::volumes::{self, Created};
 
@@ -174,15 +176,13 @@ impl ControllerService {
                 self.state.node_id, pool.name
             )));
         }
-        let (required, limit) = match &req.capacity_range {
-            Some(r) => (r.required_bytes, r.limit_bytes),
-            None => (0, 0),
+        let range = Range::parse(req.capacity_range.as_ref())?;
+        let (required, limit) = (range.required, range.limit);
+        // Enforcing pools give the volume a real, rounded size; the others answer as before.
+        let enforced = match pool.quota.enforces() {
+            true => Some(sizing::create_size(range, pool.quota.granularity())?),
+            false => None,
         };
-        if required < 0 || limit < 0 || (limit > 0 && limit < required) {
-            return Err(Error::InvalidArgument(format!(
-                "invalid capacity range: required {required}, limit {limit}"
-            )));
-        }
         let source = match &req.volume_content_source {
             Some(src) => Some(self.resolve_source(src, &pool)?),
             None => None,
@@ -193,27 +193,33 @@ impl ControllerService {
             None => vec![],
         };
         let guard = self.state.inflight.acquire(&[volume_key(&name)], &shared_key)?;
-        let (p, n) = (pool.clone(), name.clone());
-        let (health, created) = blocking_locked(guard, move || {
+        let (p, n, state) = (pool.clone(), name.clone(), self.state.clone());
+        let (health, created, recorded) = blocking_locked(guard, move || {
             let health = require_usable(&p)?;
-            let required = u64::try_from(required).unwrap_or(0);
-            if required > health.total_bytes {
+            let size = enforced.unwrap_or(required);
+            if size > health.total_bytes {
                 return Err(Error::OutOfRange(format!(
-                    "requested {required} bytes but storage pool {} is only {} bytes",
+                    "requested {size} bytes but storage pool {} is only {} bytes",
                     p.name, health.total_bytes
                 )));
             }
+            // A retry of an existing volume is judged by its record, not by the budget.
+            let _promised = match enforced {
+                Some(bytes) if !volumes::exists(&p, &n)? => Some(state.ledger.reserve(&p, &health, &n, bytes, 0)?),
+                _ => None,
+            };
             let src_fd = match &source {
                 Some(Source::Snapshot { id, pool }) => Some(snapshots::open_data(pool, id)?),
                 Some(Source::Volume { id, pool }) => Some(volumes::open(pool, id)?),
                 None => None,
             };
-            let requested = volumes::Requested {
-                required,
-                limit: u64::try_from(limit).unwrap_or(0),
-            };
+            let requested = volumes::Requested { required: size, limit };
             let created = volumes::create(&p, &n, src_fd.as_ref(), requested)?;
-            Ok((health, created))
+            let recorded = match enforced {
+                Some(_) => volumes::recorded_capacity(p.open()?.as_fd(), &n)?,
+                None => None,
+            };
+            Ok((health, created, recorded))
         })
         .await?;
         match created {
@@ -222,10 +228,11 @@ impl ControllerService {
             }
             Created::Existing => tracing::info!(volume_id = %name, pool = %pool.name, "volume already exists"),
         }
-        let capacity = if required > 0 {
-            u64::try_from(required).unwrap_or(0)
-        } else {
-            caps::listed_capacity(&health)
+        let capacity = match (enforced, recorded) {
+            (Some(_), Some(have)) => have,
+            (Some(size), None) => size,
+            (None, _) if required > 0 => required,
+            (None, _) => caps::listed_capacity(&health),
         };
         Ok(csi::CreateVolumeResponse {
             volume: Some(caps::volume(
@@ -493,9 +500,27 @@ impl ControllerService {
         {
             return Ok(zero_capacity());
         }
-        let health = blocking(move || Ok(pool_health(&pool))).await?;
+        let state = self.state.clone();
+        let (health, budget) = blocking(move || {
+            let health = pool_health(&pool);
+            let budget = match pool.quota.enforces() && health.usable {
+                true => Some((state.ledger.budget(&pool, &health)?, pool.quota.granularity())),
+                false => None,
+            };
+            Ok((health, budget))
+        })
+        .await?;
         if !health.usable {
             return Ok(zero_capacity());
+        }
+        if let Some((budget, granularity)) = budget {
+            // What can still be promised; the largest volume is that, in whole granules.
+            let available = budget.available();
+            return Ok(csi::GetCapacityResponse {
+                available_capacity: i64::try_from(available).unwrap_or(i64::MAX),
+                maximum_volume_size: Some(i64::try_from(sizing::round_down(available, granularity)).unwrap_or(i64::MAX)),
+                minimum_volume_size: Some(0),
+            });
         }
         Ok(csi::GetCapacityResponse {
             available_capacity: i64::try_from(health.available_bytes).unwrap_or(i64::MAX),

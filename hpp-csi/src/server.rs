@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hpp_api::constants::DRIVER_NAME;
+use hpp_fs::quota::QuotaBackend;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
@@ -20,6 +21,7 @@ use crate::csi::node_server::NodeServer;
 use crate::endpoint::Endpoint;
 use crate::identity::IdentityService;
 use crate::inflight::InFlight;
+use crate::ledger::Ledger;
 use crate::metrics::DriverMetrics;
 use crate::node::NodeService;
 use crate::pool::Pool;
@@ -65,6 +67,7 @@ pub struct DriverBuilder {
     endpoint: Option<Endpoint>,
     metrics: Option<Arc<DriverMetrics>>,
     os_reference: Option<PathBuf>,
+    quota_overrides: Vec<(String, Arc<dyn QuotaBackend>)>,
 }
 
 impl Default for DriverBuilder {
@@ -77,6 +80,7 @@ impl Default for DriverBuilder {
             endpoint: None,
             metrics: None,
             os_reference: None,
+            quota_overrides: Vec::new(),
         }
     }
 }
@@ -131,6 +135,14 @@ impl DriverBuilder {
         self
     }
 
+    /// Enforces sizes in pool `pool` with `backend` instead of the one its quota mode names:
+    /// for embedders with a backend of their own, and for tests of the backend-independent
+    /// parts (capacity ledger, expansion) with a backend that needs no special filesystem.
+    pub fn quota_backend(mut self, pool: impl Into<String>, backend: Arc<dyn QuotaBackend>) -> Self {
+        self.quota_overrides.push((pool.into(), backend));
+        self
+    }
+
     /// Checks the configuration and prepares the pool directories.
     pub fn build(self) -> Result<Driver, ConfigError> {
         let node_id = self
@@ -143,6 +155,13 @@ impl DriverBuilder {
         check_pools(&self.pools)?;
         let mut pools = self.pools.iter().map(Pool::prepare).collect::<Result<Vec<_>, _>>()?;
         Pool::reserve_nested(&mut pools);
+        for (name, backend) in self.quota_overrides {
+            let pool = pools
+                .iter_mut()
+                .find(|p| p.name == name)
+                .ok_or_else(|| ConfigError::UnknownPool(name.clone()))?;
+            pool.quota = backend;
+        }
         for pool in &pools {
             sweep_pool(pool);
         }
@@ -160,6 +179,7 @@ impl DriverBuilder {
                 inflight: InFlight::default(),
                 metrics: self.metrics,
                 os_reference,
+                ledger: Ledger::default(),
             }),
             endpoint: self.endpoint,
         })

@@ -9,6 +9,7 @@ use hpp_api::constants::{DEFAULT_POOL_NAME, PARAM_STORAGE_POOL, TOPOLOGY_KEY};
 use crate::csi;
 use crate::error::{Error, Result};
 use crate::inflight::{Guard, InFlight};
+use crate::ledger::Ledger;
 use crate::metrics::DriverMetrics;
 use crate::mountinfo::MountTable;
 use crate::pool::{Pool, PoolHealth};
@@ -30,6 +31,8 @@ pub struct DriverState {
     pub metrics: Option<Arc<DriverMetrics>>,
     /// A path on the OS disk, to detect pools that share its device.
     pub os_reference: PathBuf,
+    /// Sizes promised by creations and expansions in flight (enforcing pools).
+    pub ledger: Ledger,
 }
 
 /// Health of every pool, measured together.

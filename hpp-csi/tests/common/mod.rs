@@ -15,6 +15,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
+pub mod fake_quota;
+
 pub const NODE: &str = "node-a";
 
 pub struct Harness {
@@ -37,6 +39,28 @@ pub fn legacy_pool(root: &Path) -> PoolConfig {
 impl Harness {
     pub async fn start() -> Harness {
         Self::with(|root, b| b.pool(legacy_pool(root))).await
+    }
+
+    /// The default pool, its sizes enforced by a [`fake_quota::FakeQuota`] with `granularity`,
+    /// promising at most `overcommit_percent` % of the filesystem.
+    pub async fn enforcing(granularity: u64, overcommit_percent: u32) -> (Harness, std::sync::Arc<fake_quota::FakeQuota>) {
+        Self::enforcing_with(fake_quota::FakeQuota::new(granularity), overcommit_percent).await
+    }
+
+    /// Like [`Harness::enforcing`] with a backend set up by the caller.
+    pub async fn enforcing_with(
+        backend: fake_quota::FakeQuota,
+        overcommit_percent: u32,
+    ) -> (Harness, std::sync::Arc<fake_quota::FakeQuota>) {
+        let backend = std::sync::Arc::new(backend);
+        let b = backend.clone();
+        let h = Self::with(move |root, builder| {
+            let mut pool = legacy_pool(root);
+            pool.overcommit_percent = overcommit_percent;
+            builder.pool(pool).quota_backend("legacy", b)
+        })
+        .await;
+        (h, backend)
     }
 
     pub async fn with(configure: impl FnOnce(&Path, DriverBuilder) -> DriverBuilder) -> Harness {
@@ -210,6 +234,22 @@ pub fn create_req(name: &str) -> csi::CreateVolumeRequest {
         volume_capabilities: vec![mount_cap()],
         ..Default::default()
     }
+}
+
+pub fn sized_req(name: &str, required: i64, limit: i64) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: required,
+            limit_bytes: limit,
+        }),
+        ..create_req(name)
+    }
+}
+
+/// Filesystem size of `path` in bytes.
+pub fn fs_total(path: &Path) -> u64 {
+    let st = rustix::fs::statvfs(path).unwrap();
+    st.f_blocks * st.f_frsize
 }
 
 pub fn params(pool: &str) -> HashMap<String, String> {
