@@ -10,6 +10,7 @@ use tonic::{Request, Response, Status};
 use crate::caps;
 use crate::csi::{self, controller_service_capability::rpc::Type as Cap, volume_content_source};
 use crate::error::{Error, Result};
+use crate::expand;
 use crate::inflight::{snapshot_key, volume_key};
 use crate::mountinfo::MountTable;
 use crate::pagination::{self, pool_key};
@@ -486,6 +487,34 @@ impl ControllerService {
         })
     }
 
+    async fn expand_volume_inner(
+        &self,
+        req: csi::ControllerExpandVolumeRequest,
+    ) -> Result<csi::ControllerExpandVolumeResponse> {
+        let id = check_id("volume_id", &req.volume_id)?.to_owned();
+        record("volume_id", &id);
+        if req.capacity_range.is_none() {
+            return Err(Error::InvalidArgument("capacity_range is required".into()));
+        }
+        let range = Range::parse(req.capacity_range.as_ref())?;
+        if let Some(why) = req.volume_capability.as_ref().and_then(caps::unsupported) {
+            return Err(Error::InvalidArgument(why));
+        }
+        let guard = self.state.inflight.acquire(&[volume_key(&id)], &[])?;
+        let state = self.state.clone();
+        let expanded = blocking_locked(guard, move || {
+            let pool = locate_volume(&state, &id, None)?
+                .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist on node {}", state.node_id)))?;
+            let health = require_usable(&pool)?;
+            expand::controller_expand(&state.ledger, &pool, &health, &id, range)
+        })
+        .await?;
+        Ok(csi::ControllerExpandVolumeResponse {
+            capacity_bytes: i64::try_from(expanded.capacity).unwrap_or(i64::MAX),
+            node_expansion_required: expanded.node_expansion_required,
+        })
+    }
+
     async fn get_capacity_inner(&self, req: csi::GetCapacityRequest) -> Result<csi::GetCapacityResponse> {
         let pool = self.state.pool_for(&req.parameters)?.clone();
         record("pool", &pool.name);
@@ -587,6 +616,7 @@ impl csi::controller_server::Controller for ControllerService {
             Cap::ListVolumes,
             Cap::VolumeCondition,
             Cap::CloneVolume,
+            Cap::ExpandVolume,
         ];
         if self.state.pools.iter().any(|p| p.snapshot_path.is_some()) {
             caps.extend([Cap::CreateDeleteSnapshot, Cap::ListSnapshots]);
@@ -616,6 +646,13 @@ impl csi::controller_server::Controller for ControllerService {
         req: Request<csi::ListSnapshotsRequest>,
     ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
         Ok(Response::new(self.list_snapshots_inner(req.into_inner()).await?))
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        req: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+        Ok(Response::new(self.expand_volume_inner(req.into_inner()).await?))
     }
 
     async fn controller_get_volume(

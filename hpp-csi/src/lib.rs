@@ -25,6 +25,7 @@ pub mod copy;
 pub mod csi;
 pub mod endpoint;
 pub mod error;
+pub mod expand;
 pub mod fsops;
 pub mod identity;
 pub mod inflight;

@@ -446,6 +446,39 @@ impl NodeService {
         blocking_locked(guard, move || unpublish(&state, &id, &target)).await
     }
 
+    async fn expand_inner(&self, req: csi::NodeExpandVolumeRequest) -> Result<csi::NodeExpandVolumeResponse> {
+        let id = check_id("volume_id", &req.volume_id)?.to_owned();
+        record("volume_id", &id);
+        if req.volume_path.is_empty() {
+            return Err(Error::InvalidArgument("volume_path is required".into()));
+        }
+        let path = canonical(check_target_path("volume_path", &req.volume_path).map_err(|e| match e {
+            Error::InvalidArgument(m) => Error::NotFound(format!("{m}; no volume can be published there")),
+            other => other,
+        })?);
+        let range = crate::sizing::Range::parse(req.capacity_range.as_ref())?;
+        if let Some(why) = req.volume_capability.as_ref().and_then(caps::unsupported) {
+            return Err(Error::InvalidArgument(why));
+        }
+        let guard = self
+            .state
+            .inflight
+            .acquire(&[target_key(&path)], &[volume_key(&id)])?;
+        let state = self.state.clone();
+        let capacity = blocking_locked(guard, move || {
+            let pool = state
+                .pools
+                .iter()
+                .find(|p| !p.is_reserved(&id) && volumes::exists(p, &id).unwrap_or(false))
+                .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist on node {}", state.node_id)))?;
+            crate::expand::node_expand(pool, &id, &path, range)
+        })
+        .await?;
+        Ok(csi::NodeExpandVolumeResponse {
+            capacity_bytes: i64::try_from(capacity).unwrap_or(i64::MAX),
+        })
+    }
+
     async fn stats_inner(&self, req: csi::NodeGetVolumeStatsRequest) -> Result<csi::NodeGetVolumeStatsResponse> {
         let id = check_id("volume_id", &req.volume_id)?.to_owned();
         record("volume_id", &id);
@@ -496,12 +529,23 @@ impl csi::node_server::Node for NodeService {
         Ok(Response::new(self.stats_inner(req.into_inner()).await?))
     }
 
+    async fn node_expand_volume(
+        &self,
+        req: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        Ok(Response::new(self.expand_inner(req.into_inner()).await?))
+    }
+
     async fn node_get_capabilities(
         &self,
         _req: Request<csi::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
         Ok(Response::new(csi::NodeGetCapabilitiesResponse {
-            capabilities: vec![node_cap(Cap::GetVolumeStats), node_cap(Cap::VolumeCondition)],
+            capabilities: vec![
+                node_cap(Cap::GetVolumeStats),
+                node_cap(Cap::VolumeCondition),
+                node_cap(Cap::ExpandVolume),
+            ],
         }))
     }
 

@@ -10,6 +10,10 @@
 use std::fmt::Debug;
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::path::Path;
+
+mod tuning;
+pub use tuning::{COMPRESSION_KEY, Compression, INODE_LIMIT_KEY, KNOWN_KEYS, Tuning, TuningError};
 
 /// Why a backend operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +97,34 @@ pub trait QuotaBackend: Send + Sync + Debug {
     /// Releases what the backend attached to volume `name` (qgroup, project id) after its
     /// tree was removed; the caller removes the tree itself.
     fn release(&self, pool: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError>;
+
+    /// Node side of an online expansion, called only when [`Self::needs_node_expansion`]:
+    /// makes the raised limit usable in the volume published at `mount` (for example grows the
+    /// filesystem inside an image). Must be idempotent.
+    fn grow_published(&self, _pool: BorrowedFd<'_>, name: &str, _mount: &Path) -> Result<(), QuotaError> {
+        Err(QuotaError::Unsupported(format!(
+            "backend {} cannot grow published volume {name}",
+            self.name()
+        )))
+    }
+
+    /// The mutable parameters ([`KNOWN_KEYS`]) this backend applies with [`Self::tune`].
+    fn tunables(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Applies `tuning` (only keys listed in [`Self::tunables`]) to volume `name` while it may
+    /// be in use. Must be idempotent.
+    fn tune(&self, _pool: BorrowedFd<'_>, name: &str, tuning: &Tuning) -> Result<(), QuotaError> {
+        match tuning.is_empty() {
+            true => Ok(()),
+            false => Err(QuotaError::Unsupported(format!(
+                "backend {} cannot change {} of volume {name}",
+                self.name(),
+                tuning.keys().join(", ")
+            ))),
+        }
+    }
 }
 
 /// KubeVirt's behaviour: plain directories, no enforcement.
