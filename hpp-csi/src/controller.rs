@@ -11,6 +11,7 @@ use crate::caps;
 use crate::csi::{self, controller_service_capability::rpc::Type as Cap, volume_content_source};
 use crate::error::{Error, Result};
 use crate::expand;
+use crate::modify;
 use crate::inflight::{snapshot_key, volume_key};
 use crate::mountinfo::MountTable;
 use crate::pagination::{self, pool_key};
@@ -100,10 +101,25 @@ fn locate_snapshot(state: &DriverState, id: &str, first: Option<&Pool>) -> Resul
     Ok(None)
 }
 
-fn snapshot_message(info: &SnapshotInfo) -> csi::Snapshot {
+/// Size of snapshot `id` of `pool` as a restore needs it: the capacity its source volume had
+/// (its record travels with the data). Known only where the pool enforces sizes; 0 (unknown)
+/// elsewhere, as KubeVirt answers, so restores into smaller PVCs keep working there.
+fn snapshot_size(pool: &Pool, id: &str) -> u64 {
+    if !pool.quota.enforces() {
+        return 0;
+    }
+    let Ok(data) = snapshots::open_data(pool, id) else { return 0 };
+    let mut buf = [0u8; 32];
+    match rustix::fs::fgetxattr(&data, volumes::CAPACITY_XATTR, &mut buf[..]) {
+        Ok(n) => std::str::from_utf8(&buf[..n]).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
+        Err(_) => 0,
+    }
+}
+
+fn snapshot_message(info: &SnapshotInfo, size_bytes: u64) -> csi::Snapshot {
     let since = info.created.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     csi::Snapshot {
-        size_bytes: 0,
+        size_bytes: i64::try_from(size_bytes).unwrap_or(i64::MAX),
         snapshot_id: info.id.clone(),
         source_volume_id: info.source_volume_id.clone(),
         creation_time: Some(prost_types::Timestamp {
@@ -184,6 +200,7 @@ impl ControllerService {
             true => Some(sizing::create_size(range, pool.quota.granularity())?),
             false => None,
         };
+        let tuning = modify::parse(&pool, &req.mutable_parameters)?;
         let source = match &req.volume_content_source {
             Some(src) => Some(self.resolve_source(src, &pool)?),
             None => None,
@@ -216,6 +233,8 @@ impl ControllerService {
             };
             let requested = volumes::Requested { required: size, limit };
             let created = volumes::create(&p, &n, src_fd.as_ref(), requested)?;
+            // The class's settings, applied again on a retry (tuning is idempotent).
+            modify::apply(&p, &n, &tuning)?;
             let recorded = match enforced {
                 Some(_) => volumes::recorded_capacity(p.open()?.as_fd(), &n)?,
                 None => None,
@@ -373,10 +392,10 @@ impl ControllerService {
             .inflight
             .acquire(&[snapshot_key(&name)], &[volume_key(&source)])?;
         let state = self.state.clone();
-        let info = blocking_locked(guard, move || {
+        let (info, size) = blocking_locked(guard, move || {
             if let Some((spool, info)) = locate_snapshot(&state, &name, Some(&pool))? {
                 if info.source_volume_id == source && spool.name == pool.name {
-                    return Ok(info);
+                    return Ok((info, snapshot_size(&spool, &name)));
                 }
                 return Err(Error::AlreadyExists(format!(
                     "snapshot {name} already exists for volume {} in pool {}",
@@ -385,11 +404,12 @@ impl ControllerService {
             }
             require_usable(&pool)?;
             let src = volumes::open(&pool, &source)?;
-            snapshots::create(&pool, &name, &source, &src)
+            let info = snapshots::create(&pool, &name, &source, &src)?;
+            Ok((info, snapshot_size(&pool, &name)))
         })
         .await?;
         Ok(csi::CreateSnapshotResponse {
-            snapshot: Some(snapshot_message(&info)),
+            snapshot: Some(snapshot_message(&info, size)),
         })
     }
 
@@ -417,31 +437,52 @@ impl ControllerService {
             if !by_id.is_empty() {
                 // An id this driver could never have issued simply matches nothing.
                 if check_id("snapshot_id", &by_id).is_ok()
-                    && let Some((_, info)) = locate_snapshot(&state, &by_id, None)?
+                    && let Some((pool, info)) = locate_snapshot(&state, &by_id, None)?
                 {
-                    all.push(info);
+                    all.push((snapshot_size(&pool, &info.id), info));
                 }
             } else {
                 for pool in &state.pools {
-                    all.extend(snapshots::list(pool)?);
+                    all.extend(snapshots::list(pool)?.into_iter().map(|s| (snapshot_size(pool, &s.id), s)));
                 }
             }
             if !by_source.is_empty() {
-                all.retain(|s| s.source_volume_id == by_source);
+                all.retain(|(_, s)| s.source_volume_id == by_source);
             }
             Ok(all)
         })
         .await?;
-        let page = pagination::paginate(all, |s| pool_key(&s.id, &s.pool), req.max_entries, &req.starting_token)?;
+        let page = pagination::paginate(
+            all,
+            |(_, s)| pool_key(&s.id, &s.pool),
+            req.max_entries,
+            &req.starting_token,
+        )?;
         Ok(csi::ListSnapshotsResponse {
             entries: page
                 .items
                 .iter()
-                .map(|s| csi::list_snapshots_response::Entry {
-                    snapshot: Some(snapshot_message(s)),
+                .map(|(size, s)| csi::list_snapshots_response::Entry {
+                    snapshot: Some(snapshot_message(s, *size)),
                 })
                 .collect(),
             next_token: page.next_token,
+        })
+    }
+
+    async fn get_snapshot_inner(&self, req: csi::GetSnapshotRequest) -> Result<csi::GetSnapshotResponse> {
+        let id = check_id("snapshot_id", &req.snapshot_id)?.to_owned();
+        record("snapshot_id", &id);
+        let state = self.state.clone();
+        let (info, size) = blocking(move || {
+            let (pool, info) = locate_snapshot(&state, &id, None)?
+                .ok_or_else(|| Error::NotFound(format!("snapshot {id} does not exist on node {}", state.node_id)))?;
+            let size = snapshot_size(&pool, &id);
+            Ok((info, size))
+        })
+        .await?;
+        Ok(csi::GetSnapshotResponse {
+            snapshot: Some(snapshot_message(&info, size)),
         })
     }
 
@@ -513,6 +554,23 @@ impl ControllerService {
             capacity_bytes: i64::try_from(expanded.capacity).unwrap_or(i64::MAX),
             node_expansion_required: expanded.node_expansion_required,
         })
+    }
+
+    async fn modify_volume_inner(&self, req: csi::ControllerModifyVolumeRequest) -> Result<()> {
+        let id = check_id("volume_id", &req.volume_id)?.to_owned();
+        record("volume_id", &id);
+        let guard = self.state.inflight.acquire(&[volume_key(&id)], &[])?;
+        let state = self.state.clone();
+        blocking_locked(guard, move || {
+            let pool = locate_volume(&state, &id, None)?
+                .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist on node {}", state.node_id)))?;
+            let tuning = modify::parse(&pool, &req.mutable_parameters)?;
+            if !tuning.is_empty() {
+                require_usable(&pool)?;
+            }
+            modify::apply(&pool, &id, &tuning)
+        })
+        .await
     }
 
     async fn get_capacity_inner(&self, req: csi::GetCapacityRequest) -> Result<csi::GetCapacityResponse> {
@@ -617,9 +675,10 @@ impl csi::controller_server::Controller for ControllerService {
             Cap::VolumeCondition,
             Cap::CloneVolume,
             Cap::ExpandVolume,
+            Cap::ModifyVolume,
         ];
         if self.state.pools.iter().any(|p| p.snapshot_path.is_some()) {
-            caps.extend([Cap::CreateDeleteSnapshot, Cap::ListSnapshots]);
+            caps.extend([Cap::CreateDeleteSnapshot, Cap::ListSnapshots, Cap::GetSnapshot]);
         }
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
             capabilities: caps.into_iter().map(capability).collect(),
@@ -653,6 +712,21 @@ impl csi::controller_server::Controller for ControllerService {
         req: Request<csi::ControllerExpandVolumeRequest>,
     ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
         Ok(Response::new(self.expand_volume_inner(req.into_inner()).await?))
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        req: Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
+        self.modify_volume_inner(req.into_inner()).await?;
+        Ok(Response::new(csi::ControllerModifyVolumeResponse {}))
+    }
+
+    async fn get_snapshot(
+        &self,
+        req: Request<csi::GetSnapshotRequest>,
+    ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
+        Ok(Response::new(self.get_snapshot_inner(req.into_inner()).await?))
     }
 
     async fn controller_get_volume(

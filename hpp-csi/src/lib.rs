@@ -31,6 +31,7 @@ pub mod identity;
 pub mod inflight;
 pub mod ledger;
 pub mod metrics;
+pub mod modify;
 pub mod mount;
 pub mod node;
 pub mod pagination;

@@ -7,7 +7,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use hpp_fs::quota::{QuotaBackend, QuotaError, QuotaUsage};
+use hpp_fs::quota::{INODE_LIMIT_KEY, QuotaBackend, QuotaError, QuotaUsage, Tuning};
 
 #[derive(Debug)]
 pub struct FakeQuota {
@@ -19,6 +19,8 @@ pub struct FakeQuota {
     pub fail_next_set_limit: AtomicBool,
     /// Bytes `usage` reports as used for every volume.
     pub used: u64,
+    /// Settings applied per volume by `tune`.
+    pub tuned: Mutex<HashMap<String, Tuning>>,
 }
 
 impl FakeQuota {
@@ -29,6 +31,7 @@ impl FakeQuota {
             limits: Mutex::new(HashMap::new()),
             fail_next_set_limit: AtomicBool::new(false),
             used: 12_288,
+            tuned: Mutex::new(HashMap::new()),
         }
     }
 
@@ -74,6 +77,15 @@ impl QuotaBackend for FakeQuota {
             used_inodes: Some(3),
             limit_inodes: None,
         }))
+    }
+
+    fn tunables(&self) -> &'static [&'static str] {
+        &[INODE_LIMIT_KEY]
+    }
+
+    fn tune(&self, _pool: BorrowedFd<'_>, name: &str, tuning: &Tuning) -> Result<(), QuotaError> {
+        self.tuned.lock().unwrap().insert(name.to_owned(), *tuning);
+        Ok(())
     }
 
     fn release(&self, _pool: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError> {
