@@ -337,25 +337,66 @@ fn volume_stats(pool: Option<Pool>, id: &str, path: &Path) -> Result<csi::NodeGe
         };
     }
     let fs = rustix::fs::fstatvfs(&path_fd).map_err(|e| Error::io("statvfs of volume", e))?;
-    let (used_bytes, used_inodes) = fsops::usage(path_fd.as_fd())?;
-    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let quota = match &pool {
+        Some(pool) if pool.quota.enforces() => {
+            let dir = pool.open_unguarded()?;
+            pool.quota.usage(dir.as_fd(), id).map_err(crate::expand::quota_error)?
+        }
+        _ => None,
+    };
+    let fs_bytes = Counts {
+        total: fs.f_blocks.saturating_mul(fs.f_frsize),
+        available: fs.f_bavail.saturating_mul(fs.f_frsize),
+    };
+    let fs_inodes = Counts {
+        total: fs.f_files,
+        available: fs.f_favail,
+    };
+    let usage = match quota {
+        // The backend keeps the numbers: O(1), and measured against the volume's own limit.
+        Some(q) => {
+            let mut usage = vec![fs_bytes.against(q.used_bytes, q.limit_bytes, csi::volume_usage::Unit::Bytes)];
+            if let Some(used) = q.used_inodes {
+                usage.push(fs_inodes.against(used, q.limit_inodes.unwrap_or(0), csi::volume_usage::Unit::Inodes));
+            }
+            usage
+        }
+        None => {
+            let (used_bytes, used_inodes) = fsops::usage(path_fd.as_fd())?;
+            vec![
+                fs_bytes.against(used_bytes, 0, csi::volume_usage::Unit::Bytes),
+                fs_inodes.against(used_inodes, 0, csi::volume_usage::Unit::Inodes),
+            ]
+        }
+    };
     Ok(csi::NodeGetVolumeStatsResponse {
-        usage: vec![
-            csi::VolumeUsage {
-                available: clamp(fs.f_bavail.saturating_mul(fs.f_frsize)),
-                total: clamp(fs.f_blocks.saturating_mul(fs.f_frsize)),
-                used: clamp(used_bytes),
-                unit: csi::volume_usage::Unit::Bytes as i32,
-            },
-            csi::VolumeUsage {
-                available: clamp(fs.f_favail),
-                total: clamp(fs.f_files),
-                used: clamp(used_inodes),
-                unit: csi::volume_usage::Unit::Inodes as i32,
-            },
-        ],
+        usage,
         volume_condition: Some(condition),
     })
+}
+
+/// Size and free room of the filesystem a volume lives on, in one unit.
+struct Counts {
+    total: u64,
+    available: u64,
+}
+
+impl Counts {
+    /// Usage of `used` against the volume's `limit` (0 = none: the filesystem's numbers). The
+    /// room left is never more than the filesystem has free.
+    fn against(&self, used: u64, limit: u64, unit: csi::volume_usage::Unit) -> csi::VolumeUsage {
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let (total, available) = match limit {
+            0 => (self.total, self.available),
+            limit => (limit, limit.saturating_sub(used).min(self.available)),
+        };
+        csi::VolumeUsage {
+            available: clamp(available),
+            total: clamp(total),
+            used: clamp(used),
+            unit: unit as i32,
+        }
+    }
 }
 
 fn node_cap(t: Cap) -> csi::NodeServiceCapability {
