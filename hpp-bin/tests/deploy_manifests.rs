@@ -30,6 +30,7 @@ const IMAGE_VARS: &[&str] = &[
     "LIVENESS_PROBE_IMAGE",
     "CSI_SIG_STORAGE_PROVISIONER_IMAGE",
     "CSI_SNAPSHOT_IMAGE",
+    "CSI_RESIZER_IMAGE",
 ];
 
 fn repo() -> PathBuf {

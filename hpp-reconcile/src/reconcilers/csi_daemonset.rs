@@ -1,5 +1,6 @@
 //! The CSI DaemonSet `hostpath-provisioner-csi`: driver, registrar, liveness probe, external
-//! provisioner and (with `Snapshotting`) snapshotter, with one host mount per storage pool.
+//! provisioner, resizer and (with `Snapshotting`) snapshotter, with one host mount per storage
+//! pool.
 
 use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
@@ -300,7 +301,26 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
             vec![socket_mount()],
         )
     };
-    let mut containers = vec![driver, registrar, liveness, provisioner];
+    // One resizer per node, no leader election: a node-local volume can only be expanded by the
+    // driver on its node, and every other node's driver answers NotFound for it.
+    let resizer = Container {
+        security_context: sidecar_security_context(),
+        ..container(
+            "csi-resizer",
+            &img.csi_resizer,
+            &pull,
+            vec![
+                format!("--v={v}"),
+                format!("--csi-address={CSI_SOCKET}"),
+                // Raising a limit is one ioctl or xattr; a minute covers a loaded node.
+                "--timeout=1m".into(),
+                // Expansion is online: a published volume is never an error.
+                "--handle-volume-inuse-error=false".into(),
+            ],
+            vec![socket_mount()],
+        )
+    };
+    let mut containers = vec![driver, registrar, liveness, provisioner, resizer];
     if common::snapshotting(hpp) {
         containers.push(Container {
             resources: None,

@@ -55,6 +55,10 @@ pub fn csi_cluster_rules(snapshotting: bool) -> Vec<PolicyRule> {
             &["get", "list", "watch", "patch"],
         ),
         rule(&["storage.k8s.io"], &["volumeattachments/status"], &["patch"]),
+        // csi-resizer: claim status (allocated size, resize conditions) and the
+        // VolumeAttributesClasses behind ControllerModifyVolume.
+        rule(&[""], &["persistentvolumeclaims/status"], &["patch"]),
+        rule(&["storage.k8s.io"], &["volumeattributesclasses"], READ),
     ];
     if snapshotting {
         rules.extend([
