@@ -11,14 +11,14 @@ use crate::caps;
 use crate::csi::{self, controller_service_capability::rpc::Type as Cap, volume_content_source};
 use crate::error::{Error, Result};
 use crate::expand;
-use crate::modify;
 use crate::inflight::{snapshot_key, volume_key};
+use crate::modify;
 use crate::mountinfo::MountTable;
 use crate::pagination::{self, pool_key};
 use crate::pool::{Pool, PoolHealth};
+use crate::sizing::{self, Range};
 use crate::snapshots::{self, SnapshotInfo};
 use crate::state::{DriverState, blocking, blocking_locked};
-use crate::sizing::{self, Range};
 use crate::validate::check_id;
 use crate::volumes::{self, Created};
 
@@ -108,10 +108,15 @@ fn snapshot_size(pool: &Pool, id: &str) -> u64 {
     if !pool.quota.enforces() {
         return 0;
     }
-    let Ok(data) = snapshots::open_data(pool, id) else { return 0 };
+    let Ok(data) = snapshots::open_data(pool, id) else {
+        return 0;
+    };
     let mut buf = [0u8; 32];
     match rustix::fs::fgetxattr(&data, volumes::CAPACITY_XATTR, &mut buf[..]) {
-        Ok(n) => std::str::from_utf8(&buf[..n]).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
+        Ok(n) => std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
         Err(_) => 0,
     }
 }
@@ -443,7 +448,11 @@ impl ControllerService {
                 }
             } else {
                 for pool in &state.pools {
-                    all.extend(snapshots::list(pool)?.into_iter().map(|s| (snapshot_size(pool, &s.id), s)));
+                    all.extend(
+                        snapshots::list(pool)?
+                            .into_iter()
+                            .map(|s| (snapshot_size(pool, &s.id), s)),
+                    );
                 }
             }
             if !by_source.is_empty() {
@@ -605,7 +614,9 @@ impl ControllerService {
             let available = budget.available();
             return Ok(csi::GetCapacityResponse {
                 available_capacity: i64::try_from(available).unwrap_or(i64::MAX),
-                maximum_volume_size: Some(i64::try_from(sizing::round_down(available, granularity)).unwrap_or(i64::MAX)),
+                maximum_volume_size: Some(
+                    i64::try_from(sizing::round_down(available, granularity)).unwrap_or(i64::MAX),
+                ),
                 minimum_volume_size: Some(0),
             });
         }

@@ -40,7 +40,13 @@ pub fn quota_error(e: QuotaError) -> Error {
 }
 
 /// Grows volume `id` of `pool` to satisfy `range` (the caller holds the volume's lock).
-pub fn controller_expand(ledger: &Ledger, pool: &Pool, health: &PoolHealth, id: &str, range: Range) -> Result<Expanded> {
+pub fn controller_expand(
+    ledger: &Ledger,
+    pool: &Pool,
+    health: &PoolHealth,
+    id: &str,
+    range: Range,
+) -> Result<Expanded> {
     let backend = &pool.quota;
     let target = sizing::expand_size(range, backend.granularity())?;
     let dir = pool.open()?;
@@ -117,7 +123,9 @@ pub fn node_expand(pool: &Pool, id: &str, target: &Path, range: Range) -> Result
     }
     let dir = pool.open()?;
     if pool.quota.needs_node_expansion() {
-        pool.quota.grow_published(dir.as_fd(), id, target).map_err(quota_error)?;
+        pool.quota
+            .grow_published(dir.as_fd(), id, target)
+            .map_err(quota_error)?;
     }
     let recorded = volumes::recorded_capacity(dir.as_fd(), id)?;
     Ok(recorded.unwrap_or(range.required))

@@ -77,7 +77,14 @@ impl Ledger {
     /// Promises `bytes` to volume `id` of `pool` (which has `current` bytes today, 0 for a new
     /// volume), or answers ResourceExhausted when the pool cannot promise them. Hold the
     /// returned reservation until the volume records its new size.
-    pub fn reserve(&self, pool: &Pool, health: &PoolHealth, id: &str, bytes: u64, current: u64) -> Result<Reservation<'_>> {
+    pub fn reserve(
+        &self,
+        pool: &Pool,
+        health: &PoolHealth,
+        id: &str,
+        bytes: u64,
+        current: u64,
+    ) -> Result<Reservation<'_>> {
         let mut in_flight = self.lock()?;
         let budget = Budget::new(pool, health, committed(pool, &in_flight, Some(id))?);
         let promisable = budget.promisable.saturating_sub(budget.committed);

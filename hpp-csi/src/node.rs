@@ -501,10 +501,7 @@ impl NodeService {
         if let Some(why) = req.volume_capability.as_ref().and_then(caps::unsupported) {
             return Err(Error::InvalidArgument(why));
         }
-        let guard = self
-            .state
-            .inflight
-            .acquire(&[target_key(&path)], &[volume_key(&id)])?;
+        let guard = self.state.inflight.acquire(&[target_key(&path)], &[volume_key(&id)])?;
         let state = self.state.clone();
         let capacity = blocking_locked(guard, move || {
             let pool = state

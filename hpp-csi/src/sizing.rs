@@ -66,7 +66,11 @@ pub fn expand_size(range: Range, granularity: u64) -> Result<u64> {
             "capacity_range must set required_bytes or limit_bytes".into(),
         ));
     }
-    let want = if range.required == 0 { range.limit } else { range.required };
+    let want = if range.required == 0 {
+        range.limit
+    } else {
+        range.required
+    };
     fit(range, round_up(want, granularity), granularity)
 }
 

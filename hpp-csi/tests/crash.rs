@@ -113,16 +113,18 @@ fn kill_9_between_raising_the_limit_and_recording_it_converges() {
         &parent_pool,
         "pvc-a",
         None,
-        volumes::Requested {
-            required: G,
-            limit: 0,
-        },
+        volumes::Requested { required: G, limit: 0 },
     )
     .unwrap();
-    q.set_limit(std::os::fd::AsFd::as_fd(&parent_pool.open().unwrap()), "pvc-a", G).unwrap();
+    q.set_limit(std::os::fd::AsFd::as_fd(&parent_pool.open().unwrap()), "pvc-a", G)
+        .unwrap();
 
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_expands_and_hangs_after_raising_the_limit", "--nocapture"])
+        .args([
+            "--exact",
+            "child_expands_and_hangs_after_raising_the_limit",
+            "--nocapture",
+        ])
         .env(CHILD_ENV, &root)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

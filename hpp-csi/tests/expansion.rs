@@ -2,6 +2,8 @@
 //! never shrinking, the ledger, the order of limit and record, crash convergence) and
 //! NodeExpandVolume on a published volume.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
 mod common;
 
 use std::sync::atomic::Ordering;
@@ -14,7 +16,7 @@ const G: u64 = 4096;
 
 fn recorded(h: &Harness, id: &str) -> Option<u64> {
     let mut buf = [0u8; 32];
-    let n = rustix::fs::getxattr(&h.pool_path().join(id), "trusted.hpp.capacity", &mut buf[..]).ok()?;
+    let n = rustix::fs::getxattr(h.pool_path().join(id), "trusted.hpp.capacity", &mut buf[..]).ok()?;
     std::str::from_utf8(&buf[..n]).ok()?.parse().ok()
 }
 
@@ -58,22 +60,39 @@ async fn expansion_is_advertised_online() {
 #[tokio::test]
 async fn controller_expansion_validates_its_request() {
     let (mut h, _q) = Harness::enforcing(G, 100).await;
-    h.controller.create_volume(sized_req("pvc-a", G as i64, 0)).await.unwrap();
-    assert_eq!(code(h.controller.controller_expand_volume(expand_req("", 1, 0)).await), Code::InvalidArgument);
+    h.controller
+        .create_volume(sized_req("pvc-a", G as i64, 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        code(h.controller.controller_expand_volume(expand_req("", 1, 0)).await),
+        Code::InvalidArgument
+    );
     let mut no_range = expand_req("pvc-a", 1, 0);
     no_range.capacity_range = None;
-    assert_eq!(code(h.controller.controller_expand_volume(no_range).await), Code::InvalidArgument);
+    assert_eq!(
+        code(h.controller.controller_expand_volume(no_range).await),
+        Code::InvalidArgument
+    );
     assert_eq!(
         code(h.controller.controller_expand_volume(expand_req("pvc-a", 10, 5)).await),
         Code::InvalidArgument
     );
     assert_eq!(
-        code(h.controller.controller_expand_volume(expand_req("pvc-missing", 2 * G as i64, 0)).await),
+        code(
+            h.controller
+                .controller_expand_volume(expand_req("pvc-missing", 2 * G as i64, 0))
+                .await
+        ),
         Code::NotFound
     );
     // Rounding up passes the limit: OutOfRange, nothing changes.
     assert_eq!(
-        code(h.controller.controller_expand_volume(expand_req("pvc-a", 5000, 6000)).await),
+        code(
+            h.controller
+                .controller_expand_volume(expand_req("pvc-a", 5000, 6000))
+                .await
+        ),
         Code::OutOfRange
     );
     assert_eq!(recorded(&h, "pvc-a"), Some(G));
@@ -83,7 +102,10 @@ async fn controller_expansion_validates_its_request() {
 #[tokio::test]
 async fn controller_expansion_raises_the_limit_then_the_record_and_never_shrinks() {
     let (mut h, q) = Harness::enforcing(G, 100).await;
-    h.controller.create_volume(sized_req("pvc-a", G as i64, 0)).await.unwrap();
+    h.controller
+        .create_volume(sized_req("pvc-a", G as i64, 0))
+        .await
+        .unwrap();
     let r = h
         .controller
         .controller_expand_volume(expand_req("pvc-a", 5000, 0))
@@ -109,7 +131,10 @@ async fn controller_expansion_raises_the_limit_then_the_record_and_never_shrinks
     // The backend fails: the record is not touched, so the ledger never counts a size the
     // volume does not have.
     q.fail_next_set_limit.store(true, Ordering::SeqCst);
-    let r = h.controller.controller_expand_volume(expand_req("pvc-a", 4 * G as i64, 0)).await;
+    let r = h
+        .controller
+        .controller_expand_volume(expand_req("pvc-a", 4 * G as i64, 0))
+        .await;
     assert_ne!(code(r), Code::Ok);
     assert_eq!(recorded(&h, "pvc-a"), Some(2 * G));
     h.stop().await;
@@ -118,7 +143,10 @@ async fn controller_expansion_raises_the_limit_then_the_record_and_never_shrinks
 #[tokio::test]
 async fn a_crash_between_limit_and_record_converges_on_retry() {
     let (mut h, q) = Harness::enforcing(G, 100).await;
-    h.controller.create_volume(sized_req("pvc-a", G as i64, 0)).await.unwrap();
+    h.controller
+        .create_volume(sized_req("pvc-a", G as i64, 0))
+        .await
+        .unwrap();
     // The first attempt raised the limit and died before recording the new size.
     let pool = std::fs::File::open(h.pool_path()).unwrap();
     hpp_fs::quota::QuotaBackend::set_limit(q.as_ref(), std::os::fd::AsFd::as_fd(&pool), "pvc-a", 3 * G).unwrap();
@@ -140,11 +168,20 @@ async fn a_crash_between_limit_and_record_converges_on_retry() {
 async fn expansion_is_bounded_by_the_ledger() {
     let (mut h, q) = Harness::enforcing(G, 1).await;
     let promisable = fs_total(&h.pool_path()) / 100;
-    h.controller.create_volume(sized_req("pvc-a", G as i64, 0)).await.unwrap();
-    h.controller.create_volume(sized_req("pvc-b", G as i64, 0)).await.unwrap();
+    h.controller
+        .create_volume(sized_req("pvc-a", G as i64, 0))
+        .await
+        .unwrap();
+    h.controller
+        .create_volume(sized_req("pvc-b", G as i64, 0))
+        .await
+        .unwrap();
     // pvc-a may grow into everything pvc-b does not hold, not a byte more.
     let fits = (promisable - G) - (promisable - G) % G;
-    let r = h.controller.controller_expand_volume(expand_req("pvc-a", (fits + G) as i64, 0)).await;
+    let r = h
+        .controller
+        .controller_expand_volume(expand_req("pvc-a", (fits + G) as i64, 0))
+        .await;
     assert_eq!(code(r), Code::ResourceExhausted);
     assert_eq!(q.limit("pvc-a").unwrap_or(G), G, "the backend was not asked");
     assert_eq!(recorded(&h, "pvc-a"), Some(G));
@@ -188,8 +225,14 @@ fn node_expand_req(id: &str, path: &std::path::Path, required: i64) -> csi::Node
 #[tokio::test]
 async fn expansion_while_published_and_node_expansion_of_the_publish_target() {
     let (mut h, q) = Harness::enforcing(G, 100).await;
-    h.controller.create_volume(sized_req("pvc-a", G as i64, 0)).await.unwrap();
-    h.controller.create_volume(sized_req("pvc-b", G as i64, 0)).await.unwrap();
+    h.controller
+        .create_volume(sized_req("pvc-a", G as i64, 0))
+        .await
+        .unwrap();
+    h.controller
+        .create_volume(sized_req("pvc-b", G as i64, 0))
+        .await
+        .unwrap();
     let target = h.target("a");
     h.publish("pvc-a", &target, false).await.unwrap();
     let r = h
@@ -209,7 +252,11 @@ async fn expansion_while_published_and_node_expansion_of_the_publish_target() {
     assert_eq!(n.capacity_bytes, 2 * G as i64);
     // Errors: unknown volume, a path that is not where this volume is published, no path.
     assert_eq!(
-        code(h.node.node_expand_volume(node_expand_req("pvc-missing", &target, 1)).await),
+        code(
+            h.node
+                .node_expand_volume(node_expand_req("pvc-missing", &target, 1))
+                .await
+        ),
         Code::NotFound
     );
     assert_eq!(
@@ -217,7 +264,11 @@ async fn expansion_while_published_and_node_expansion_of_the_publish_target() {
         Code::NotFound
     );
     assert_eq!(
-        code(h.node.node_expand_volume(node_expand_req("pvc-a", &h.target("nowhere"), 1)).await),
+        code(
+            h.node
+                .node_expand_volume(node_expand_req("pvc-a", &h.target("nowhere"), 1))
+                .await
+        ),
         Code::NotFound
     );
     let mut no_path = node_expand_req("pvc-a", &target, 1);

@@ -1,6 +1,8 @@
 //! ControllerModifyVolume (VolumeAttributesClass): documented keys only, refused by name where
 //! the pool's backend cannot apply them, applied while the volume is published.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
 mod common;
 
 use std::collections::HashMap;
@@ -30,7 +32,10 @@ async fn modify_applies_supported_keys_while_published() {
     let tuned = q.tuned.lock().unwrap().get("pvc-a").copied().unwrap();
     assert_eq!(tuned.inode_limit, Some(1000));
     // Nothing to change is success.
-    h.controller.controller_modify_volume(modify_req("pvc-a", &[])).await.unwrap();
+    h.controller
+        .controller_modify_volume(modify_req("pvc-a", &[]))
+        .await
+        .unwrap();
     h.unpublish("pvc-a", &target).await.unwrap();
     h.stop().await;
 }
@@ -52,7 +57,11 @@ async fn modify_refuses_unknown_and_unsupported_keys_by_name() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(e.message().contains("compression") && e.message().contains("fake"), "{}", e.message());
+    assert!(
+        e.message().contains("compression") && e.message().contains("fake"),
+        "{}",
+        e.message()
+    );
     let r = h
         .controller
         .controller_modify_volume(modify_req("pvc-a", &[("inodeLimit", "many")]))
@@ -64,7 +73,10 @@ async fn modify_refuses_unknown_and_unsupported_keys_by_name() {
         .controller_modify_volume(modify_req("pvc-missing", &[("inodeLimit", "1")]))
         .await;
     assert_eq!(code(r), Code::NotFound);
-    assert_eq!(code(h.controller.controller_modify_volume(modify_req("", &[])).await), Code::InvalidArgument);
+    assert_eq!(
+        code(h.controller.controller_modify_volume(modify_req("", &[])).await),
+        Code::InvalidArgument
+    );
     h.stop().await;
 }
 
@@ -74,7 +86,10 @@ async fn create_applies_the_class_and_unlimited_pools_refuse_it() {
     let mut req = sized_req("pvc-a", 4096, 0);
     req.mutable_parameters = HashMap::from([("inodeLimit".to_owned(), "7".to_owned())]);
     h.controller.create_volume(req).await.unwrap();
-    assert_eq!(q.tuned.lock().unwrap().get("pvc-a").and_then(|t| t.inode_limit), Some(7));
+    assert_eq!(
+        q.tuned.lock().unwrap().get("pvc-a").and_then(|t| t.inode_limit),
+        Some(7)
+    );
     h.stop().await;
 
     let mut h = Harness::start().await;

@@ -269,7 +269,11 @@ async fn node_info_and_capabilities() {
     use csi::node_service_capability::rpc::Type;
     assert_eq!(
         types,
-        vec![Type::GetVolumeStats as i32, Type::ExpandVolume as i32, Type::VolumeCondition as i32]
+        vec![
+            Type::GetVolumeStats as i32,
+            Type::ExpandVolume as i32,
+            Type::VolumeCondition as i32
+        ]
     );
     let mut grpc = tonic::client::Grpc::new(hpp_csi::client::connect(&h.endpoint).await.unwrap());
     grpc.ready().await.unwrap();

@@ -1,6 +1,8 @@
 //! Sized volumes through the CSI API on an enforcing pool: rounding of capacity_range, the
 //! capacity ledger behind GetCapacity, ResourceExhausted beyond it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
 mod common;
 
 use common::*;
@@ -11,31 +13,64 @@ const G: u64 = 4096;
 
 fn recorded(h: &Harness, id: &str) -> Option<u64> {
     let mut buf = [0u8; 32];
-    let n = rustix::fs::getxattr(&h.pool_path().join(id), "trusted.hpp.capacity", &mut buf[..]).ok()?;
+    let n = rustix::fs::getxattr(h.pool_path().join(id), "trusted.hpp.capacity", &mut buf[..]).ok()?;
     std::str::from_utf8(&buf[..n]).ok()?.parse().ok()
 }
 
 #[tokio::test]
 async fn requested_sizes_are_rounded_up_to_the_backend_granularity() {
     let (mut h, _q) = Harness::enforcing(G, 100).await;
-    let v = h.controller.create_volume(sized_req("pvc-a", 1000, 0)).await.unwrap().into_inner();
-    assert_eq!(v.volume.unwrap().capacity_bytes, G as i64, "the real, rounded size is returned");
-    assert_eq!(recorded(&h, "pvc-a"), Some(G), "the rounded size is what the volume records");
+    let v = h
+        .controller
+        .create_volume(sized_req("pvc-a", 1000, 0))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        v.volume.unwrap().capacity_bytes,
+        G as i64,
+        "the real, rounded size is returned"
+    );
+    assert_eq!(
+        recorded(&h, "pvc-a"),
+        Some(G),
+        "the rounded size is what the volume records"
+    );
     // A retry with the same range is the same volume.
-    let again = h.controller.create_volume(sized_req("pvc-a", 1000, 0)).await.unwrap().into_inner();
+    let again = h
+        .controller
+        .create_volume(sized_req("pvc-a", 1000, 0))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(again.volume.unwrap().capacity_bytes, G as i64);
     // Rounding up would pass the limit, and no multiple of the granularity fits: OutOfRange.
     let r = h.controller.create_volume(sized_req("pvc-b", 5000, 6000)).await;
     assert_eq!(code(r), Code::OutOfRange);
     assert!(!h.pool_path().join("pvc-b").exists());
     // A smaller multiple that still covers the requirement is taken instead.
-    let v = h.controller.create_volume(sized_req("pvc-c", 5000, 10_000)).await.unwrap().into_inner();
+    let v = h
+        .controller
+        .create_volume(sized_req("pvc-c", 5000, 10_000))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(v.volume.unwrap().capacity_bytes, 2 * G as i64);
     // Nothing required: the documented 1 GiB default, capped by the limit.
-    let v = h.controller.create_volume(sized_req("pvc-d", 0, 3 * G as i64)).await.unwrap().into_inner();
+    let v = h
+        .controller
+        .create_volume(sized_req("pvc-d", 0, 3 * G as i64))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(v.volume.unwrap().capacity_bytes, 3 * G as i64);
     if fs_total(&h.pool_path()) >= 1 << 30 {
-        let v = h.controller.create_volume(create_req("pvc-e")).await.unwrap().into_inner();
+        let v = h
+            .controller
+            .create_volume(create_req("pvc-e"))
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(v.volume.unwrap().capacity_bytes, 1 << 30);
     } else {
         eprintln!("skipping the 1 GiB default: the test filesystem is smaller than 1 GiB");
@@ -46,7 +81,12 @@ async fn requested_sizes_are_rounded_up_to_the_backend_granularity() {
 #[tokio::test]
 async fn unlimited_pools_answer_as_before() {
     let mut h = Harness::start().await;
-    let v = h.controller.create_volume(sized_req("pvc-a", 1000, 0)).await.unwrap().into_inner();
+    let v = h
+        .controller
+        .create_volume(sized_req("pvc-a", 1000, 0))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(v.volume.unwrap().capacity_bytes, 1000, "no rounding without a backend");
     let cap = h
         .controller
@@ -77,7 +117,10 @@ async fn get_capacity_reports_what_can_still_be_promised() {
     assert_eq!(avail as u64, promisable);
     assert_eq!(max, Some((promisable - promisable % G) as i64));
 
-    h.controller.create_volume(sized_req("pvc-a", 10 * G as i64, 0)).await.unwrap();
+    h.controller
+        .create_volume(sized_req("pvc-a", 10 * G as i64, 0))
+        .await
+        .unwrap();
     let (avail, _) = available(&mut h).await;
     assert_eq!(avail as u64, promisable - 10 * G, "the new volume's size is promised");
 
@@ -87,7 +130,10 @@ async fn get_capacity_reports_what_can_still_be_promised() {
     assert_eq!(code(r), Code::ResourceExhausted);
     assert!(!h.pool_path().join("pvc-b").exists());
     // A retry of an existing volume is not judged by the budget.
-    h.controller.create_volume(sized_req("pvc-a", 10 * G as i64, 0)).await.unwrap();
+    h.controller
+        .create_volume(sized_req("pvc-a", 10 * G as i64, 0))
+        .await
+        .unwrap();
 
     // The ledger is the volumes on disk: deleting gives the bytes back.
     h.controller

@@ -1,6 +1,8 @@
 //! NodeGetVolumeStats from the quota backend: O(1) numbers against the volume's limit instead
 //! of a walk of the tree.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
 mod common;
 
 use common::*;
@@ -13,7 +15,10 @@ fn by_unit(r: &csi::NodeGetVolumeStatsResponse, unit: csi::volume_usage::Unit) -
 #[tokio::test]
 async fn stats_come_from_the_backend_when_it_keeps_them() {
     let (mut h, q) = Harness::enforcing(4096, 100).await;
-    h.controller.create_volume(sized_req("pvc-a", 1 << 20, 0)).await.unwrap();
+    h.controller
+        .create_volume(sized_req("pvc-a", 1 << 20, 0))
+        .await
+        .unwrap();
     let target = h.target("a");
     h.publish("pvc-a", &target, false).await.unwrap();
     // Data the walk would count; the backend's numbers win.

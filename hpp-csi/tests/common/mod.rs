@@ -43,7 +43,10 @@ impl Harness {
 
     /// The default pool, its sizes enforced by a [`fake_quota::FakeQuota`] with `granularity`,
     /// promising at most `overcommit_percent` % of the filesystem.
-    pub async fn enforcing(granularity: u64, overcommit_percent: u32) -> (Harness, std::sync::Arc<fake_quota::FakeQuota>) {
+    pub async fn enforcing(
+        granularity: u64,
+        overcommit_percent: u32,
+    ) -> (Harness, std::sync::Arc<fake_quota::FakeQuota>) {
         Self::enforcing_with(fake_quota::FakeQuota::new(granularity), overcommit_percent).await
     }
 
