@@ -101,6 +101,16 @@ fn locate_snapshot(state: &DriverState, id: &str, first: Option<&Pool>) -> Resul
     Ok(None)
 }
 
+/// The size volume `id` records, where `pool` enforces sizes (elsewhere the pool's size is
+/// reported, as KubeVirt does).
+fn enforced_size(pool: &Pool, id: &str) -> Option<u64> {
+    if !pool.quota.enforces() {
+        return None;
+    }
+    let dir = pool.open_unguarded().ok()?;
+    volumes::recorded_capacity(dir.as_fd(), id).ok().flatten()
+}
+
 /// Size of snapshot `id` of `pool` as a restore needs it: the capacity its source volume had
 /// (its record travels with the data). Known only where the pool enforces sizes; 0 (unknown)
 /// elsewhere, as KubeVirt answers, so restores into smaller PVCs keep working there.
@@ -307,7 +317,8 @@ impl ControllerService {
 
     async fn list_volumes_inner(&self, req: csi::ListVolumesRequest) -> Result<csi::ListVolumesResponse> {
         let state = self.state.clone();
-        // Ids and pool indexes only: entries are built for the requested page alone.
+        // Ids and pool indexes only (plus the recorded size where the pool enforces sizes):
+        // entries are built for the requested page alone.
         let (all, health) = blocking(move || {
             let mounts = MountTable::read().unwrap_or_default();
             let mut all = Vec::new();
@@ -315,7 +326,10 @@ impl ControllerService {
             for (idx, pool) in state.pools.iter().enumerate() {
                 health.push(pool.health(&mounts));
                 if let Ok(ids) = pool.list_volumes() {
-                    all.extend(ids.into_iter().map(|id| (id, idx)));
+                    all.extend(ids.into_iter().map(|id| {
+                        let size = enforced_size(pool, &id);
+                        (id, idx, size)
+                    }));
                 }
             }
             Ok((all, health))
@@ -324,7 +338,7 @@ impl ControllerService {
         let pools = &self.state.pools;
         let page = pagination::paginate(
             all,
-            |(id, idx)| pool_key(id, &pools[*idx].name),
+            |(id, idx, _)| pool_key(id, &pools[*idx].name),
             req.max_entries,
             &req.starting_token,
         )?;
@@ -332,11 +346,11 @@ impl ControllerService {
         let entries = page
             .items
             .into_iter()
-            .map(|(id, idx)| csi::list_volumes_response::Entry {
+            .map(|(id, idx, size)| csi::list_volumes_response::Entry {
                 volume: Some(caps::volume(
                     &id,
                     &pools[idx],
-                    caps::listed_capacity(&health[idx]),
+                    size.unwrap_or_else(|| caps::listed_capacity(&health[idx])),
                     Default::default(),
                     None,
                     &topology,
@@ -357,18 +371,19 @@ impl ControllerService {
         let id = check_id("volume_id", &req.volume_id)?.to_owned();
         record("volume_id", &id);
         let state = self.state.clone();
-        let (pool, health) = blocking(move || {
+        let (pool, health, size) = blocking(move || {
             let pool = locate_volume(&state, &id, None)?
                 .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist on node {}", state.node_id)))?;
             let health = pool_health(&pool);
-            Ok((pool, health))
+            let size = enforced_size(&pool, &id);
+            Ok((pool, health, size))
         })
         .await?;
         Ok(csi::ControllerGetVolumeResponse {
             volume: Some(caps::volume(
                 &req.volume_id,
                 &pool,
-                caps::listed_capacity(&health),
+                size.unwrap_or_else(|| caps::listed_capacity(&health)),
                 Default::default(),
                 None,
                 &self.state.topology(),

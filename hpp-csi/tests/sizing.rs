@@ -147,3 +147,29 @@ async fn get_capacity_reports_what_can_still_be_promised() {
     assert_eq!(avail as u64, promisable);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn get_and_list_report_the_volume_size_on_enforcing_pools() {
+    let (mut h, _q) = Harness::enforcing(G, 100).await;
+    h.controller
+        .create_volume(sized_req("pvc-a", 3 * G as i64, 0))
+        .await
+        .unwrap();
+    let got = h
+        .controller
+        .controller_get_volume(csi::ControllerGetVolumeRequest {
+            volume_id: "pvc-a".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.volume.unwrap().capacity_bytes, 3 * G as i64);
+    let listed = h
+        .controller
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.entries[0].volume.as_ref().unwrap().capacity_bytes, 3 * G as i64);
+    h.stop().await;
+}
