@@ -1,5 +1,5 @@
-//! The CSI Controller service: volumes (create, clone, restore, delete, list, get, validate),
-//! capacity and reflink snapshots.
+//! The CSI Controller service: volumes (create, clone, restore, delete, list, get, validate,
+//! expand, modify), capacity and reflink snapshots.
 
 use std::os::fd::AsFd;
 use std::sync::Arc;

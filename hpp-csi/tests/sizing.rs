@@ -173,3 +173,22 @@ async fn get_and_list_report_the_volume_size_on_enforcing_pools() {
     assert_eq!(listed.entries[0].volume.as_ref().unwrap().capacity_bytes, 3 * G as i64);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn concurrent_creates_never_promise_the_same_bytes_twice() {
+    let (h, _q) = Harness::enforcing(G, 1).await;
+    let promisable = fs_total(&h.pool_path()) / 100;
+    // Each fits alone; no two fit together.
+    let each = ((promisable / 2 + G) - (promisable / 2 + G) % G) as i64;
+    let attempts = (0..8).map(|i| {
+        let mut c = h.controller.clone();
+        async move { c.create_volume(sized_req(&format!("pvc-{i}"), each, 0)).await }
+    });
+    let results = futures::future::join_all(attempts).await;
+    let made = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(made, 1, "exactly one of the racing creates gets the bytes");
+    for r in results.into_iter().filter_map(Result::err) {
+        assert_eq!(r.code(), Code::ResourceExhausted, "{r:?}");
+    }
+    h.stop().await;
+}
