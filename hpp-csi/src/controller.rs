@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 use crate::caps;
 use crate::csi::{self, controller_service_capability::rpc::Type as Cap, volume_content_source};
 use crate::error::{Error, Result};
-use crate::expand;
+use crate::expand::{self, ExpansionMode};
 use crate::inflight::{snapshot_key, volume_key};
 use crate::modify;
 use crate::mountinfo::MountTable;
@@ -49,7 +49,7 @@ pub(crate) fn pool_health(pool: &Pool) -> PoolHealth {
     pool.health(&mounts)
 }
 
-fn require_usable(pool: &Pool) -> Result<PoolHealth> {
+pub(crate) fn require_usable(pool: &Pool) -> Result<PoolHealth> {
     let h = pool_health(pool);
     match &h.reason {
         Some(reason) if pool.require_mount_point && !h.mount_point => Err(Error::FailedPrecondition(reason.clone())),
@@ -700,9 +700,11 @@ impl csi::controller_server::Controller for ControllerService {
             Cap::ListVolumes,
             Cap::VolumeCondition,
             Cap::CloneVolume,
-            Cap::ExpandVolume,
-            Cap::ModifyVolume,
         ];
+        // In node mode the resizer must not route these to a node without the volume.
+        if self.state.expansion == ExpansionMode::Controller {
+            caps.extend([Cap::ExpandVolume, Cap::ModifyVolume]);
+        }
         if self.state.pools.iter().any(|p| p.snapshot_path.is_some()) {
             caps.extend([Cap::CreateDeleteSnapshot, Cap::ListSnapshots, Cap::GetSnapshot]);
         }

@@ -5,6 +5,12 @@
 //!
 //! The node side has nothing to do for directory volumes (the new limit is in force the moment
 //! the controller set it); backends that present a filesystem image grow it there.
+//!
+//! Node-local volumes exist on one node only, but the csi-resizer calls ControllerExpandVolume
+//! on whichever driver it runs next to. In [`ExpansionMode::Node`] the driver therefore does
+//! not offer controller expansion at all: the resizer only updates the PV's size, and kubelet
+//! calls NodeExpandVolume on the node where the volume is published (or at its next publish),
+//! which raises the limit itself with the same steps as the controller.
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
@@ -19,6 +25,19 @@ use crate::mountinfo::MountTable;
 use crate::pool::{Pool, PoolHealth};
 use crate::sizing::{self, Range};
 use crate::volumes::{self, CAPACITY_XATTR};
+
+/// Which CSI service raises a volume's limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ExpansionMode {
+    /// ControllerExpandVolume and ControllerModifyVolume are offered: right for a single
+    /// driver that sees every volume (one node, a test, a conformance suite).
+    #[default]
+    Controller,
+    /// Only NodeExpandVolume is offered, and it raises the limit: right for a DaemonSet of
+    /// node-local drivers, where a controller call may reach a node without the volume.
+    /// ControllerModifyVolume is not offered either (it would be misrouted the same way).
+    Node,
+}
 
 /// Outcome of a controller expansion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,9 +118,16 @@ fn record(pool_dir: BorrowedFd<'_>, id: &str, bytes: u64, required: bool) -> Res
 }
 
 /// Node side of an expansion of volume `id` published at `target`: checks that `target` is
-/// where the volume is published, lets the backend grow what it presents, and answers the
-/// volume's size.
-pub fn node_expand(pool: &Pool, id: &str, target: &Path, range: Range) -> Result<u64> {
+/// where the volume is published, raises the limit first when `raise` holds `(ledger,
+/// health)` (node expansion mode; the caller holds the volume's lock), lets the backend grow
+/// what it presents, and answers the volume's size.
+pub fn node_expand(
+    pool: &Pool,
+    id: &str,
+    target: &Path,
+    range: Range,
+    raise: Option<(&Ledger, &PoolHealth)>,
+) -> Result<u64> {
     let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
     let Some(mount) = mounts.mount_at(target) else {
         return Err(Error::NotFound(format!(
@@ -120,6 +146,11 @@ pub fn node_expand(pool: &Pool, id: &str, target: &Path, range: Range) -> Result
                 mount.source
             )));
         }
+    }
+    if let Some((ledger, health)) = raise
+        && (range.required > 0 || range.limit > 0)
+    {
+        controller_expand(ledger, pool, health, id, range)?;
     }
     let dir = pool.open()?;
     if pool.quota.needs_node_expansion() {

@@ -50,5 +50,6 @@ pub use hpp_fs::mountinfo;
 pub use config::{ConfigError, PoolConfig, parse_pools};
 pub use endpoint::Endpoint;
 pub use error::{Error, Result};
+pub use expand::ExpansionMode;
 pub use metrics::DriverMetrics;
 pub use server::{BoundDriver, Driver, DriverBuilder, ServeError};

@@ -13,6 +13,7 @@ use crate::caps;
 use crate::controller::pool_health;
 use crate::csi::{self, node_service_capability::rpc::Type as Cap, volume_capability::AccessType};
 use crate::error::{Error, Result};
+use crate::expand::ExpansionMode;
 use crate::fsops;
 use crate::inflight::{target_key, volume_key};
 use crate::mount::{self, BindOptions};
@@ -501,7 +502,15 @@ impl NodeService {
         if let Some(why) = req.volume_capability.as_ref().and_then(caps::unsupported) {
             return Err(Error::InvalidArgument(why));
         }
-        let guard = self.state.inflight.acquire(&[target_key(&path)], &[volume_key(&id)])?;
+        // Raising the limit here (node mode) takes the volume's lock, as the controller does.
+        let raises = self.state.expansion == ExpansionMode::Node;
+        let guard = match raises {
+            true => self
+                .state
+                .inflight
+                .acquire(&[target_key(&path), volume_key(&id)], &[])?,
+            false => self.state.inflight.acquire(&[target_key(&path)], &[volume_key(&id)])?,
+        };
         let state = self.state.clone();
         let capacity = blocking_locked(guard, move || {
             let pool = state
@@ -509,7 +518,12 @@ impl NodeService {
                 .iter()
                 .find(|p| !p.is_reserved(&id) && volumes::exists(p, &id).unwrap_or(false))
                 .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist on node {}", state.node_id)))?;
-            crate::expand::node_expand(pool, &id, &path, range)
+            let health = match raises {
+                true => Some(crate::controller::require_usable(pool)?),
+                false => None,
+            };
+            let raise = health.as_ref().map(|h| (&state.ledger, h));
+            crate::expand::node_expand(pool, &id, &path, range, raise)
         })
         .await?;
         Ok(csi::NodeExpandVolumeResponse {

@@ -19,6 +19,7 @@ use crate::csi::controller_server::ControllerServer;
 use crate::csi::identity_server::IdentityServer;
 use crate::csi::node_server::NodeServer;
 use crate::endpoint::Endpoint;
+use crate::expand::ExpansionMode;
 use crate::identity::IdentityService;
 use crate::inflight::InFlight;
 use crate::ledger::Ledger;
@@ -68,6 +69,7 @@ pub struct DriverBuilder {
     metrics: Option<Arc<DriverMetrics>>,
     os_reference: Option<PathBuf>,
     quota_overrides: Vec<(String, Arc<dyn QuotaBackend>)>,
+    expansion: ExpansionMode,
 }
 
 impl Default for DriverBuilder {
@@ -81,6 +83,7 @@ impl Default for DriverBuilder {
             metrics: None,
             os_reference: None,
             quota_overrides: Vec::new(),
+            expansion: ExpansionMode::default(),
         }
     }
 }
@@ -143,6 +146,13 @@ impl DriverBuilder {
         self
     }
 
+    /// Which service raises limits (default [`ExpansionMode::Controller`]). A DaemonSet of
+    /// node-local drivers wants [`ExpansionMode::Node`]: see [`crate::expand`].
+    pub fn expansion(mut self, mode: ExpansionMode) -> Self {
+        self.expansion = mode;
+        self
+    }
+
     /// Checks the configuration and prepares the pool directories.
     pub fn build(self) -> Result<Driver, ConfigError> {
         let node_id = self
@@ -180,6 +190,7 @@ impl DriverBuilder {
                 metrics: self.metrics,
                 os_reference,
                 ledger: Ledger::default(),
+                expansion: self.expansion,
             }),
             endpoint: self.endpoint,
         })

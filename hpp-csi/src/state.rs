@@ -8,6 +8,7 @@ use hpp_api::constants::{DEFAULT_POOL_NAME, PARAM_STORAGE_POOL, TOPOLOGY_KEY};
 
 use crate::csi;
 use crate::error::{Error, Result};
+use crate::expand::ExpansionMode;
 use crate::inflight::{Guard, InFlight};
 use crate::ledger::Ledger;
 use crate::metrics::DriverMetrics;
@@ -33,6 +34,8 @@ pub struct DriverState {
     pub os_reference: PathBuf,
     /// Sizes promised by creations and expansions in flight (enforcing pools).
     pub ledger: Ledger,
+    /// Which service raises limits (see [`ExpansionMode`]).
+    pub expansion: ExpansionMode,
 }
 
 /// Health of every pool, measured together.

@@ -244,6 +244,8 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
                 "--nodeid=$(NODE_NAME)".into(),
                 "--version=$(VERSION)".into(),
                 "--datadir=$(PV_DIR)".into(),
+                // Volumes are node-local: kubelet expands them on their node (see the resizer).
+                "--expansion=node".into(),
                 format!("--metrics-tls-version={}", cfg.metrics_tls_version),
             ],
             driver_mounts,
@@ -301,8 +303,9 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
             vec![socket_mount()],
         )
     };
-    // One resizer per node, no leader election: a node-local volume can only be expanded by the
-    // driver on its node, and every other node's driver answers NotFound for it.
+    // The driver runs with --expansion=node, so it offers no controller expansion: the resizer
+    // only records the new size on the PV, and kubelet calls NodeExpandVolume on the node that
+    // holds the volume. One resizer in the cluster is enough (leader election).
     let resizer = Container {
         security_context: sidecar_security_context(),
         ..container(
@@ -312,6 +315,7 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
             vec![
                 format!("--v={v}"),
                 format!("--csi-address={CSI_SOCKET}"),
+                "--leader-election".into(),
                 // Raising a limit is one ioctl or xattr; a minute covers a loaded node.
                 "--timeout=1m".into(),
                 // Expansion is online: a published volume is never an error.
