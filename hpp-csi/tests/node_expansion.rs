@@ -58,9 +58,10 @@ async fn controller_caps(h: &mut Harness) -> Vec<i32> {
         .into_inner()
         .capabilities
         .iter()
-        .filter_map(|c| match &c.r#type {
-            Some(csi::controller_service_capability::Type::Rpc(r)) => Some(r.r#type),
-            None => None,
+        .filter_map(|c| {
+            c.r#type.as_ref().map(|t| match t {
+                csi::controller_service_capability::Type::Rpc(r) => r.r#type,
+            })
         })
         .collect()
 }
