@@ -237,7 +237,7 @@ impl ControllerService {
                 )));
             }
             // A retry of an existing volume is judged by its record, not by the budget.
-            let _promised = match enforced {
+            let promised = match enforced {
                 Some(bytes) if !volumes::exists(&p, &n)? => Some(state.ledger.reserve(&p, &health, &n, bytes, 0)?),
                 _ => None,
             };
@@ -254,6 +254,9 @@ impl ControllerService {
                 Some(_) => volumes::recorded_capacity(p.open()?.as_fd(), &n)?,
                 None => None,
             };
+            if let Some(promised) = promised {
+                promised.settle(&p, Some(recorded.unwrap_or(0)));
+            }
             Ok((health, created, recorded))
         })
         .await?;
@@ -300,6 +303,7 @@ impl ControllerService {
                     continue;
                 }
                 if volumes::delete(pool, &id, &mounts)? {
+                    state.ledger.forget(pool, &id);
                     tracing::info!(volume_id = %id, pool = %pool.name, "volume deleted");
                     deleted = true;
                 }

@@ -86,12 +86,15 @@ pub fn controller_expand(
             pool.name, health.total_bytes
         )));
     }
-    let _promised = match backend.enforces() {
+    let promised = match backend.enforces() {
         true => Some(ledger.reserve(pool, health, id, target, current.unwrap_or(0))?),
         false => None,
     };
     backend.set_limit(dir.as_fd(), id, target).map_err(quota_error)?;
     record(dir.as_fd(), id, target, backend.enforces())?;
+    if let Some(promised) = promised {
+        promised.settle(pool, Some(target));
+    }
     tracing::info!(volume_id = %id, pool = %pool.name, from = current.unwrap_or(0), to = target, "volume expanded");
     Ok(Expanded {
         capacity: target,

@@ -32,7 +32,7 @@ pub struct DriverState {
     pub metrics: Option<Arc<DriverMetrics>>,
     /// A path on the OS disk, to detect pools that share its device.
     pub os_reference: PathBuf,
-    /// Sizes promised by creations and expansions in flight (enforcing pools).
+    /// What enforcing pools promised: sizes in flight and a memo of the volumes on disk.
     pub ledger: Ledger,
     /// Which service raises limits (see [`ExpansionMode`]).
     pub expansion: ExpansionMode,

@@ -27,6 +27,8 @@ pub struct Harness {
     pub controller: ControllerClient<Channel>,
     pub node: NodeClient<Channel>,
     pub registry: std::sync::Arc<std::sync::Mutex<prometheus_client::registry::Registry>>,
+    /// The driver's state (pools, ledger), for assertions on what the driver did internally.
+    pub state: std::sync::Arc<hpp_csi::state::DriverState>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), hpp_csi::ServeError>>>,
 }
@@ -98,6 +100,7 @@ impl Harness {
             .endpoint(endpoint.clone())
             .metrics(metrics);
         let driver = configure(&root, builder).build().unwrap();
+        let state = driver.state().clone();
         let bound = driver.bind().await.unwrap();
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(bound.serve(async {
@@ -112,6 +115,7 @@ impl Harness {
             root,
             endpoint,
             registry: std::sync::Arc::new(std::sync::Mutex::new(registry)),
+            state,
             shutdown: Some(tx),
             task: Some(task),
         }
