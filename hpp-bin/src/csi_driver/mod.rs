@@ -113,9 +113,9 @@ pub struct ServeArgs {
     #[arg(long = "os-reference-path")]
     pub os_reference_path: Option<PathBuf>,
     /// Which CSI service raises volume limits: `controller` offers ControllerExpandVolume and
-    /// ControllerModifyVolume (one driver that sees every volume); `node` offers only
-    /// NodeExpandVolume, run by kubelet on the node holding the volume (a DaemonSet of
-    /// node-local drivers, where the resizer could reach the wrong node).
+    /// ControllerModifyVolume, for one driver that sees every volume; `node` offers only
+    /// NodeExpandVolume, which kubelet calls on the node holding the volume, for a DaemonSet of
+    /// node-local drivers where the resizer could reach the wrong node.
     #[arg(long, value_enum, default_value = "controller")]
     pub expansion: Expansion,
     /// Log line format.
