@@ -93,3 +93,33 @@ async fn changes_behind_the_drivers_back_are_seen_at_the_next_call() {
     assert_eq!(available(&mut h).await, promisable);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_failed_operation_drops_the_memo() {
+    let (mut h, q) = Harness::enforcing(G, 1).await;
+    let promisable = fs_total(&h.pool_path()) / 100;
+    h.controller
+        .create_volume(sized_req("pvc-a", G as i64, 0))
+        .await
+        .unwrap();
+    assert_eq!(available(&mut h).await, promisable - G);
+    let scans = h.state.ledger.scans();
+    // The backend fails halfway through an expansion: what the disk holds now is not known
+    // to the memo, so the next call reads the disk again.
+    q.fail_next_set_limit.store(true, std::sync::atomic::Ordering::SeqCst);
+    let r = h
+        .controller
+        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+            volume_id: "pvc-a".into(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: 4 * G as i64,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await;
+    assert!(r.is_err());
+    assert_eq!(available(&mut h).await, promisable - G);
+    assert_eq!(h.state.ledger.scans(), scans + 1);
+    h.stop().await;
+}
