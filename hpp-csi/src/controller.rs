@@ -302,6 +302,7 @@ impl ControllerService {
                     unavailable.push(health.reason.unwrap_or_default());
                     continue;
                 }
+                state.ledger.check(pool);
                 if volumes::delete(pool, &id, &mounts)? {
                     state.ledger.forget(pool, &id);
                     tracing::info!(volume_id = %id, pool = %pool.name, "volume deleted");

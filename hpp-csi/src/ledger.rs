@@ -177,6 +177,18 @@ impl Ledger {
         })
     }
 
+    /// About to change `pool`'s directory outside a reservation (a deletion): drops the memo
+    /// if the directory already changed behind the driver's back, so the stamp taken after
+    /// the change cannot hide that earlier change.
+    pub fn check(&self, pool: &Pool) {
+        if let Ok(book) = self.book(pool)
+            && let Ok(mut book) = lock(&book)
+            && book.memo.as_ref().is_some_and(|m| !m.fresh(pool))
+        {
+            book.memo = None;
+        }
+    }
+
     /// Volume `id` of `pool` was deleted by this driver: the memo forgets it.
     pub fn forget(&self, pool: &Pool, id: &str) {
         if let Ok(book) = self.book(pool)

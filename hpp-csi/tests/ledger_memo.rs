@@ -123,3 +123,27 @@ async fn a_failed_operation_drops_the_memo() {
     assert_eq!(h.state.ledger.scans(), scans + 1);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_deletion_does_not_hide_an_earlier_change_behind_the_drivers_back() {
+    let (mut h, _q) = Harness::enforcing(G, 1).await;
+    let promisable = fs_total(&h.pool_path()) / 100;
+    h.controller
+        .create_volume(sized_req("pvc-a", G as i64, 0))
+        .await
+        .unwrap();
+    assert_eq!(available(&mut h).await, promisable - G);
+    // Someone adds a volume by hand, then the driver deletes one of its own before any
+    // capacity call: the foreign one still counts.
+    std::fs::create_dir(h.pool_path().join("pvc-foreign")).unwrap();
+    record(&h, "pvc-foreign", 5 * G);
+    h.controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: "pvc-a".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(available(&mut h).await, promisable - 5 * G);
+    h.stop().await;
+}
