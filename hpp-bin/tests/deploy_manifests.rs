@@ -30,6 +30,7 @@ const IMAGE_VARS: &[&str] = &[
     "LIVENESS_PROBE_IMAGE",
     "CSI_SIG_STORAGE_PROVISIONER_IMAGE",
     "CSI_SNAPSHOT_IMAGE",
+    "CSI_RESIZER_IMAGE",
 ];
 
 fn repo() -> PathBuf {
@@ -666,6 +667,17 @@ fn rendered_objects_match_deploy() {
         .unwrap();
         let pod = ds.spec.unwrap().template.spec.unwrap();
         assert_eq!(registration(&pod.containers), standalone_registration, "{example}");
+        // Both expand node-local volumes on their node, with one leader-elected resizer.
+        for containers in [&pod.containers, &standalone_ds.spec.as_ref().unwrap().containers] {
+            let has = |name: &str, arg: &str| {
+                containers
+                    .iter()
+                    .find(|c| c.name == name)
+                    .is_some_and(|c| c.args.iter().flatten().any(|a| a == arg))
+            };
+            assert!(has("hostpath-provisioner", "--expansion=node"), "{example}");
+            assert!(has("csi-resizer", "--leader-election"), "{example}");
+        }
         // Every service account a rendered binding or pod uses is rendered too.
         let accounts: BTreeSet<&str> = by_kind("ServiceAccount")
             .filter_map(|o| o["metadata"]["name"].as_str())

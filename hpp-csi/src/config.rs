@@ -174,6 +174,9 @@ pub enum ConfigError {
         #[source]
         source: hpp_fs::quota::QuotaError,
     },
+    /// A backend was supplied for a pool that is not configured.
+    #[error("a quota backend was supplied for storage pool {0:?}, which is not configured")]
+    UnknownPool(String),
     /// A required setting is missing.
     #[error("{0} is required")]
     Missing(&'static str),

@@ -1,6 +1,7 @@
-//! The CSI Controller service: volumes (create, clone, restore, delete, list, get, validate),
-//! capacity and reflink snapshots.
+//! The CSI Controller service: volumes (create, clone, restore, delete, list, get, validate,
+//! expand, modify), capacity and reflink snapshots.
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use hpp_api::constants::TOPOLOGY_KEY;
@@ -9,10 +10,13 @@ use tonic::{Request, Response, Status};
 use crate::caps;
 use crate::csi::{self, controller_service_capability::rpc::Type as Cap, volume_content_source};
 use crate::error::{Error, Result};
+use crate::expand::{self, ExpansionMode};
 use crate::inflight::{snapshot_key, volume_key};
+use crate::modify;
 use crate::mountinfo::MountTable;
 use crate::pagination::{self, pool_key};
 use crate::pool::{Pool, PoolHealth};
+use crate::sizing::{self, Range};
 use crate::snapshots::{self, SnapshotInfo};
 use crate::state::{DriverState, blocking, blocking_locked};
 use crate::validate::check_id;
@@ -45,7 +49,7 @@ pub(crate) fn pool_health(pool: &Pool) -> PoolHealth {
     pool.health(&mounts)
 }
 
-fn require_usable(pool: &Pool) -> Result<PoolHealth> {
+pub(crate) fn require_usable(pool: &Pool) -> Result<PoolHealth> {
     let h = pool_health(pool);
     match &h.reason {
         Some(reason) if pool.require_mount_point && !h.mount_point => Err(Error::FailedPrecondition(reason.clone())),
@@ -97,10 +101,40 @@ fn locate_snapshot(state: &DriverState, id: &str, first: Option<&Pool>) -> Resul
     Ok(None)
 }
 
-fn snapshot_message(info: &SnapshotInfo) -> csi::Snapshot {
+/// The size volume `id` records, where `pool` enforces sizes (elsewhere the pool's size is
+/// reported, as KubeVirt does).
+fn enforced_size(pool: &Pool, id: &str) -> Option<u64> {
+    if !pool.quota.enforces() {
+        return None;
+    }
+    let dir = pool.open_unguarded().ok()?;
+    volumes::recorded_capacity(dir.as_fd(), id).ok().flatten()
+}
+
+/// Size of snapshot `id` of `pool` as a restore needs it: the capacity its source volume had
+/// (its record travels with the data). Known only where the pool enforces sizes; 0 (unknown)
+/// elsewhere, as KubeVirt answers, so restores into smaller PVCs keep working there.
+fn snapshot_size(pool: &Pool, id: &str) -> u64 {
+    if !pool.quota.enforces() {
+        return 0;
+    }
+    let Ok(data) = snapshots::open_data(pool, id) else {
+        return 0;
+    };
+    let mut buf = [0u8; 32];
+    match rustix::fs::fgetxattr(&data, volumes::CAPACITY_XATTR, &mut buf[..]) {
+        Ok(n) => std::str::from_utf8(&buf[..n])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+        Err(_) => 0,
+    }
+}
+
+fn snapshot_message(info: &SnapshotInfo, size_bytes: u64) -> csi::Snapshot {
     let since = info.created.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     csi::Snapshot {
-        size_bytes: 0,
+        size_bytes: i64::try_from(size_bytes).unwrap_or(i64::MAX),
         snapshot_id: info.id.clone(),
         source_volume_id: info.source_volume_id.clone(),
         creation_time: Some(prost_types::Timestamp {
@@ -174,15 +208,14 @@ impl ControllerService {
                 self.state.node_id, pool.name
             )));
         }
-        let (required, limit) = match &req.capacity_range {
-            Some(r) => (r.required_bytes, r.limit_bytes),
-            None => (0, 0),
+        let range = Range::parse(req.capacity_range.as_ref())?;
+        let (required, limit) = (range.required, range.limit);
+        // Enforcing pools give the volume a real, rounded size; the others answer as before.
+        let enforced = match pool.quota.enforces() {
+            true => Some(sizing::create_size(range, pool.quota.granularity())?),
+            false => None,
         };
-        if required < 0 || limit < 0 || (limit > 0 && limit < required) {
-            return Err(Error::InvalidArgument(format!(
-                "invalid capacity range: required {required}, limit {limit}"
-            )));
-        }
+        let tuning = modify::parse(&pool, &req.mutable_parameters)?;
         let source = match &req.volume_content_source {
             Some(src) => Some(self.resolve_source(src, &pool)?),
             None => None,
@@ -193,27 +226,38 @@ impl ControllerService {
             None => vec![],
         };
         let guard = self.state.inflight.acquire(&[volume_key(&name)], &shared_key)?;
-        let (p, n) = (pool.clone(), name.clone());
-        let (health, created) = blocking_locked(guard, move || {
+        let (p, n, state) = (pool.clone(), name.clone(), self.state.clone());
+        let (health, created, recorded) = blocking_locked(guard, move || {
             let health = require_usable(&p)?;
-            let required = u64::try_from(required).unwrap_or(0);
-            if required > health.total_bytes {
+            let size = enforced.unwrap_or(required);
+            if size > health.total_bytes {
                 return Err(Error::OutOfRange(format!(
-                    "requested {required} bytes but storage pool {} is only {} bytes",
+                    "requested {size} bytes but storage pool {} is only {} bytes",
                     p.name, health.total_bytes
                 )));
             }
+            // A retry of an existing volume is judged by its record, not by the budget.
+            let promised = match enforced {
+                Some(bytes) if !volumes::exists(&p, &n)? => Some(state.ledger.reserve(&p, &health, &n, bytes, 0)?),
+                _ => None,
+            };
             let src_fd = match &source {
                 Some(Source::Snapshot { id, pool }) => Some(snapshots::open_data(pool, id)?),
                 Some(Source::Volume { id, pool }) => Some(volumes::open(pool, id)?),
                 None => None,
             };
-            let requested = volumes::Requested {
-                required,
-                limit: u64::try_from(limit).unwrap_or(0),
-            };
+            let requested = volumes::Requested { required: size, limit };
             let created = volumes::create(&p, &n, src_fd.as_ref(), requested)?;
-            Ok((health, created))
+            // The class's settings, applied again on a retry (tuning is idempotent).
+            modify::apply(&p, &n, &tuning)?;
+            let recorded = match enforced {
+                Some(_) => volumes::recorded_capacity(p.open()?.as_fd(), &n)?,
+                None => None,
+            };
+            if let Some(promised) = promised {
+                promised.settle(&p, Some(recorded.unwrap_or(0)));
+            }
+            Ok((health, created, recorded))
         })
         .await?;
         match created {
@@ -222,10 +266,11 @@ impl ControllerService {
             }
             Created::Existing => tracing::info!(volume_id = %name, pool = %pool.name, "volume already exists"),
         }
-        let capacity = if required > 0 {
-            u64::try_from(required).unwrap_or(0)
-        } else {
-            caps::listed_capacity(&health)
+        let capacity = match (enforced, recorded) {
+            (Some(_), Some(have)) => have,
+            (Some(size), None) => size,
+            (None, _) if required > 0 => required,
+            (None, _) => caps::listed_capacity(&health),
         };
         Ok(csi::CreateVolumeResponse {
             volume: Some(caps::volume(
@@ -257,7 +302,9 @@ impl ControllerService {
                     unavailable.push(health.reason.unwrap_or_default());
                     continue;
                 }
+                state.ledger.check(pool);
                 if volumes::delete(pool, &id, &mounts)? {
+                    state.ledger.forget(pool, &id);
                     tracing::info!(volume_id = %id, pool = %pool.name, "volume deleted");
                     deleted = true;
                 }
@@ -275,7 +322,8 @@ impl ControllerService {
 
     async fn list_volumes_inner(&self, req: csi::ListVolumesRequest) -> Result<csi::ListVolumesResponse> {
         let state = self.state.clone();
-        // Ids and pool indexes only: entries are built for the requested page alone.
+        // Ids and pool indexes only (plus the recorded size where the pool enforces sizes):
+        // entries are built for the requested page alone.
         let (all, health) = blocking(move || {
             let mounts = MountTable::read().unwrap_or_default();
             let mut all = Vec::new();
@@ -283,7 +331,10 @@ impl ControllerService {
             for (idx, pool) in state.pools.iter().enumerate() {
                 health.push(pool.health(&mounts));
                 if let Ok(ids) = pool.list_volumes() {
-                    all.extend(ids.into_iter().map(|id| (id, idx)));
+                    all.extend(ids.into_iter().map(|id| {
+                        let size = enforced_size(pool, &id);
+                        (id, idx, size)
+                    }));
                 }
             }
             Ok((all, health))
@@ -292,7 +343,7 @@ impl ControllerService {
         let pools = &self.state.pools;
         let page = pagination::paginate(
             all,
-            |(id, idx)| pool_key(id, &pools[*idx].name),
+            |(id, idx, _)| pool_key(id, &pools[*idx].name),
             req.max_entries,
             &req.starting_token,
         )?;
@@ -300,11 +351,11 @@ impl ControllerService {
         let entries = page
             .items
             .into_iter()
-            .map(|(id, idx)| csi::list_volumes_response::Entry {
+            .map(|(id, idx, size)| csi::list_volumes_response::Entry {
                 volume: Some(caps::volume(
                     &id,
                     &pools[idx],
-                    caps::listed_capacity(&health[idx]),
+                    size.unwrap_or_else(|| caps::listed_capacity(&health[idx])),
                     Default::default(),
                     None,
                     &topology,
@@ -325,18 +376,19 @@ impl ControllerService {
         let id = check_id("volume_id", &req.volume_id)?.to_owned();
         record("volume_id", &id);
         let state = self.state.clone();
-        let (pool, health) = blocking(move || {
+        let (pool, health, size) = blocking(move || {
             let pool = locate_volume(&state, &id, None)?
                 .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist on node {}", state.node_id)))?;
             let health = pool_health(&pool);
-            Ok((pool, health))
+            let size = enforced_size(&pool, &id);
+            Ok((pool, health, size))
         })
         .await?;
         Ok(csi::ControllerGetVolumeResponse {
             volume: Some(caps::volume(
                 &req.volume_id,
                 &pool,
-                caps::listed_capacity(&health),
+                size.unwrap_or_else(|| caps::listed_capacity(&health)),
                 Default::default(),
                 None,
                 &self.state.topology(),
@@ -365,10 +417,10 @@ impl ControllerService {
             .inflight
             .acquire(&[snapshot_key(&name)], &[volume_key(&source)])?;
         let state = self.state.clone();
-        let info = blocking_locked(guard, move || {
+        let (info, size) = blocking_locked(guard, move || {
             if let Some((spool, info)) = locate_snapshot(&state, &name, Some(&pool))? {
                 if info.source_volume_id == source && spool.name == pool.name {
-                    return Ok(info);
+                    return Ok((info, snapshot_size(&spool, &name)));
                 }
                 return Err(Error::AlreadyExists(format!(
                     "snapshot {name} already exists for volume {} in pool {}",
@@ -377,11 +429,12 @@ impl ControllerService {
             }
             require_usable(&pool)?;
             let src = volumes::open(&pool, &source)?;
-            snapshots::create(&pool, &name, &source, &src)
+            let info = snapshots::create(&pool, &name, &source, &src)?;
+            Ok((info, snapshot_size(&pool, &name)))
         })
         .await?;
         Ok(csi::CreateSnapshotResponse {
-            snapshot: Some(snapshot_message(&info)),
+            snapshot: Some(snapshot_message(&info, size)),
         })
     }
 
@@ -409,31 +462,56 @@ impl ControllerService {
             if !by_id.is_empty() {
                 // An id this driver could never have issued simply matches nothing.
                 if check_id("snapshot_id", &by_id).is_ok()
-                    && let Some((_, info)) = locate_snapshot(&state, &by_id, None)?
+                    && let Some((pool, info)) = locate_snapshot(&state, &by_id, None)?
                 {
-                    all.push(info);
+                    all.push((snapshot_size(&pool, &info.id), info));
                 }
             } else {
                 for pool in &state.pools {
-                    all.extend(snapshots::list(pool)?);
+                    all.extend(
+                        snapshots::list(pool)?
+                            .into_iter()
+                            .map(|s| (snapshot_size(pool, &s.id), s)),
+                    );
                 }
             }
             if !by_source.is_empty() {
-                all.retain(|s| s.source_volume_id == by_source);
+                all.retain(|(_, s)| s.source_volume_id == by_source);
             }
             Ok(all)
         })
         .await?;
-        let page = pagination::paginate(all, |s| pool_key(&s.id, &s.pool), req.max_entries, &req.starting_token)?;
+        let page = pagination::paginate(
+            all,
+            |(_, s)| pool_key(&s.id, &s.pool),
+            req.max_entries,
+            &req.starting_token,
+        )?;
         Ok(csi::ListSnapshotsResponse {
             entries: page
                 .items
                 .iter()
-                .map(|s| csi::list_snapshots_response::Entry {
-                    snapshot: Some(snapshot_message(s)),
+                .map(|(size, s)| csi::list_snapshots_response::Entry {
+                    snapshot: Some(snapshot_message(s, *size)),
                 })
                 .collect(),
             next_token: page.next_token,
+        })
+    }
+
+    async fn get_snapshot_inner(&self, req: csi::GetSnapshotRequest) -> Result<csi::GetSnapshotResponse> {
+        let id = check_id("snapshot_id", &req.snapshot_id)?.to_owned();
+        record("snapshot_id", &id);
+        let state = self.state.clone();
+        let (info, size) = blocking(move || {
+            let (pool, info) = locate_snapshot(&state, &id, None)?
+                .ok_or_else(|| Error::NotFound(format!("snapshot {id} does not exist on node {}", state.node_id)))?;
+            let size = snapshot_size(&pool, &id);
+            Ok((info, size))
+        })
+        .await?;
+        Ok(csi::GetSnapshotResponse {
+            snapshot: Some(snapshot_message(&info, size)),
         })
     }
 
@@ -479,6 +557,51 @@ impl ControllerService {
         })
     }
 
+    async fn expand_volume_inner(
+        &self,
+        req: csi::ControllerExpandVolumeRequest,
+    ) -> Result<csi::ControllerExpandVolumeResponse> {
+        let id = check_id("volume_id", &req.volume_id)?.to_owned();
+        record("volume_id", &id);
+        if req.capacity_range.is_none() {
+            return Err(Error::InvalidArgument("capacity_range is required".into()));
+        }
+        let range = Range::parse(req.capacity_range.as_ref())?;
+        if let Some(why) = req.volume_capability.as_ref().and_then(caps::unsupported) {
+            return Err(Error::InvalidArgument(why));
+        }
+        let guard = self.state.inflight.acquire(&[volume_key(&id)], &[])?;
+        let state = self.state.clone();
+        let expanded = blocking_locked(guard, move || {
+            let pool = locate_volume(&state, &id, None)?
+                .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist on node {}", state.node_id)))?;
+            let health = require_usable(&pool)?;
+            expand::controller_expand(&state.ledger, &pool, &health, &id, range)
+        })
+        .await?;
+        Ok(csi::ControllerExpandVolumeResponse {
+            capacity_bytes: i64::try_from(expanded.capacity).unwrap_or(i64::MAX),
+            node_expansion_required: expanded.node_expansion_required,
+        })
+    }
+
+    async fn modify_volume_inner(&self, req: csi::ControllerModifyVolumeRequest) -> Result<()> {
+        let id = check_id("volume_id", &req.volume_id)?.to_owned();
+        record("volume_id", &id);
+        let guard = self.state.inflight.acquire(&[volume_key(&id)], &[])?;
+        let state = self.state.clone();
+        blocking_locked(guard, move || {
+            let pool = locate_volume(&state, &id, None)?
+                .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist on node {}", state.node_id)))?;
+            let tuning = modify::parse(&pool, &req.mutable_parameters)?;
+            if !tuning.is_empty() {
+                require_usable(&pool)?;
+            }
+            modify::apply(&pool, &id, &tuning)
+        })
+        .await
+    }
+
     async fn get_capacity_inner(&self, req: csi::GetCapacityRequest) -> Result<csi::GetCapacityResponse> {
         let pool = self.state.pool_for(&req.parameters)?.clone();
         record("pool", &pool.name);
@@ -493,9 +616,29 @@ impl ControllerService {
         {
             return Ok(zero_capacity());
         }
-        let health = blocking(move || Ok(pool_health(&pool))).await?;
+        let state = self.state.clone();
+        let (health, budget) = blocking(move || {
+            let health = pool_health(&pool);
+            let budget = match pool.quota.enforces() && health.usable {
+                true => Some((state.ledger.budget(&pool, &health)?, pool.quota.granularity())),
+                false => None,
+            };
+            Ok((health, budget))
+        })
+        .await?;
         if !health.usable {
             return Ok(zero_capacity());
+        }
+        if let Some((budget, granularity)) = budget {
+            // What can still be promised; the largest volume is that, in whole granules.
+            let available = budget.available();
+            return Ok(csi::GetCapacityResponse {
+                available_capacity: i64::try_from(available).unwrap_or(i64::MAX),
+                maximum_volume_size: Some(
+                    i64::try_from(sizing::round_down(available, granularity)).unwrap_or(i64::MAX),
+                ),
+                minimum_volume_size: Some(0),
+            });
         }
         Ok(csi::GetCapacityResponse {
             available_capacity: i64::try_from(health.available_bytes).unwrap_or(i64::MAX),
@@ -563,8 +706,12 @@ impl csi::controller_server::Controller for ControllerService {
             Cap::VolumeCondition,
             Cap::CloneVolume,
         ];
+        // In node mode the resizer must not route these to a node without the volume.
+        if self.state.expansion == ExpansionMode::Controller {
+            caps.extend([Cap::ExpandVolume, Cap::ModifyVolume]);
+        }
         if self.state.pools.iter().any(|p| p.snapshot_path.is_some()) {
-            caps.extend([Cap::CreateDeleteSnapshot, Cap::ListSnapshots]);
+            caps.extend([Cap::CreateDeleteSnapshot, Cap::ListSnapshots, Cap::GetSnapshot]);
         }
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
             capabilities: caps.into_iter().map(capability).collect(),
@@ -591,6 +738,28 @@ impl csi::controller_server::Controller for ControllerService {
         req: Request<csi::ListSnapshotsRequest>,
     ) -> Result<Response<csi::ListSnapshotsResponse>, Status> {
         Ok(Response::new(self.list_snapshots_inner(req.into_inner()).await?))
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        req: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Result<Response<csi::ControllerExpandVolumeResponse>, Status> {
+        Ok(Response::new(self.expand_volume_inner(req.into_inner()).await?))
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        req: Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Result<Response<csi::ControllerModifyVolumeResponse>, Status> {
+        self.modify_volume_inner(req.into_inner()).await?;
+        Ok(Response::new(csi::ControllerModifyVolumeResponse {}))
+    }
+
+    async fn get_snapshot(
+        &self,
+        req: Request<csi::GetSnapshotRequest>,
+    ) -> Result<Response<csi::GetSnapshotResponse>, Status> {
+        Ok(Response::new(self.get_snapshot_inner(req.into_inner()).await?))
     }
 
     async fn controller_get_volume(

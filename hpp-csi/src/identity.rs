@@ -54,6 +54,14 @@ impl csi::identity_server::Identity for IdentityService {
             capabilities: vec![
                 service_cap(Type::ControllerService),
                 service_cap(Type::VolumeAccessibilityConstraints),
+                // Volumes grow while published; see expand.rs.
+                csi::PluginCapability {
+                    r#type: Some(plugin_capability::Type::VolumeExpansion(
+                        plugin_capability::VolumeExpansion {
+                            r#type: plugin_capability::volume_expansion::Type::Online as i32,
+                        },
+                    )),
+                },
             ],
         }))
     }

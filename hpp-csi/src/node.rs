@@ -14,6 +14,7 @@ use crate::caps;
 use crate::controller::pool_health;
 use crate::csi::{self, node_service_capability::rpc::Type as Cap, volume_capability::AccessType};
 use crate::error::{Error, Result};
+use crate::expand::ExpansionMode;
 use crate::fsops;
 use crate::inflight::{target_key, volume_key};
 use crate::mount::{self, BindOptions};
@@ -337,7 +338,7 @@ fn missing_volume_reason(state: &DriverState, id: &str) -> String {
 
 /// Stats of the volume published at `path`; `pool` is where the volume lives, or why it was
 /// found nowhere (the condition's message).
-fn volume_stats(pool: std::result::Result<Pool, String>, path: &Path) -> Result<csi::NodeGetVolumeStatsResponse> {
+fn volume_stats(pool: std::result::Result<Pool, String>, id: &str, path: &Path) -> Result<csi::NodeGetVolumeStatsResponse> {
     let path_fd = match rustix::fs::open(
         path,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
@@ -386,25 +387,66 @@ fn volume_stats(pool: std::result::Result<Pool, String>, path: &Path) -> Result<
         };
     }
     let fs = rustix::fs::fstatvfs(&path_fd).map_err(|e| Error::io("statvfs of volume", e))?;
-    let (used_bytes, used_inodes) = fsops::usage(path_fd.as_fd())?;
-    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let quota = match &pool {
+        Ok(pool) if pool.quota.enforces() => {
+            let dir = pool.open_unguarded()?;
+            pool.quota.usage(dir.as_fd(), id).map_err(crate::expand::quota_error)?
+        }
+        _ => None,
+    };
+    let fs_bytes = Counts {
+        total: fs.f_blocks.saturating_mul(fs.f_frsize),
+        available: fs.f_bavail.saturating_mul(fs.f_frsize),
+    };
+    let fs_inodes = Counts {
+        total: fs.f_files,
+        available: fs.f_favail,
+    };
+    let usage = match quota {
+        // The backend keeps the numbers: O(1), and measured against the volume's own limit.
+        Some(q) => {
+            let mut usage = vec![fs_bytes.against(q.used_bytes, q.limit_bytes, csi::volume_usage::Unit::Bytes)];
+            if let Some(used) = q.used_inodes {
+                usage.push(fs_inodes.against(used, q.limit_inodes.unwrap_or(0), csi::volume_usage::Unit::Inodes));
+            }
+            usage
+        }
+        None => {
+            let (used_bytes, used_inodes) = fsops::usage(path_fd.as_fd())?;
+            vec![
+                fs_bytes.against(used_bytes, 0, csi::volume_usage::Unit::Bytes),
+                fs_inodes.against(used_inodes, 0, csi::volume_usage::Unit::Inodes),
+            ]
+        }
+    };
     Ok(csi::NodeGetVolumeStatsResponse {
-        usage: vec![
-            csi::VolumeUsage {
-                available: clamp(fs.f_bavail.saturating_mul(fs.f_frsize)),
-                total: clamp(fs.f_blocks.saturating_mul(fs.f_frsize)),
-                used: clamp(used_bytes),
-                unit: csi::volume_usage::Unit::Bytes as i32,
-            },
-            csi::VolumeUsage {
-                available: clamp(fs.f_favail),
-                total: clamp(fs.f_files),
-                used: clamp(used_inodes),
-                unit: csi::volume_usage::Unit::Inodes as i32,
-            },
-        ],
+        usage,
         volume_condition: Some(condition),
     })
+}
+
+/// Size and free room of the filesystem a volume lives on, in one unit.
+struct Counts {
+    total: u64,
+    available: u64,
+}
+
+impl Counts {
+    /// Usage of `used` against the volume's `limit` (0 = none: the filesystem's numbers). The
+    /// room left is never more than the filesystem has free.
+    fn against(&self, used: u64, limit: u64, unit: csi::volume_usage::Unit) -> csi::VolumeUsage {
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let (total, available) = match limit {
+            0 => (self.total, self.available),
+            limit => (limit, limit.saturating_sub(used).min(self.available)),
+        };
+        csi::VolumeUsage {
+            available: clamp(available),
+            total: clamp(total),
+            used: clamp(used),
+            unit: unit as i32,
+        }
+    }
 }
 
 fn node_cap(t: Cap) -> csi::NodeServiceCapability {
@@ -498,6 +540,49 @@ impl NodeService {
         blocking_locked(guard, move || unpublish(&state, &id, &target)).await
     }
 
+    async fn expand_inner(&self, req: csi::NodeExpandVolumeRequest) -> Result<csi::NodeExpandVolumeResponse> {
+        let id = check_id("volume_id", &req.volume_id)?.to_owned();
+        record("volume_id", &id);
+        if req.volume_path.is_empty() {
+            return Err(Error::InvalidArgument("volume_path is required".into()));
+        }
+        let path = canonical(check_target_path("volume_path", &req.volume_path).map_err(|e| match e {
+            Error::InvalidArgument(m) => Error::NotFound(format!("{m}; no volume can be published there")),
+            other => other,
+        })?);
+        let range = crate::sizing::Range::parse(req.capacity_range.as_ref())?;
+        if let Some(why) = req.volume_capability.as_ref().and_then(caps::unsupported) {
+            return Err(Error::InvalidArgument(why));
+        }
+        // Raising the limit here (node mode) takes the volume's lock, as the controller does.
+        let raises = self.state.expansion == ExpansionMode::Node;
+        let guard = match raises {
+            true => self
+                .state
+                .inflight
+                .acquire(&[target_key(&path), volume_key(&id)], &[])?,
+            false => self.state.inflight.acquire(&[target_key(&path)], &[volume_key(&id)])?,
+        };
+        let state = self.state.clone();
+        let capacity = blocking_locked(guard, move || {
+            let pool = state
+                .pools
+                .iter()
+                .find(|p| !p.is_reserved(&id) && volumes::exists(p, &id).unwrap_or(false))
+                .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist on node {}", state.node_id)))?;
+            let health = match raises {
+                true => Some(crate::controller::require_usable(pool)?),
+                false => None,
+            };
+            let raise = health.as_ref().map(|h| (&state.ledger, h));
+            crate::expand::node_expand(pool, &id, &path, range, raise)
+        })
+        .await?;
+        Ok(csi::NodeExpandVolumeResponse {
+            capacity_bytes: i64::try_from(capacity).unwrap_or(i64::MAX),
+        })
+    }
+
     async fn stats_inner(&self, req: csi::NodeGetVolumeStatsRequest) -> Result<csi::NodeGetVolumeStatsResponse> {
         let id = check_id("volume_id", &req.volume_id)?.to_owned();
         record("volume_id", &id);
@@ -518,7 +603,7 @@ impl NodeService {
                 .find(|p| !p.is_reserved(&id) && volumes::exists(p, &id).unwrap_or(false))
                 .cloned();
             let found = pool.ok_or_else(|| missing_volume_reason(&state, &id));
-            volume_stats(found, &path)
+            volume_stats(found, &id, &path)
         })
         .await
     }
@@ -549,12 +634,23 @@ impl csi::node_server::Node for NodeService {
         Ok(Response::new(self.stats_inner(req.into_inner()).await?))
     }
 
+    async fn node_expand_volume(
+        &self,
+        req: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Result<Response<csi::NodeExpandVolumeResponse>, Status> {
+        Ok(Response::new(self.expand_inner(req.into_inner()).await?))
+    }
+
     async fn node_get_capabilities(
         &self,
         _req: Request<csi::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
         Ok(Response::new(csi::NodeGetCapabilitiesResponse {
-            capabilities: vec![node_cap(Cap::GetVolumeStats), node_cap(Cap::VolumeCondition)],
+            capabilities: vec![
+                node_cap(Cap::GetVolumeStats),
+                node_cap(Cap::VolumeCondition),
+                node_cap(Cap::ExpandVolume),
+            ],
         }))
     }
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hpp_api::constants::DRIVER_NAME;
+use hpp_fs::quota::QuotaBackend;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
@@ -18,8 +19,10 @@ use crate::csi::controller_server::ControllerServer;
 use crate::csi::identity_server::IdentityServer;
 use crate::csi::node_server::NodeServer;
 use crate::endpoint::Endpoint;
+use crate::expand::ExpansionMode;
 use crate::identity::IdentityService;
 use crate::inflight::InFlight;
+use crate::ledger::Ledger;
 use crate::metrics::DriverMetrics;
 use crate::node::NodeService;
 use crate::pool::Pool;
@@ -65,6 +68,8 @@ pub struct DriverBuilder {
     endpoint: Option<Endpoint>,
     metrics: Option<Arc<DriverMetrics>>,
     os_reference: Option<PathBuf>,
+    quota_overrides: Vec<(String, Arc<dyn QuotaBackend>)>,
+    expansion: ExpansionMode,
 }
 
 impl Default for DriverBuilder {
@@ -77,6 +82,8 @@ impl Default for DriverBuilder {
             endpoint: None,
             metrics: None,
             os_reference: None,
+            quota_overrides: Vec::new(),
+            expansion: ExpansionMode::default(),
         }
     }
 }
@@ -131,6 +138,21 @@ impl DriverBuilder {
         self
     }
 
+    /// Enforces sizes in pool `pool` with `backend` instead of the one its quota mode names:
+    /// for embedders with a backend of their own, and for tests of the backend-independent
+    /// parts (capacity ledger, expansion) with a backend that needs no special filesystem.
+    pub fn quota_backend(mut self, pool: impl Into<String>, backend: Arc<dyn QuotaBackend>) -> Self {
+        self.quota_overrides.push((pool.into(), backend));
+        self
+    }
+
+    /// Which service raises limits (default [`ExpansionMode::Controller`]). A DaemonSet of
+    /// node-local drivers wants [`ExpansionMode::Node`]: see [`crate::expand`].
+    pub fn expansion(mut self, mode: ExpansionMode) -> Self {
+        self.expansion = mode;
+        self
+    }
+
     /// Checks the configuration and prepares the pool directories.
     pub fn build(self) -> Result<Driver, ConfigError> {
         let node_id = self
@@ -143,6 +165,13 @@ impl DriverBuilder {
         check_pools(&self.pools)?;
         let mut pools = self.pools.iter().map(Pool::prepare).collect::<Result<Vec<_>, _>>()?;
         Pool::reserve_nested(&mut pools);
+        for (name, backend) in self.quota_overrides {
+            let pool = pools
+                .iter_mut()
+                .find(|p| p.name == name)
+                .ok_or_else(|| ConfigError::UnknownPool(name.clone()))?;
+            pool.quota = backend;
+        }
         for pool in &pools {
             sweep_pool(pool);
         }
@@ -161,6 +190,8 @@ impl DriverBuilder {
                 metrics: self.metrics,
                 os_reference,
                 last_seen: Default::default(),
+                ledger: Ledger::default(),
+                expansion: self.expansion,
             }),
             endpoint: self.endpoint,
         })

@@ -8,7 +8,9 @@ use hpp_api::constants::{DEFAULT_POOL_NAME, PARAM_STORAGE_POOL, TOPOLOGY_KEY};
 
 use crate::csi;
 use crate::error::{Error, Result};
+use crate::expand::ExpansionMode;
 use crate::inflight::{Guard, InFlight};
+use crate::ledger::Ledger;
 use crate::metrics::DriverMetrics;
 use crate::mountinfo::MountTable;
 use crate::pool::{Pool, PoolHealth};
@@ -33,6 +35,10 @@ pub struct DriverState {
     /// What the last report said per pool (usable, shares the OS device), so problems are logged
     /// once when they start and once when they end, however often Probe is called.
     pub(crate) last_seen: Mutex<HashMap<String, (bool, bool)>>,
+    /// What enforcing pools promised: sizes in flight and a memo of the volumes on disk.
+    pub ledger: Ledger,
+    /// Which service raises limits (see [`ExpansionMode`]).
+    pub expansion: ExpansionMode,
 }
 
 /// Health of every pool, measured together.

@@ -507,8 +507,11 @@ async fn capabilities_advertise_only_what_is_implemented() {
         Cap::ListVolumes as i32,
         Cap::VolumeCondition as i32,
         Cap::CloneVolume as i32,
+        Cap::ExpandVolume as i32,
+        Cap::ModifyVolume as i32,
         Cap::CreateDeleteSnapshot as i32,
         Cap::ListSnapshots as i32,
+        Cap::GetSnapshot as i32,
     ];
     want.sort();
     assert_eq!(types, want);

@@ -267,7 +267,14 @@ async fn node_info_and_capabilities() {
         .collect();
     types.sort();
     use csi::node_service_capability::rpc::Type;
-    assert_eq!(types, vec![Type::GetVolumeStats as i32, Type::VolumeCondition as i32]);
+    assert_eq!(
+        types,
+        vec![
+            Type::GetVolumeStats as i32,
+            Type::ExpandVolume as i32,
+            Type::VolumeCondition as i32
+        ]
+    );
     let mut grpc = tonic::client::Grpc::new(hpp_csi::client::connect(&h.endpoint).await.unwrap());
     grpc.ready().await.unwrap();
     let r: Result<tonic::Response<()>, tonic::Status> = grpc

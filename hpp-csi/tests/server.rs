@@ -25,7 +25,7 @@ async fn identity_reports_name_version_capabilities_and_readiness() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(caps.capabilities.len(), 2);
+    assert_eq!(caps.capabilities.len(), 3, "two services and online expansion");
     let probe = h.identity.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
     assert_eq!(probe.ready, Some(true));
     // Pool directory removed behind the driver's back: the driver still serves (ready), the

@@ -21,6 +21,8 @@ pub struct Images {
     pub csi_provisioner: String,
     /// `CSI_SNAPSHOT_IMAGE`: csi-snapshotter sidecar.
     pub csi_snapshotter: String,
+    /// `CSI_RESIZER_IMAGE`: csi-resizer sidecar (volume expansion and modification; hpp only).
+    pub csi_resizer: String,
     /// `PROVISIONER_IMAGE`: the legacy (non-CSI) provisioner.
     pub legacy_provisioner: String,
     /// `OPERATOR_IMAGE`: the operator image, which also carries the pool mounter.
@@ -35,6 +37,7 @@ impl Default for Images {
             liveness_probe: "registry.k8s.io/sig-storage/livenessprobe:v2.3.0".into(),
             csi_provisioner: "registry.k8s.io/sig-storage/csi-provisioner:v3.4.1".into(),
             csi_snapshotter: "registry.k8s.io/sig-storage/csi-snapshotter:v8.2.0".into(),
+            csi_resizer: "registry.k8s.io/sig-storage/csi-resizer:v1.13.1".into(),
             legacy_provisioner: "hostpath-provisioner".into(),
             operator: "hostpath-provisioner-operator".into(),
         }
@@ -93,6 +96,7 @@ impl OperatorConfig {
             liveness_probe: get("LIVENESS_PROBE_IMAGE", d.liveness_probe),
             csi_provisioner: get("CSI_SIG_STORAGE_PROVISIONER_IMAGE", d.csi_provisioner),
             csi_snapshotter: get("CSI_SNAPSHOT_IMAGE", d.csi_snapshotter),
+            csi_resizer: get("CSI_RESIZER_IMAGE", d.csi_resizer),
             legacy_provisioner: get("PROVISIONER_IMAGE", d.legacy_provisioner),
             operator: get("OPERATOR_IMAGE", d.operator),
         };
@@ -155,6 +159,7 @@ mod tests {
             ("LIVENESS_PROBE_IMAGE", "c"),
             ("CSI_SIG_STORAGE_PROVISIONER_IMAGE", "d"),
             ("CSI_SNAPSHOT_IMAGE", "e"),
+            ("CSI_RESIZER_IMAGE", "h"),
             ("PROVISIONER_IMAGE", "f"),
             ("OPERATOR_IMAGE", "g"),
             ("VERBOSITY", "x"),
@@ -174,8 +179,9 @@ mod tests {
             &i.csi_snapshotter,
             &i.legacy_provisioner,
             &i.operator,
+            &i.csi_resizer,
         ];
-        assert_eq!(got, ["a", "b", "c", "d", "e", "f", "g"]);
+        assert_eq!(got, ["a", "b", "c", "d", "e", "f", "g", "h"]);
         assert_eq!(cfg.verbosity, 0, "a non-integer VERBOSITY means 0, as in KubeVirt");
         assert_eq!(cfg.namespace, "ns");
         assert_eq!(cfg.version, "v1.2.3");

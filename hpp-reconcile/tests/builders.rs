@@ -155,7 +155,8 @@ fn csi_daemonset_matches_kubevirt() {
             "hostpath-provisioner",
             "node-driver-registrar",
             "liveness-probe",
-            "csi-provisioner"
+            "csi-provisioner",
+            "csi-resizer"
         ]
     );
     let driver = container(&ds, "hostpath-provisioner");
@@ -173,6 +174,17 @@ fn csi_daemonset_matches_kubevirt() {
         .collect();
     assert!(args.contains(&"--datadir=$(PV_DIR)") && args.contains(&"--metrics-tls-version=VersionTLS12"));
     assert!(args.contains(&"--drivername=kubevirt.io.hostpath-provisioner") && args.contains(&"--v=3"));
+    // Node-local volumes are expanded by kubelet on their node; one leader-elected resizer.
+    assert!(args.contains(&"--expansion=node"), "{args:?}");
+    let resizer = container(&ds, "csi-resizer");
+    assert!(
+        resizer["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "--leader-election"),
+        "{resizer}"
+    );
     let mounts = driver["volumeMounts"].as_array().unwrap();
     assert!(mounts.iter().any(|m| m["name"] == "local-data-dir"
         && m["mountPath"] == "/local-data-dir"
@@ -309,7 +321,14 @@ fn rbac_and_service_accounts() {
     let crb = value(&objs[5]);
     assert_eq!(crb["subjects"][0]["name"], "hostpath-provisioner-admin");
     assert_eq!(crb["subjects"][0]["namespace"], "hostpath-provisioner");
-    assert_eq!(rbac::csi_cluster_rules(false).len(), 8);
+    assert_eq!(rbac::csi_cluster_rules(false).len(), 10);
+    let leases = rbac::csi_role_rules()
+        .into_iter()
+        .find(|r| r.resources.as_ref().unwrap()[0] == "leases")
+        .unwrap();
+    for verb in ["get", "list", "watch", "create", "update", "patch"] {
+        assert!(leases.verbs.iter().any(|v| v == verb), "leases {verb}");
+    }
     let with_snap = rbac::csi_cluster_rules(true);
     assert!(
         with_snap

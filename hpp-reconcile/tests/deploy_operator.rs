@@ -134,6 +134,7 @@ fn deployment_runs_the_operator_with_an_optional_webhook_secret() {
         "LIVENESS_PROBE_IMAGE",
         "CSI_SIG_STORAGE_PROVISIONER_IMAGE",
         "CSI_SNAPSHOT_IMAGE",
+        "CSI_RESIZER_IMAGE",
         "PROVISIONER_IMAGE",
         "OPERATOR_IMAGE",
         "POD_NAMESPACE",

@@ -4,6 +4,7 @@
 //! | RPC | baseline |
 //! |---|---|
 //! | CreateVolume | mkdir |
+//! | ControllerExpandVolume (row `ExpandVolume`) | fsetxattr + fsync (the size record) |
 //! | DeleteVolume | rmdir |
 //! | NodePublishVolume | bind mount |
 //! | NodeUnpublishVolume | umount + rmdir |
@@ -359,6 +360,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             Ok(std::fs::create_dir(b.join(format!("d{conc}-{i}")))?)
         })?;
         let b = base.clone();
+        let record = run_threads(n, conc, move |i| {
+            let dir = rustix::fs::open(
+                b.join(format!("d{conc}-{i}")),
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )?;
+            rustix::fs::fsetxattr(
+                &dir,
+                "trusted.hpp.bench",
+                b"2147483648",
+                rustix::fs::XattrFlags::empty(),
+            )?;
+            rustix::fs::fsync(&dir)?;
+            Ok(())
+        })?;
+        let b = base.clone();
         let rmdir = run_threads(n, conc, move |i| {
             Ok(std::fs::remove_dir(b.join(format!("d{conc}-{i}")))?)
         })?;
@@ -370,6 +387,23 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 c.create_volume(csi::CreateVolumeRequest {
                     name: format!("pvc-c{conc}-{i}"),
                     volume_capabilities: vec![mount_cap()],
+                    ..Default::default()
+                })
+                .await?;
+                Ok(())
+            }
+        })
+        .await?;
+        let c = controller.clone();
+        let expand = run_tasks(n, conc, move |i| {
+            let mut c = c.clone();
+            async move {
+                c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
+                    volume_id: format!("pvc-c{conc}-{i}"),
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: 2 << 30,
+                        limit_bytes: 0,
+                    }),
                     ..Default::default()
                 })
                 .await?;
@@ -396,6 +430,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             conc,
             rpc_stats: create,
             base_stats: mkdir,
+        });
+        rows.push(Row {
+            rpc: "ExpandVolume",
+            baseline: "fsetxattr+fsync",
+            conc,
+            rpc_stats: expand,
+            base_stats: record,
         });
         rows.push(Row {
             rpc: "DeleteVolume",

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use hpp_api::constants::DRIVER_NAME;
-use hpp_csi::{Driver, DriverMetrics, Endpoint, PoolConfig, parse_pools};
+use hpp_csi::{Driver, DriverMetrics, Endpoint, ExpansionMode, PoolConfig, parse_pools};
 use prometheus_client::registry::Registry;
 use tracing::info;
 
@@ -112,12 +112,37 @@ pub struct ServeArgs {
     /// A path on the OS disk, to detect pools sharing its device [default: the socket directory].
     #[arg(long = "os-reference-path")]
     pub os_reference_path: Option<PathBuf>,
+    /// Which CSI service raises volume limits: `controller` offers ControllerExpandVolume and
+    /// ControllerModifyVolume, for one driver that sees every volume; `node` offers only
+    /// NodeExpandVolume, which kubelet calls on the node holding the volume, for a DaemonSet of
+    /// node-local drivers where the resizer could reach the wrong node.
+    #[arg(long, value_enum, default_value = "controller")]
+    pub expansion: Expansion,
     /// Log line format.
     #[arg(long = "log-format", value_enum, default_value = "text", env = "HPP_LOG_FORMAT")]
     pub log_format: LogFormat,
     /// klog verbosity, accepted for compatibility with KubeVirt manifests (use RUST_LOG).
     #[arg(long = "v", hide = true)]
     pub klog_verbosity: Option<String>,
+}
+
+/// `--expansion`: which CSI service raises volume limits (see [`ExpansionMode`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Expansion {
+    /// ControllerExpandVolume and ControllerModifyVolume.
+    #[default]
+    Controller,
+    /// NodeExpandVolume only, on the node holding the volume.
+    Node,
+}
+
+impl From<Expansion> for ExpansionMode {
+    fn from(e: Expansion) -> Self {
+        match e {
+            Expansion::Controller => ExpansionMode::Controller,
+            Expansion::Node => ExpansionMode::Node,
+        }
+    }
 }
 
 /// Resolved configuration of a serving driver.
@@ -282,6 +307,7 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<Running> {
         .node_id(&cfg.node_id)
         .pools(cfg.pools.clone())
         .endpoint(cfg.endpoint.clone())
+        .expansion(args.expansion.into())
         .metrics(metrics);
     if let Some(p) = &args.os_reference_path {
         builder = builder.os_reference_path(p);

@@ -29,6 +29,16 @@ fn kubevirt_daemonset_args_parse() {
 }
 
 #[test]
+fn expansion_defaults_to_controller_and_accepts_node() {
+    let d = parse(&["--datadir-root", "/tmp/x"]).serve.expansion;
+    assert_eq!(ExpansionMode::from(d), ExpansionMode::Controller);
+    let n = parse(&["--datadir-root", "/tmp/x", "--expansion=node"]).serve.expansion;
+    assert_eq!(ExpansionMode::from(n), ExpansionMode::Node);
+    let bad = Args::try_parse_from(["hpp-csi-driver", "--expansion=sideways"]);
+    assert!(bad.is_err());
+}
+
+#[test]
 fn datadir_root_needs_nothing_else() {
     let a = parse(&["--datadir-root", "/tmp/hpp-demo"]);
     let r = a.serve.resolve(|| Some("laptop".into())).unwrap();

@@ -15,6 +15,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
+pub mod fake_quota;
+
 pub const NODE: &str = "node-a";
 
 pub struct Harness {
@@ -25,6 +27,8 @@ pub struct Harness {
     pub controller: ControllerClient<Channel>,
     pub node: NodeClient<Channel>,
     pub registry: std::sync::Arc<std::sync::Mutex<prometheus_client::registry::Registry>>,
+    /// The driver's state (pools, ledger), for assertions on what the driver did internally.
+    pub state: std::sync::Arc<hpp_csi::state::DriverState>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), hpp_csi::ServeError>>>,
 }
@@ -37,6 +41,31 @@ pub fn legacy_pool(root: &Path) -> PoolConfig {
 impl Harness {
     pub async fn start() -> Harness {
         Self::with(|root, b| b.pool(legacy_pool(root))).await
+    }
+
+    /// The default pool, its sizes enforced by a [`fake_quota::FakeQuota`] with `granularity`,
+    /// promising at most `overcommit_percent` % of the filesystem.
+    pub async fn enforcing(
+        granularity: u64,
+        overcommit_percent: u32,
+    ) -> (Harness, std::sync::Arc<fake_quota::FakeQuota>) {
+        Self::enforcing_with(fake_quota::FakeQuota::new(granularity), overcommit_percent).await
+    }
+
+    /// Like [`Harness::enforcing`] with a backend set up by the caller.
+    pub async fn enforcing_with(
+        backend: fake_quota::FakeQuota,
+        overcommit_percent: u32,
+    ) -> (Harness, std::sync::Arc<fake_quota::FakeQuota>) {
+        let backend = std::sync::Arc::new(backend);
+        let b = backend.clone();
+        let h = Self::with(move |root, builder| {
+            let mut pool = legacy_pool(root);
+            pool.overcommit_percent = overcommit_percent;
+            builder.pool(pool).quota_backend("legacy", b)
+        })
+        .await;
+        (h, backend)
     }
 
     pub async fn with(configure: impl FnOnce(&Path, DriverBuilder) -> DriverBuilder) -> Harness {
@@ -71,6 +100,7 @@ impl Harness {
             .endpoint(endpoint.clone())
             .metrics(metrics);
         let driver = configure(&root, builder).build().unwrap();
+        let state = driver.state().clone();
         let bound = driver.bind().await.unwrap();
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(bound.serve(async {
@@ -85,6 +115,7 @@ impl Harness {
             root,
             endpoint,
             registry: std::sync::Arc::new(std::sync::Mutex::new(registry)),
+            state,
             shutdown: Some(tx),
             task: Some(task),
         }
@@ -210,6 +241,22 @@ pub fn create_req(name: &str) -> csi::CreateVolumeRequest {
         volume_capabilities: vec![mount_cap()],
         ..Default::default()
     }
+}
+
+pub fn sized_req(name: &str, required: i64, limit: i64) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: required,
+            limit_bytes: limit,
+        }),
+        ..create_req(name)
+    }
+}
+
+/// Filesystem size of `path` in bytes.
+pub fn fs_total(path: &Path) -> u64 {
+    let st = rustix::fs::statvfs(path).unwrap();
+    st.f_blocks * st.f_frsize
 }
 
 pub fn params(pool: &str) -> HashMap<String, String> {

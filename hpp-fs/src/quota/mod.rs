@@ -21,6 +21,8 @@ pub use image::{Image, ImageFs};
 pub use project::{Project, ProjectFs};
 
 use crate::WalkError;
+mod tuning;
+pub use tuning::{COMPRESSION_KEY, Compression, INODE_LIMIT_KEY, KNOWN_KEYS, Tuning, TuningError};
 
 /// Why a backend operation failed.
 #[derive(Debug, thiserror::Error)]

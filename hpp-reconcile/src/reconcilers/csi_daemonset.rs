@@ -1,5 +1,6 @@
 //! The CSI DaemonSet `hostpath-provisioner-csi`: driver, registrar, liveness probe, external
-//! provisioner and (with `Snapshotting`) snapshotter, with one host mount per storage pool.
+//! provisioner, resizer and (with `Snapshotting`) snapshotter, with one host mount per storage
+//! pool.
 
 use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
@@ -281,6 +282,8 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
                 "--nodeid=$(NODE_NAME)".into(),
                 "--version=$(VERSION)".into(),
                 "--datadir=$(PV_DIR)".into(),
+                // Volumes are node-local: kubelet expands them on their node (see the resizer).
+                "--expansion=node".into(),
                 format!("--metrics-tls-version={}", cfg.metrics_tls_version),
             ],
             driver_mounts,
@@ -338,7 +341,28 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
             vec![socket_mount()],
         )
     };
-    let mut containers = vec![driver, registrar, liveness, provisioner];
+    // The driver runs with --expansion=node, so it offers no controller expansion: the resizer
+    // only records the new size on the PV, and kubelet calls NodeExpandVolume on the node that
+    // holds the volume. One resizer in the cluster is enough (leader election).
+    let resizer = Container {
+        security_context: sidecar_security_context(),
+        ..container(
+            "csi-resizer",
+            &img.csi_resizer,
+            &pull,
+            vec![
+                format!("--v={v}"),
+                format!("--csi-address={CSI_SOCKET}"),
+                "--leader-election".into(),
+                // Raising a limit is one ioctl or xattr; a minute covers a loaded node.
+                "--timeout=1m".into(),
+                // Expansion is online: a published volume is never an error.
+                "--handle-volume-inuse-error=false".into(),
+            ],
+            vec![socket_mount()],
+        )
+    };
+    let mut containers = vec![driver, registrar, liveness, provisioner, resizer];
     if common::snapshotting(hpp) {
         containers.push(Container {
             resources: None,

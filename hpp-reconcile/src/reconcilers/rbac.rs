@@ -55,6 +55,10 @@ pub fn csi_cluster_rules(snapshotting: bool) -> Vec<PolicyRule> {
             &["get", "list", "watch", "patch"],
         ),
         rule(&["storage.k8s.io"], &["volumeattachments/status"], &["patch"]),
+        // csi-resizer: claim status (allocated size, resize conditions) and the
+        // VolumeAttributesClasses behind ControllerModifyVolume.
+        rule(&[""], &["persistentvolumeclaims/status"], &["patch"]),
+        rule(&["storage.k8s.io"], &["volumeattributesclasses"], READ),
     ];
     if snapshotting {
         rules.extend([
@@ -78,7 +82,12 @@ pub fn csi_cluster_rules(snapshotting: bool) -> Vec<PolicyRule> {
 /// Rules of the CSI driver's namespaced Role (leader election, capacity objects, owner lookup).
 pub fn csi_role_rules() -> Vec<PolicyRule> {
     vec![
-        rule(&["coordination.k8s.io"], &["leases"], &["get", "update", "create"]),
+        // Leader election of the csi-resizer and the snapshotter.
+        rule(
+            &["coordination.k8s.io"],
+            &["leases"],
+            &["get", "list", "watch", "create", "update", "patch"],
+        ),
         rule(
             &["storage.k8s.io"],
             &["csistoragecapacities"],

@@ -1,0 +1,151 @@
+//! kill -9 in the middle of an expansion: a child process runs the controller's expansion step
+//! against a backend that keeps its limits in files (so they outlive the process) and stops
+//! for good right after raising the limit; the parent kills it, then retries in-process and
+//! checks that limit and record converge.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use hpp_csi::ledger::Ledger;
+use hpp_csi::mountinfo::MountTable;
+use hpp_csi::pool::Pool;
+use hpp_csi::sizing::Range;
+use hpp_csi::{PoolConfig, expand, volumes};
+use hpp_fs::quota::{QuotaBackend, QuotaError, QuotaUsage, Unlimited};
+
+const G: u64 = 4096;
+const CHILD_ENV: &str = "HPP_CRASH_CHILD_ROOT";
+
+/// Limits as files in `<root>/limits`, outside the pool.
+#[derive(Debug)]
+struct FileQuota {
+    limits: PathBuf,
+    /// Stop forever after raising a limit (the child).
+    hang_after_set_limit: bool,
+}
+
+impl FileQuota {
+    fn limit(&self, name: &str) -> Option<u64> {
+        std::fs::read_to_string(self.limits.join(name)).ok()?.parse().ok()
+    }
+}
+
+impl QuotaBackend for FileQuota {
+    fn name(&self) -> &'static str {
+        "file"
+    }
+
+    fn granularity(&self) -> u64 {
+        G
+    }
+
+    fn create(&self, pool: BorrowedFd<'_>, name: &str, limit_bytes: u64) -> Result<OwnedFd, QuotaError> {
+        let fd = Unlimited.create(pool, name, limit_bytes)?;
+        self.set_limit(pool, name, limit_bytes)?;
+        Ok(fd)
+    }
+
+    fn set_limit(&self, _pool: BorrowedFd<'_>, name: &str, limit_bytes: u64) -> Result<(), QuotaError> {
+        std::fs::create_dir_all(&self.limits).unwrap();
+        let f = self.limits.join(name);
+        std::fs::write(&f, limit_bytes.to_string()).unwrap();
+        std::fs::File::open(&f).unwrap().sync_all().unwrap();
+        if self.hang_after_set_limit {
+            std::fs::write(self.limits.join("../child-raised-limit"), b"").unwrap();
+            loop {
+                std::thread::park();
+            }
+        }
+        Ok(())
+    }
+
+    fn usage(&self, _pool: BorrowedFd<'_>, _name: &str) -> Result<Option<QuotaUsage>, QuotaError> {
+        Ok(None)
+    }
+
+    fn release(&self, _pool: BorrowedFd<'_>, _name: &str) -> Result<(), QuotaError> {
+        Ok(())
+    }
+}
+
+fn pool(root: &Path, hang: bool) -> (Pool, Arc<FileQuota>) {
+    let mut pool = Pool::prepare(&PoolConfig::new("legacy", root.join("pool"))).unwrap();
+    let q = Arc::new(FileQuota {
+        limits: root.join("limits"),
+        hang_after_set_limit: hang,
+    });
+    pool.quota = q.clone();
+    (pool, q)
+}
+
+fn recorded(root: &Path, id: &str) -> Option<u64> {
+    let dir = std::fs::File::open(root.join("pool")).unwrap();
+    volumes::recorded_capacity(std::os::fd::AsFd::as_fd(&dir), id).unwrap()
+}
+
+fn expand_to(pool: &Pool, bytes: u64) -> expand::Expanded {
+    let health = pool.health(&MountTable::read().unwrap());
+    let range = Range {
+        required: bytes,
+        limit: 0,
+    };
+    expand::controller_expand(&Ledger::default(), pool, &health, "pvc-a", range).unwrap()
+}
+
+/// The child's half; does nothing unless started by the parent test.
+#[test]
+fn child_expands_and_hangs_after_raising_the_limit() {
+    let Ok(root) = std::env::var(CHILD_ENV) else { return };
+    let (pool, _) = pool(Path::new(&root), true);
+    expand_to(&pool, 3 * G);
+    panic!("the child must never get past raising the limit");
+}
+
+#[test]
+fn kill_9_between_raising_the_limit_and_recording_it_converges() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(tmp.path()).unwrap();
+    let (parent_pool, q) = pool(&root, false);
+    volumes::create(
+        &parent_pool,
+        "pvc-a",
+        None,
+        volumes::Requested { required: G, limit: 0 },
+    )
+    .unwrap();
+    q.set_limit(std::os::fd::AsFd::as_fd(&parent_pool.open().unwrap()), "pvc-a", G)
+        .unwrap();
+
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_expands_and_hangs_after_raising_the_limit",
+            "--nocapture",
+        ])
+        .env(CHILD_ENV, &root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let marker = root.join("child-raised-limit");
+    while !marker.exists() {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("child exited before raising the limit: {status}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+
+    // Killed between the two steps: limit raised, record still the old size.
+    assert_eq!(q.limit("pvc-a"), Some(3 * G));
+    assert_eq!(recorded(&root, "pvc-a"), Some(G));
+    // The CO's retry converges.
+    let done = expand_to(&parent_pool, 3 * G);
+    assert_eq!(done.capacity, 3 * G);
+    assert_eq!(q.limit("pvc-a"), Some(3 * G));
+    assert_eq!(recorded(&root, "pvc-a"), Some(3 * G));
+}
