@@ -338,7 +338,11 @@ fn missing_volume_reason(state: &DriverState, id: &str) -> String {
 
 /// Stats of the volume published at `path`; `pool` is where the volume lives, or why it was
 /// found nowhere (the condition's message).
-fn volume_stats(pool: std::result::Result<Pool, String>, id: &str, path: &Path) -> Result<csi::NodeGetVolumeStatsResponse> {
+fn volume_stats(
+    pool: std::result::Result<Pool, String>,
+    id: &str,
+    path: &Path,
+) -> Result<csi::NodeGetVolumeStatsResponse> {
     let path_fd = match rustix::fs::open(
         path,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,

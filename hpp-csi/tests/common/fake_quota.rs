@@ -85,7 +85,7 @@ impl QuotaBackend for FakeQuota {
 
     fn set_parameter(&self, _pool: BorrowedFd<'_>, name: &str, key: &str, value: &str) -> Result<(), QuotaError> {
         let mut tuned = self.tuned.lock().unwrap();
-        let entry = tuned.entry(name.to_owned()).or_insert_with(Tuning::default);
+        let entry = tuned.entry(name.to_owned()).or_default();
         match key {
             INODE_LIMIT_KEY => entry.inode_limit = value.parse().ok(),
             other => return Err(QuotaError::Invalid(format!("no parameter {other}"))),

@@ -353,7 +353,7 @@ pub fn skip_cleanup(hpp: &HostPathProvisioner) -> bool {
 }
 
 /// The pool mounts a deletion leaves in place: every mounter whose unmount Job has not
-/// succeeded, as "pool <pool> on node <node> (<mount path>)".
+/// succeeded, as `pool <pool> on node <node> (<mount path>)`.
 pub fn uncleaned_mounts(facts: &ClusterFacts) -> Vec<String> {
     let mut out = BTreeSet::new();
     for m in &facts.mounters {
