@@ -110,7 +110,7 @@ fi
 if [ "$base" = debian ]; then
     echo "== Debian base images (mmdebstrap)"
     debian_base "$local_runtime" extract libc6,libgcc-s1,base-files
-    debian_base "$local_tools" minbase xfsprogs,util-linux,mount
+    debian_base "$local_tools" minbase xfsprogs,util-linux,mount,e2fsprogs
     runtime_base=$local_runtime tools_base=$local_tools
 else
     runtime_base=$public_runtime tools_base=$public_tools

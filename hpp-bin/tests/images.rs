@@ -126,6 +126,41 @@ fn each_image_answers_version_and_carries_its_labels() {
     }
 }
 
+/// The driver image carries what the `image` quota backend runs (hpp-fs checks the same list at
+/// start-up): each tool starts and prints its version with only the libraries copied in.
+#[test]
+fn csi_driver_image_carries_the_image_backend_tools() {
+    let Some(images) = images("csi_driver_image_carries_the_image_backend_tools") else {
+        return;
+    };
+    // resize2fs has no version flag: run bare, it prints its usage (and version) and exits 1.
+    for (tool, args) in [
+        ("/usr/sbin/mkfs.ext4", &["-V"][..]),
+        ("/usr/sbin/e2fsck", &["-V"][..]),
+        ("/usr/sbin/resize2fs", &[][..]),
+        ("/usr/sbin/mkfs.xfs", &["-V"][..]),
+        ("/usr/sbin/xfs_growfs", &["-V"][..]),
+    ] {
+        let out = podman()
+            .args(run_flags())
+            .args(["--entrypoint", tool, images.csi.as_str()])
+            .args(args)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            matches!(out.status.code(), Some(0 | 1)) && !text.contains("error while loading shared libraries"),
+            "{tool} does not run in {}: {:?} {text}",
+            images.csi,
+            out.status
+        );
+    }
+}
+
 /// Which stock image a container image reference names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Stock {
