@@ -250,6 +250,22 @@ fn remove_ephemeral(pool: &Pool, id: &str) -> Result<()> {
     Ok(())
 }
 
+/// Whether the mount at `target` is a bind of volume `id`'s directory: its root has the
+/// directory's device and inode. Only a bind of that very directory can; a symlink planted at
+/// the volume's name is never followed.
+fn binds_volume_dir(state: &DriverState, id: &str, target: &Path) -> bool {
+    let Ok(mounted) = rustix::fs::stat(target) else {
+        return false;
+    };
+    state.pools.iter().any(|pool| {
+        rustix::fs::lstat(pool.volume_path(id)).is_ok_and(|dir| {
+            rustix::fs::FileType::from_raw_mode(dir.st_mode) == rustix::fs::FileType::Directory
+                && dir.st_dev == mounted.st_dev
+                && dir.st_ino == mounted.st_ino
+        })
+    })
+}
+
 fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
     match rustix::fs::lstat(target) {
         Err(Errno::NOENT) => {}
@@ -268,6 +284,12 @@ fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
             for _ in 0..16 {
                 if fsops::is_mount_root(target) == Some(false) {
                     break;
+                }
+                // The common case in O(1): the mount's root is the volume directory itself.
+                // Only anything else (an image's loop mount, a foreign mount) reads the table.
+                if binds_volume_dir(state, id, target) {
+                    mount::unmount(target)?;
+                    continue;
                 }
                 let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
                 let Some(top) = mounts.mount_at(target) else { break };

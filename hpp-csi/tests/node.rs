@@ -368,6 +368,21 @@ async fn unpublish_leaves_mounts_that_are_not_the_volume() {
 }
 
 #[tokio::test]
+async fn unpublish_of_one_volume_leaves_a_bind_of_another_volume() {
+    let mut h = Harness::start().await;
+    h.create("pvc-a").await;
+    h.create("pvc-b").await;
+    let target = h.target("other");
+    // Volume b is published here; an unpublish that names volume a must not take it.
+    h.publish("pvc-b", &target, false).await.unwrap();
+    assert_eq!(code(h.unpublish("pvc-a", &target).await), Code::FailedPrecondition);
+    assert!(is_mount_point(&target), "volume b's bind stays");
+    h.unpublish("pvc-b", &target).await.unwrap();
+    assert!(!target.exists());
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn ephemeral_volumes_follow_the_pools_switch_and_cap() {
     let mut h = Harness::with(|root, b| {
         b.pool(legacy_pool(root).ephemeral(true, Some(1 << 20)))
