@@ -488,6 +488,17 @@ fn rwx_pool_shares_one_claim_and_an_overlay_class() {
         sc["parameters"],
         serde_json::json!({"storagePool": "nfs-backend", "overlayCSI": "true"})
     );
+    assert!(sc.get("allowVolumeExpansion").is_none(), "no quota: sizes mean nothing, no expansion");
+    for (mode, expands) in [
+        (hpp_api::quota::QuotaMode::None, false),
+        (hpp_api::quota::QuotaMode::Image, true),
+        (hpp_api::quota::QuotaMode::Auto, true),
+    ] {
+        let mut sized = pool.clone();
+        sized.quota = Some(mode);
+        let sc = value(&pool_objects::overlay_storage_class(&sized, &cfg()).unwrap());
+        assert_eq!(sc.get("allowVolumeExpansion").is_some(), expands, "{mode}");
+    }
     let dep =
         value(&pool_objects::mounter_deployment(&hpp, pool, "n1", "hpp-pool-nfs-backend-shared", &cfg()).unwrap());
     assert_eq!(

@@ -85,7 +85,9 @@ pub fn pool_claim(pool: &StoragePool, name: &str, cfg: &OperatorConfig) -> Resul
     })
 }
 
-/// The overlay StorageClass of a ReadWriteMany pool.
+/// The overlay StorageClass of a ReadWriteMany pool. Claims of it may grow
+/// (`allowVolumeExpansion`) when the pool enforces sizes with a quota backend; without one a
+/// size means nothing, so the class does not pretend it can be changed (KubeVirt's class).
 pub fn overlay_storage_class(pool: &StoragePool, cfg: &OperatorConfig) -> Result<DesiredObject> {
     let name = pool
         .overlay_class_name
@@ -96,6 +98,7 @@ pub fn overlay_storage_class(pool: &StoragePool, cfg: &OperatorConfig) -> Result
         provisioner: c::DRIVER_NAME.to_owned(),
         reclaim_policy: Some("Delete".into()),
         volume_binding_mode: Some("Immediate".into()),
+        allow_volume_expansion: pool.quota.filter(|q| !q.is_none()).map(|_| true),
         parameters: Some(BTreeMap::from([
             (c::PARAM_STORAGE_POOL.to_owned(), pool.name.clone()),
             (c::PARAM_OVERLAY_CSI.to_owned(), "true".to_owned()),
