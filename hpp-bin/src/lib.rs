@@ -21,6 +21,21 @@ pub fn build_version() -> String {
     }
 }
 
+/// glibc malloc arenas each executable allows (see [`hpp_sys::malloc`]): two keep a little
+/// allocation concurrency while freed memory stays in two places, not one per thread.
+pub const MALLOC_ARENAS: u16 = 2;
+
+/// Runs `main` on the multi-threaded tokio runtime every executable uses, after capping the
+/// allocator's arenas (which must happen before any thread starts, so not under
+/// `#[tokio::main]`).
+pub fn run<F: std::future::Future>(main: F) -> std::io::Result<F::Output> {
+    hpp_sys::malloc::limit_arenas(MALLOC_ARENAS);
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(main))
+}
+
 /// Ends an executable: on error, one line on stderr (`NAME: error: cause: cause`), never a
 /// backtrace (even with `RUST_BACKTRACE` set), and exit status 1.
 pub fn exit_code(name: &str, result: anyhow::Result<()>) -> std::process::ExitCode {

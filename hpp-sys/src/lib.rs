@@ -9,5 +9,6 @@
 
 pub mod btrfs;
 pub mod loopdev;
+pub mod malloc;
 pub mod mount;
 pub mod quota;

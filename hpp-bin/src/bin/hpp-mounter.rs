@@ -3,8 +3,10 @@
 use clap::Parser;
 use hpp_bin::operator::mounter::{self, MounterArgs};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let _telemetry = hpp_bin::telemetry::init("hpp-mounter", hpp_bin::telemetry::LogFormat::Text)?;
-    mounter::main(MounterArgs::parse()).await
+fn main() -> anyhow::Result<()> {
+    let args = MounterArgs::parse();
+    hpp_bin::run(async move {
+        let _telemetry = hpp_bin::telemetry::init("hpp-mounter", hpp_bin::telemetry::LogFormat::Text)?;
+        mounter::main(args).await
+    })?
 }

@@ -4,10 +4,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    hpp_bin::exit_code(
-        "hpp-operator",
-        hpp_bin::operator::main(hpp_bin::operator::Args::parse()).await,
-    )
+fn main() -> ExitCode {
+    let args = hpp_bin::operator::Args::parse();
+    let result = hpp_bin::run(hpp_bin::operator::main(args)).unwrap_or_else(|e| Err(e.into()));
+    hpp_bin::exit_code("hpp-operator", result)
 }

@@ -3,9 +3,8 @@
 
 use hpp_bin::provisioner::{Args, main_with};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     // Go-style `-name=…` flags of the replaced provisioners are accepted too.
     let args = Args::parse_compat(std::env::args_os()).unwrap_or_else(|e| e.exit());
-    main_with(args).await
+    hpp_bin::run(main_with(args))?
 }
