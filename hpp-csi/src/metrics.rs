@@ -32,6 +32,15 @@ pub struct PoolLabels {
     pub pool: String,
 }
 
+/// Labels of the pool quota metric: which backend enforces sizes (`auto` shows what it chose).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaLabels {
+    /// Pool name.
+    pub pool: String,
+    /// The backend in use (`none`, `btrfs`, `xfs-project`, `ext4-project`, `image`).
+    pub backend: String,
+}
+
 /// The prefix of the driver's own metrics (`hpp_csi_*`, `hpp_pool_*`).
 pub const PREFIX: &str = "hpp";
 /// The prefix of the metrics that keep KubeVirt's names.
@@ -51,6 +60,7 @@ pub struct DriverMetrics {
     pool_available: Family<PoolLabels, Gauge>,
     pool_usable: Family<PoolLabels, Gauge>,
     pool_shared: Family<PoolLabels, Gauge>,
+    pool_quota: Family<QuotaLabels, Gauge>,
     shared_with_os: Gauge,
 }
 
@@ -65,6 +75,7 @@ impl DriverMetrics {
             pool_available: Family::default(),
             pool_usable: Family::default(),
             pool_shared: Family::default(),
+            pool_quota: Family::default(),
             shared_with_os: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix(PREFIX);
@@ -98,6 +109,11 @@ impl DriverMetrics {
             "1 when the pool lives on the same device as the OS disk",
             m.pool_shared.clone(),
         );
+        r.register(
+            "pool_quota_backend",
+            "1 for the quota backend that enforces volume sizes in the pool (what quota auto chose)",
+            m.pool_quota.clone(),
+        );
         registry.sub_registry_with_prefix(KUBEVIRT_PREFIX).register(
             "pool_path_shared_with_os",
             "Whether any hostpath provisioner pool shares a device with the OS (1) or not (0)",
@@ -127,6 +143,15 @@ impl DriverMetrics {
         self.pool_shared.get_or_create(&l).set(i64::from(shared_with_os));
     }
 
+    /// Publishes which backend enforces sizes in `pool`.
+    pub fn set_quota_backend(&self, pool: &str, backend: &str) {
+        let l = QuotaLabels {
+            pool: pool.to_owned(),
+            backend: backend.to_owned(),
+        };
+        self.pool_quota.get_or_create(&l).set(1);
+    }
+
     /// Sets KubeVirt's aggregate gauge.
     pub fn set_shared_with_os(&self, any: bool) {
         self.shared_with_os.set(i64::from(any));
@@ -146,6 +171,7 @@ mod tests {
         m.observe_rpc("Controller", "CreateVolume", tonic::Code::Ok, 0.001);
         m.set_pool("local", &PoolHealth::default(), true);
         m.set_shared_with_os(true);
+        m.set_quota_backend("local", "btrfs");
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
         for line in [
@@ -156,6 +182,7 @@ mod tests {
             "hpp_pool_usable{pool=\"local\"} 0",
             "hpp_pool_path_shared_with_os{pool=\"local\"} 1",
             "kubevirt_hpp_pool_path_shared_with_os 1",
+            "hpp_pool_quota_backend{pool=\"local\",backend=\"btrfs\"} 1",
         ] {
             assert!(out.contains(line), "{line} missing from\n{out}");
         }

@@ -109,6 +109,9 @@ impl DriverState {
             for (name, h, shared) in &pools {
                 m.set_pool(name, h, *shared);
             }
+            for p in self.pools.iter() {
+                m.set_quota_backend(&p.name, p.quota.name());
+            }
             m.set_shared_with_os(pools.iter().any(|(_, _, s)| *s));
         }
         let report = PoolsReport { pools };
