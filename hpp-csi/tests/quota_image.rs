@@ -1,9 +1,13 @@
 //! A `quota: image` pool through the real gRPC services: CreateVolume makes an image of the
 //! requested size, NodePublish loop-mounts it (df in the pod shows the volume), writes past
 //! the size fail, DeleteVolume refuses while the image is mounted, NodeUnpublish frees it.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! And kill -9 of a driver creating, publishing, cloning, expanding and deleting image volumes
+//! at many different moments converges.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+#[path = "../../hpp-fs/tests/common/mod.rs"]
+mod loopfs;
 
 use common::*;
 use hpp_api::quota::QuotaMode;
@@ -75,4 +79,254 @@ async fn image_volumes_are_loop_mounted_limited_and_freed() {
     deleted.unwrap();
     assert!(!h.pool_path().join("pvc-img").exists());
     h.stop().await;
+}
+
+/// Environment variable that turns [`image_crash_child`] into the workload the crash test kills
+/// (the pool's root), and the round it runs in.
+const CRASH_CHILD: &str = "HPP_TEST_IMAGE_CRASH_ROOT";
+const CRASH_ROUND: &str = "HPP_TEST_IMAGE_CRASH_ROUND";
+
+fn image_pool(root: &std::path::Path) -> hpp_csi::pool::Pool {
+    let cfg = hpp_csi::PoolConfig::new("i", root.join("pool")).quota(QuotaMode::Image, 100);
+    hpp_csi::pool::Pool::prepare(&cfg).unwrap()
+}
+
+fn sized(bytes: u64) -> hpp_csi::volumes::Requested {
+    hpp_csi::volumes::Requested {
+        required: bytes,
+        limit: 0,
+    }
+}
+
+fn expand_image(pool: &hpp_csi::pool::Pool, id: &str, bytes: u64) -> hpp_csi::expand::Expanded {
+    let health = pool.health(&hpp_csi::mountinfo::MountTable::read().unwrap());
+    let range = hpp_csi::sizing::Range {
+        required: bytes,
+        limit: 0,
+    };
+    hpp_csi::expand::controller_expand(&hpp_csi::ledger::Ledger::default(), pool, &health, id, range).unwrap()
+}
+
+/// Deletes `id`, waiting while the kernel is still detaching a loop device that was
+/// autocleared by an unmount (the detach runs just after it).
+fn delete_image(pool: &hpp_csi::pool::Pool, id: &str) -> bool {
+    for _ in 0..1000 {
+        let mounts = hpp_csi::mountinfo::MountTable::read().unwrap();
+        match hpp_csi::volumes::delete(pool, id, &mounts) {
+            Err(hpp_csi::Error::FailedPrecondition(m)) if m.contains("attached to /dev/loop") => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other.unwrap(),
+        }
+    }
+    panic!("{id} stays attached to a loop device");
+}
+
+/// Loop devices whose backing file is inside `dir`.
+fn loops_backed_under(dir: &std::path::Path) -> Vec<String> {
+    let dir = dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/sys/block")
+        .unwrap()
+        .filter_map(|e| {
+            let dev = e.unwrap().file_name().to_string_lossy().into_owned();
+            let backing = std::fs::read_to_string(format!("/sys/block/{dev}/loop/backing_file")).ok()?;
+            backing.starts_with(&format!("{dir}/")).then(|| format!("{dev}: {}", backing.trim_end()))
+        })
+        .collect()
+}
+
+/// Waits (bounded) for the loop devices of the killed child's mounts to be detached; the
+/// ones left are leaks.
+fn leaked_loops(dir: &std::path::Path) -> Vec<String> {
+    for _ in 0..1000 {
+        if loops_backed_under(dir).is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    loops_backed_under(dir)
+}
+
+/// Volume `id` is complete: its image is `bytes` long, its recorded size is `bytes`, and the
+/// filesystem inside is clean (`e2fsck -fn`).
+fn assert_complete_image(pool: &hpp_csi::pool::Pool, id: &str, bytes: u64) {
+    let dir = pool.open().unwrap();
+    let img = pool.path.join(id).join("disk.img");
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), bytes, "{id}: image size");
+    assert_eq!(
+        hpp_csi::volumes::recorded_capacity(std::os::fd::AsFd::as_fd(&dir), id).unwrap(),
+        Some(bytes),
+        "{id}: recorded size"
+    );
+    let out = std::process::Command::new("e2fsck").arg("-fn").arg(&img).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{id}: e2fsck -fn: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Sizes of the workload (the ext4 image minimum is 8 MiB).
+const CREATED: u64 = 8 * MIB;
+const CLONED: u64 = 12 * MIB;
+const EXPANDED: u64 = 16 * MIB;
+
+/// Not a test on its own: when the crash test runs this binary with [`CRASH_CHILD`] set (in a
+/// mount namespace of its own, like a pod's mounts that go away with it), it creates,
+/// publishes, clones, expands and deletes image volumes forever, writing each step to a
+/// journal before taking it, until it is killed.
+#[test]
+fn image_crash_child() {
+    let Ok(root) = std::env::var(CRASH_CHILD) else {
+        return;
+    };
+    let round = std::env::var(CRASH_ROUND).unwrap();
+    let root = std::path::PathBuf::from(root);
+    let pool = image_pool(&root);
+    let target = root.join(format!("target-{round}"));
+    std::fs::create_dir_all(&target).unwrap();
+    let mut journal = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(root.join(format!("journal-{round}")))
+        .unwrap();
+    let mut step = |line: String| writeln!(journal, "{line}").unwrap();
+    std::fs::write(root.join(format!("started-{}", std::process::id())), b"").unwrap();
+    for i in 0u64.. {
+        let (vol, clone) = (format!("r{round}-vol-{i}"), format!("r{round}-clone-{i}"));
+        step(format!("create {vol}"));
+        hpp_csi::volumes::create(&pool, &vol, None, sized(CREATED)).unwrap();
+        step(format!("publish {vol}"));
+        let fd = hpp_csi::volumes::open(&pool, &vol).unwrap();
+        pool.quota
+            .mount_at(std::os::fd::AsFd::as_fd(&fd), &target, rustix::mount::MountFlags::empty())
+            .unwrap();
+        std::fs::write(target.join("data"), i.to_string()).unwrap();
+        rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty()).unwrap();
+        step(format!("clone {clone} {vol}"));
+        hpp_csi::volumes::create(&pool, &clone, Some(&fd), sized(CLONED)).unwrap();
+        drop(fd);
+        step(format!("expand {vol}"));
+        expand_image(&pool, &vol, EXPANDED);
+        step(format!("delete {vol}"));
+        delete_image(&pool, &vol);
+        step(format!("delete {clone}"));
+        delete_image(&pool, &clone);
+    }
+}
+
+/// kill -9 of a driver working on image volumes, at many different moments. After each kill,
+/// the driver's start-up sweep leaves no temporary, no loop device stays attached to an image
+/// of the pool, and the CO's retry of the interrupted call succeeds with the volume in the
+/// state the call asks for; at the end every volume is a complete, fsck-clean image of its
+/// recorded size, and deleting them all leaves the pool empty.
+#[test]
+fn killing_the_driver_working_on_image_volumes_converges() {
+    let Some(fs) = loopfs::LoopFs::new("ext4", 1024, "") else {
+        return;
+    };
+    if std::process::Command::new("unshare").arg("--version").output().is_err() {
+        eprintln!("skipped: unshare (util-linux) is not installed");
+        return;
+    }
+    let root = fs.path().to_path_buf();
+    let pool = image_pool(&root);
+    let exe = std::env::current_exe().unwrap();
+    let mut interrupted = std::collections::BTreeMap::<String, usize>::new();
+    for round in 0..12u64 {
+        let mut child = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private"])
+            .arg(&exe)
+            .args(["--exact", "image_crash_child", "--nocapture", "--test-threads=1"])
+            .env(CRASH_CHILD, &root)
+            .env(CRASH_ROUND, round.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(root.join(format!("child-{round}.log"))).unwrap())
+            .spawn()
+            .unwrap();
+        let started = root.join(format!("started-{}", child.id()));
+        for _ in 0..30_000 {
+            if started.exists() || child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(started.exists(), "round {round}: the child never started");
+        // A different moment each round; where the kill lands does not matter to the checks.
+        std::thread::sleep(std::time::Duration::from_millis(round * 29));
+        child.kill().unwrap();
+        let status = child.wait().unwrap();
+        // Killed at work, not dead of a failure of its own.
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9),
+            "round {round}: the child ended with {status}: {}",
+            std::fs::read_to_string(root.join(format!("child-{round}.log"))).unwrap()
+        );
+        std::fs::remove_file(&started).unwrap();
+
+        // What the driver does when it starts again.
+        assert_eq!(leaked_loops(&pool.path), Vec::<String>::new(), "round {round}");
+        let dir = pool.open().unwrap();
+        hpp_csi::volumes::sweep(std::os::fd::AsFd::as_fd(&dir), &*pool.quota).unwrap();
+        let temporaries: Vec<String> = std::fs::read_dir(&pool.path)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".hpp-"))
+            .collect();
+        assert_eq!(temporaries, Vec::<String>::new(), "round {round}");
+
+        // The CO retries the call the kill interrupted.
+        let journal = std::fs::read_to_string(root.join(format!("journal-{round}"))).unwrap();
+        let last = journal.lines().last().unwrap().to_owned();
+        let words: Vec<&str> = last.split(' ').collect();
+        *interrupted.entry(words[0].to_owned()).or_default() += 1;
+        match words[..] {
+            ["create", vol] => {
+                hpp_csi::volumes::create(&pool, vol, None, sized(CREATED)).unwrap();
+                assert_complete_image(&pool, vol, CREATED);
+            }
+            // The pod's mount went with its namespace: nothing to retry.
+            ["publish", vol] => assert_complete_image(&pool, vol, CREATED),
+            ["clone", clone, vol] => {
+                let fd = hpp_csi::volumes::open(&pool, vol).unwrap();
+                hpp_csi::volumes::create(&pool, clone, Some(&fd), sized(CLONED)).unwrap();
+                assert_complete_image(&pool, clone, CLONED);
+            }
+            ["expand", vol] => {
+                assert_eq!(expand_image(&pool, vol, EXPANDED).capacity, EXPANDED);
+                assert_complete_image(&pool, vol, EXPANDED);
+            }
+            ["delete", vol] => {
+                delete_image(&pool, vol);
+                assert!(!pool.path.join(vol).exists(), "{vol} is gone");
+            }
+            _ => panic!("unexpected journal line {last:?}"),
+        }
+    }
+    eprintln!("kills interrupted: {interrupted:?}");
+
+    // Every volume left is complete, of the size its last finished step gave it.
+    let volumes = pool.list_volumes().unwrap();
+    for id in &volumes {
+        let round = id.split('-').next().unwrap().trim_start_matches('r');
+        let journal = std::fs::read_to_string(root.join(format!("journal-{round}"))).unwrap();
+        let expanded = journal.lines().any(|l| l == format!("expand {id}"));
+        let want = match (id.contains("-clone-"), expanded) {
+            (true, _) => CLONED,
+            (false, true) => EXPANDED,
+            (false, false) => CREATED,
+        };
+        assert_complete_image(&pool, id, want);
+    }
+    for id in &volumes {
+        assert!(delete_image(&pool, id), "{id}");
+    }
+    let left: Vec<String> = std::fs::read_dir(&pool.path)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, Vec::<String>::new(), "the pool is empty");
+    assert_eq!(leaked_loops(&pool.path), Vec::<String>::new());
 }
