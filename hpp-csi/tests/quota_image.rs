@@ -167,6 +167,9 @@ fn assert_complete_image(pool: &hpp_csi::pool::Pool, id: &str, bytes: u64) {
     );
 }
 
+/// The kinds of step of the workload, as the journal names them.
+const STEPS: [&str; 5] = ["create", "publish", "clone", "expand", "delete"];
+
 /// Sizes of the workload (the ext4 image minimum is 8 MiB).
 const CREATED: u64 = 8 * MIB;
 const CLONED: u64 = 12 * MIB;
@@ -234,7 +237,7 @@ fn killing_the_driver_working_on_image_volumes_converges() {
     let pool = image_pool(&root);
     let exe = std::env::current_exe().unwrap();
     let mut interrupted = std::collections::BTreeMap::<String, usize>::new();
-    for round in 0..12u64 {
+    for round in 0..4 * STEPS.len() as u64 {
         let mut child = std::process::Command::new("unshare")
             .args(["--mount", "--propagation", "private"])
             .arg(&exe)
@@ -253,8 +256,18 @@ fn killing_the_driver_working_on_image_volumes_converges() {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         assert!(started.exists(), "round {round}: the child never started");
-        // A different moment each round; where the kill lands does not matter to the checks.
-        std::thread::sleep(std::time::Duration::from_millis(round * 29));
+        // Each round aims at one kind of step, a little later into it every time it comes round.
+        let aim = STEPS[round as usize % STEPS.len()];
+        let journal = root.join(format!("journal-{round}"));
+        loop {
+            let log = std::fs::read_to_string(&journal).unwrap_or_default();
+            if log.lines().last().is_some_and(|l| l.starts_with(aim)) {
+                break;
+            }
+            assert!(child.try_wait().unwrap().is_none(), "round {round}: the child died");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(round / STEPS.len() as u64 * 7));
         child.kill().unwrap();
         let status = child.wait().unwrap();
         // Killed at work, not dead of a failure of its own.
@@ -329,4 +342,56 @@ fn killing_the_driver_working_on_image_volumes_converges() {
         .collect();
     assert_eq!(left, Vec::<String>::new(), "the pool is empty");
     assert_eq!(leaked_loops(&pool.path), Vec::<String>::new());
+}
+
+/// A publish target on a filesystem that itself sits on a loop device (a loop-mounted kubelet
+/// directory; here the test's pool) is not taken for an already mounted image: publish mounts
+/// the image there, and growing an unmounted target is refused rather than resizing the
+/// filesystem the target lives on.
+#[test]
+fn a_target_on_a_loop_backed_filesystem_is_not_taken_for_a_mounted_image() {
+    let Some(fs) = loopfs::LoopFs::new("ext4", 64, "") else {
+        return;
+    };
+    let root = fs.path().to_path_buf();
+    let pool = image_pool(&root);
+    hpp_csi::volumes::create(&pool, "pvc-t", None, sized(CREATED)).unwrap();
+    let target = root.join("target");
+    std::fs::create_dir(&target).unwrap();
+    let host_size = rustix::fs::statvfs(&root).unwrap().f_blocks;
+    let err = pool.quota.expand_mounted(&target).unwrap_err();
+    assert!(
+        matches!(err, hpp_fs::quota::QuotaError::Unsupported(ref m) if m.contains("not a loop-mounted image")),
+        "{err}"
+    );
+    assert_eq!(rustix::fs::statvfs(&root).unwrap().f_blocks, host_size);
+    let fd = hpp_csi::volumes::open(&pool, "pvc-t").unwrap();
+    let mounted = pool
+        .quota
+        .mount_at(std::os::fd::AsFd::as_fd(&fd), &target, rustix::mount::MountFlags::empty());
+    let st = rustix::fs::statvfs(&target).unwrap();
+    rustix::mount::unmount(&target, rustix::mount::UnmountFlags::DETACH).ok();
+    assert!(mounted.unwrap());
+    assert!(st.f_blocks * st.f_frsize <= CREATED, "the image is mounted at the target");
+}
+
+/// The one moment of an expansion a kill can split: the image grown, its new size not yet
+/// recorded. The retry records it; the image is not grown twice.
+#[test]
+fn an_image_expansion_killed_before_recording_the_size_converges_on_retry() {
+    let Some(fs) = loopfs::LoopFs::new("ext4", 64, "") else {
+        return;
+    };
+    let pool = image_pool(fs.path());
+    hpp_csi::volumes::create(&pool, "pvc-x", None, sized(CREATED)).unwrap();
+    let dir = pool.open().unwrap();
+    pool.quota
+        .set_limit(std::os::fd::AsFd::as_fd(&dir), "pvc-x", EXPANDED)
+        .unwrap();
+    assert_eq!(
+        hpp_csi::volumes::recorded_capacity(std::os::fd::AsFd::as_fd(&dir), "pvc-x").unwrap(),
+        Some(CREATED)
+    );
+    assert_eq!(expand_image(&pool, "pvc-x", EXPANDED).capacity, EXPANDED);
+    assert_complete_image(&pool, "pvc-x", EXPANDED);
 }
