@@ -130,7 +130,9 @@ fn loops_backed_under(dir: &std::path::Path) -> Vec<String> {
         .filter_map(|e| {
             let dev = e.unwrap().file_name().to_string_lossy().into_owned();
             let backing = std::fs::read_to_string(format!("/sys/block/{dev}/loop/backing_file")).ok()?;
-            backing.starts_with(&format!("{dir}/")).then(|| format!("{dev}: {}", backing.trim_end()))
+            backing
+                .starts_with(&format!("{dir}/"))
+                .then(|| format!("{dev}: {}", backing.trim_end()))
         })
         .collect()
 }
@@ -158,7 +160,11 @@ fn assert_complete_image(pool: &hpp_csi::pool::Pool, id: &str, bytes: u64) {
         Some(bytes),
         "{id}: recorded size"
     );
-    let out = std::process::Command::new("e2fsck").arg("-fn").arg(&img).output().unwrap();
+    let out = std::process::Command::new("e2fsck")
+        .arg("-fn")
+        .arg(&img)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{id}: e2fsck -fn: {}{}",
@@ -203,7 +209,11 @@ fn image_crash_child() {
         step(format!("publish {vol}"));
         let fd = hpp_csi::volumes::open(&pool, &vol).unwrap();
         pool.quota
-            .mount_at(std::os::fd::AsFd::as_fd(&fd), &target, rustix::mount::MountFlags::empty())
+            .mount_at(
+                std::os::fd::AsFd::as_fd(&fd),
+                &target,
+                rustix::mount::MountFlags::empty(),
+            )
             .unwrap();
         std::fs::write(target.join("data"), i.to_string()).unwrap();
         rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty()).unwrap();
@@ -366,13 +376,18 @@ fn a_target_on_a_loop_backed_filesystem_is_not_taken_for_a_mounted_image() {
     );
     assert_eq!(rustix::fs::statvfs(&root).unwrap().f_blocks, host_size);
     let fd = hpp_csi::volumes::open(&pool, "pvc-t").unwrap();
-    let mounted = pool
-        .quota
-        .mount_at(std::os::fd::AsFd::as_fd(&fd), &target, rustix::mount::MountFlags::empty());
+    let mounted = pool.quota.mount_at(
+        std::os::fd::AsFd::as_fd(&fd),
+        &target,
+        rustix::mount::MountFlags::empty(),
+    );
     let st = rustix::fs::statvfs(&target).unwrap();
     rustix::mount::unmount(&target, rustix::mount::UnmountFlags::DETACH).ok();
     assert!(mounted.unwrap());
-    assert!(st.f_blocks * st.f_frsize <= CREATED, "the image is mounted at the target");
+    assert!(
+        st.f_blocks * st.f_frsize <= CREATED,
+        "the image is mounted at the target"
+    );
 }
 
 /// The one moment of an expansion a kill can split: the image grown, its new size not yet

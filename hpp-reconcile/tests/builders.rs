@@ -488,7 +488,10 @@ fn rwx_pool_shares_one_claim_and_an_overlay_class() {
         sc["parameters"],
         serde_json::json!({"storagePool": "nfs-backend", "overlayCSI": "true"})
     );
-    assert!(sc.get("allowVolumeExpansion").is_none(), "no quota: sizes mean nothing, no expansion");
+    assert!(
+        sc.get("allowVolumeExpansion").is_none(),
+        "no quota: sizes mean nothing, no expansion"
+    );
     for (mode, expands) in [
         (hpp_api::quota::QuotaMode::None, false),
         (hpp_api::quota::QuotaMode::Image, true),
