@@ -85,6 +85,8 @@ async fn image_volumes_are_loop_mounted_limited_and_freed() {
 /// (the pool's root), and the round it runs in.
 const CRASH_CHILD: &str = "HPP_TEST_IMAGE_CRASH_ROOT";
 const CRASH_ROUND: &str = "HPP_TEST_IMAGE_CRASH_ROUND";
+/// Set when the child also grows its volumes with NodeExpandVolume (`--expansion=node`).
+const CRASH_NODE_EXPAND: &str = "HPP_TEST_IMAGE_CRASH_NODE_EXPAND";
 
 fn image_pool(root: &std::path::Path) -> hpp_csi::pool::Pool {
     let cfg = hpp_csi::PoolConfig::new("i", root.join("pool")).quota(QuotaMode::Image, 100);
@@ -174,12 +176,56 @@ fn assert_complete_image(pool: &hpp_csi::pool::Pool, id: &str, bytes: u64) {
 }
 
 /// The kinds of step of the workload, as the journal names them.
-const STEPS: [&str; 5] = ["create", "publish", "clone", "expand", "delete"];
+const STEPS: [&str; 6] = ["create", "publish", "clone", "expand", "node-expand", "delete"];
 
 /// Sizes of the workload (the ext4 image minimum is 8 MiB).
 const CREATED: u64 = 8 * MIB;
 const CLONED: u64 = 12 * MIB;
 const EXPANDED: u64 = 16 * MIB;
+/// Grown by NodeExpandVolume in `--expansion=node` mode (limit raised and filesystem grown).
+const NODE_EXPANDED: u64 = 20 * MIB;
+
+/// NodeExpandVolume in `--expansion=node` mode of volume `id` published at `target`.
+fn node_expand_image(pool: &hpp_csi::pool::Pool, id: &str, target: &std::path::Path) -> u64 {
+    let health = pool.health(&hpp_csi::mountinfo::MountTable::read().unwrap());
+    let range = hpp_csi::sizing::Range {
+        required: NODE_EXPANDED,
+        limit: 0,
+    };
+    let ledger = hpp_csi::ledger::Ledger::default();
+    hpp_csi::expand::node_expand(pool, id, target, range, Some((&ledger, &health))).unwrap()
+}
+
+/// Whether this process may grow a mounted ext4 (CAP_SYS_RESOURCE, which the ext4 resize
+/// ioctl needs: containers often drop it).
+fn can_grow_ext4_online() -> bool {
+    const CAP_SYS_RESOURCE: u32 = 24;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0)
+}
+
+/// Size of the ext4 filesystem inside image volume `id` (from its superblock).
+fn filesystem_bytes(pool: &hpp_csi::pool::Pool, id: &str) -> u64 {
+    let out = std::process::Command::new("dumpe2fs")
+        .arg("-h")
+        .arg(pool.path.join(id).join("disk.img"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim_start_matches(':').trim().parse().ok())
+            .unwrap_or_else(|| panic!("dumpe2fs of {id} has no {name}: {text}"))
+    };
+    field("Block count") * field("Block size")
+}
 
 /// Not a test on its own: when the crash test runs this binary with [`CRASH_CHILD`] set (in a
 /// mount namespace of its own, like a pod's mounts that go away with it), it creates,
@@ -191,6 +237,7 @@ fn image_crash_child() {
         return;
     };
     let round = std::env::var(CRASH_ROUND).unwrap();
+    let node_mode = std::env::var_os(CRASH_NODE_EXPAND).is_some_and(|v| v == "1");
     let root = std::path::PathBuf::from(root);
     let pool = image_pool(&root);
     let target = root.join(format!("target-{round}"));
@@ -222,6 +269,25 @@ fn image_crash_child() {
         drop(fd);
         step(format!("expand {vol}"));
         expand_image(&pool, &vol, EXPANDED);
+        if !node_mode {
+            step(format!("delete {vol}"));
+            delete_image(&pool, &vol);
+            step(format!("delete {clone}"));
+            delete_image(&pool, &clone);
+            continue;
+        }
+        step(format!("node-expand {vol}"));
+        let fd = hpp_csi::volumes::open(&pool, &vol).unwrap();
+        pool.quota
+            .mount_at(
+                std::os::fd::AsFd::as_fd(&fd),
+                &target,
+                rustix::mount::MountFlags::empty(),
+            )
+            .unwrap();
+        drop(fd);
+        node_expand_image(&pool, &vol, &target);
+        rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty()).unwrap();
         step(format!("delete {vol}"));
         delete_image(&pool, &vol);
         step(format!("delete {clone}"));
@@ -247,13 +313,22 @@ fn killing_the_driver_working_on_image_volumes_converges() {
     let pool = image_pool(&root);
     let exe = std::env::current_exe().unwrap();
     let mut interrupted = std::collections::BTreeMap::<String, usize>::new();
-    for round in 0..4 * STEPS.len() as u64 {
+    let node_mode = can_grow_ext4_online();
+    let steps: Vec<&str> = match node_mode {
+        true => STEPS.to_vec(),
+        false => {
+            eprintln!("skipped the node-expand step: growing a mounted ext4 needs CAP_SYS_RESOURCE");
+            STEPS.into_iter().filter(|s| *s != "node-expand").collect()
+        }
+    };
+    for round in 0..4 * steps.len() as u64 {
         let mut child = std::process::Command::new("unshare")
             .args(["--mount", "--propagation", "private"])
             .arg(&exe)
             .args(["--exact", "image_crash_child", "--nocapture", "--test-threads=1"])
             .env(CRASH_CHILD, &root)
             .env(CRASH_ROUND, round.to_string())
+            .env(CRASH_NODE_EXPAND, if node_mode { "1" } else { "" })
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(root.join(format!("child-{round}.log"))).unwrap())
             .spawn()
@@ -267,7 +342,7 @@ fn killing_the_driver_working_on_image_volumes_converges() {
         }
         assert!(started.exists(), "round {round}: the child never started");
         // Each round aims at one kind of step, a little later into it every time it comes round.
-        let aim = STEPS[round as usize % STEPS.len()];
+        let aim = steps[round as usize % steps.len()];
         let journal = root.join(format!("journal-{round}"));
         loop {
             let log = std::fs::read_to_string(&journal).unwrap_or_default();
@@ -277,7 +352,7 @@ fn killing_the_driver_working_on_image_volumes_converges() {
             assert!(child.try_wait().unwrap().is_none(), "round {round}: the child died");
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        std::thread::sleep(std::time::Duration::from_millis(round / STEPS.len() as u64 * 7));
+        std::thread::sleep(std::time::Duration::from_millis(round / steps.len() as u64 * 7));
         child.kill().unwrap();
         let status = child.wait().unwrap();
         // Killed at work, not dead of a failure of its own.
@@ -321,6 +396,25 @@ fn killing_the_driver_working_on_image_volumes_converges() {
                 assert_eq!(expand_image(&pool, vol, EXPANDED).capacity, EXPANDED);
                 assert_complete_image(&pool, vol, EXPANDED);
             }
+            // The CO publishes the volume again and retries.
+            ["node-expand", vol] => {
+                let target = root.join("retry-target");
+                std::fs::create_dir_all(&target).unwrap();
+                let fd = hpp_csi::volumes::open(&pool, vol).unwrap();
+                pool.quota
+                    .mount_at(
+                        std::os::fd::AsFd::as_fd(&fd),
+                        &target,
+                        rustix::mount::MountFlags::empty(),
+                    )
+                    .unwrap();
+                let grown = node_expand_image(&pool, vol, &target);
+                rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty()).unwrap();
+                assert_eq!(grown, NODE_EXPANDED);
+                assert_eq!(leaked_loops(&pool.path), Vec::<String>::new(), "round {round}");
+                assert_complete_image(&pool, vol, NODE_EXPANDED);
+                assert_eq!(filesystem_bytes(&pool, vol), NODE_EXPANDED, "{vol}: filesystem grown");
+            }
             ["delete", vol] => {
                 delete_image(&pool, vol);
                 assert!(!pool.path.join(vol).exists(), "{vol} is gone");
@@ -335,13 +429,17 @@ fn killing_the_driver_working_on_image_volumes_converges() {
     for id in &volumes {
         let round = id.split('-').next().unwrap().trim_start_matches('r');
         let journal = std::fs::read_to_string(root.join(format!("journal-{round}"))).unwrap();
-        let expanded = journal.lines().any(|l| l == format!("expand {id}"));
-        let want = match (id.contains("-clone-"), expanded) {
-            (true, _) => CLONED,
-            (false, true) => EXPANDED,
-            (false, false) => CREATED,
+        let did = |step: &str| journal.lines().any(|l| l == format!("{step} {id}"));
+        let want = match (id.contains("-clone-"), did("expand"), did("node-expand")) {
+            (true, _, _) => CLONED,
+            (false, _, true) => NODE_EXPANDED,
+            (false, true, false) => EXPANDED,
+            (false, false, false) => CREATED,
         };
         assert_complete_image(&pool, id, want);
+        if did("node-expand") {
+            assert_eq!(filesystem_bytes(&pool, id), NODE_EXPANDED, "{id}: filesystem grown");
+        }
     }
     for id in &volumes {
         assert!(delete_image(&pool, id), "{id}");
