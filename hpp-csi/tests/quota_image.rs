@@ -508,3 +508,52 @@ fn an_image_expansion_killed_before_recording_the_size_converges_on_retry() {
     assert_eq!(expand_image(&pool, "pvc-x", EXPANDED).capacity, EXPANDED);
     assert_complete_image(&pool, "pvc-x", EXPANDED);
 }
+
+/// Set to the image a [`child_attaches_a_loop_device_and_hangs`] attaches.
+const ATTACH_CHILD: &str = "HPP_TEST_IMAGE_ATTACH_CHILD";
+
+/// Not a test on its own: with [`ATTACH_CHILD`] set, attaches the image as publish does and
+/// stops for good before mounting it.
+#[test]
+fn child_attaches_a_loop_device_and_hangs() {
+    let Ok(image) = std::env::var(ATTACH_CHILD) else {
+        return;
+    };
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(&image).unwrap();
+    let dev = hpp_sys::loopdev::attach(std::os::fd::AsFd::as_fd(&file), false).unwrap();
+    std::fs::write(format!("{image}.attached"), dev.path().to_string_lossy().as_bytes()).unwrap();
+    loop {
+        std::thread::park();
+    }
+}
+
+/// kill -9 between attaching an image's loop device and mounting it (the one moment of a
+/// publish that holds a device no mount owns): the device is attached with autoclear, so it
+/// goes with the killed process's descriptor.
+#[test]
+fn a_publish_killed_before_mounting_leaves_no_loop_device() {
+    let Some(fs) = loopfs::LoopFs::new("ext4", 64, "") else {
+        return;
+    };
+    let pool = image_pool(fs.path());
+    hpp_csi::volumes::create(&pool, "pvc-l", None, sized(CREATED)).unwrap();
+    let image = pool.path.join("pvc-l/disk.img");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_attaches_a_loop_device_and_hangs", "--nocapture"])
+        .env(ATTACH_CHILD, &image)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let marker = pool.path.join("pvc-l/disk.img.attached");
+    while !marker.exists() {
+        assert!(child.try_wait().unwrap().is_none(), "the child died before attaching");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(loops_backed_under(&pool.path).len(), 1, "the child holds a loop device");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(leaked_loops(&pool.path), Vec::<String>::new());
+    std::fs::remove_file(&marker).unwrap();
+    assert!(delete_image(&pool, "pvc-l"));
+}
