@@ -1,6 +1,7 @@
 //! Volumes and snapshots of a `quota: btrfs` pool on a real, loop-mounted btrfs: every volume
 //! is a size-limited subvolume, clones and snapshots are subvolume snapshots, deletion and the
-//! start-up sweep take subvolumes (read-only ones included) away.
+//! start-up sweep take subvolumes (read-only ones included) away. kill -9 at any moment of
+//! create, snapshot, clone, expand, modify and delete converges.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "../../hpp-fs/tests/common/mod.rs"]
