@@ -1,7 +1,8 @@
 //! Volumes and snapshots of a `quota: btrfs` pool on a real, loop-mounted btrfs: every volume
 //! is a size-limited subvolume, clones and snapshots are subvolume snapshots, deletion and the
-//! start-up sweep take subvolumes (read-only ones included) away.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! start-up sweep take subvolumes (read-only ones included) away. kill -9 at any moment of
+//! create, snapshot, clone, expand, modify and delete converges.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 #[path = "../../hpp-fs/tests/common/mod.rs"]
 mod loopfs;
@@ -249,4 +250,175 @@ fn killing_the_driver_at_any_moment_converges() {
         .filter(|n| n.starts_with("0_") && n != "0_5")
         .collect();
     assert_eq!(left, Vec::<String>::new(), "no qgroup outlives its subvolume");
+}
+
+/// Environment variables that turn [`resize_crash_child`] into the workload
+/// [`killing_the_driver_while_expanding_or_modifying_converges`] kills.
+const RESIZE_CHILD: &str = "HPP_TEST_RESIZE_CRASH_ROOT";
+const RESIZE_ROUND: &str = "HPP_TEST_RESIZE_CRASH_ROUND";
+
+/// The workload's steps after create, with their argument: sizes in MiB, compression names.
+const RESIZE_STEPS: [(&str, &str); 4] = [("expand", "8"), ("modify", "zstd"), ("expand", "12"), ("modify", "lzo")];
+
+fn expand_btrfs(pool: &Pool, id: &str, bytes: u64) -> u64 {
+    let health = pool.health(&MountTable::read().unwrap());
+    let range = hpp_csi::sizing::Range {
+        required: bytes,
+        limit: 0,
+    };
+    hpp_csi::expand::controller_expand(&hpp_csi::ledger::Ledger::default(), pool, &health, id, range)
+        .unwrap()
+        .capacity
+}
+
+fn modify_btrfs(pool: &Pool, id: &str, compression: &str) {
+    let params = std::collections::HashMap::from([("compression".to_owned(), compression.to_owned())]);
+    let tuning = hpp_csi::modify::parse(pool, &params).unwrap();
+    hpp_csi::modify::apply(pool, id, &tuning).unwrap();
+}
+
+fn compression_of(pool: &Pool, id: &str) -> String {
+    let fd = std::fs::File::open(pool.path.join(id)).unwrap();
+    let mut buf = [0u8; 16];
+    let n = rustix::fs::fgetxattr(&fd, "btrfs.compression", &mut buf[..]).unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// Limit and recorded size of volume `id` agree and are `bytes`.
+fn assert_limit(pool: &Pool, id: &str, bytes: u64) {
+    let dir = pool.open().unwrap();
+    assert_eq!(
+        volumes::recorded_capacity(dir.as_fd(), id).unwrap(),
+        Some(bytes),
+        "{id}: recorded size"
+    );
+    let usage = pool.quota.usage(dir.as_fd(), id).unwrap().unwrap();
+    assert_eq!(usage.limit_bytes, bytes, "{id}: qgroup limit");
+}
+
+/// Not a test on its own: with [`RESIZE_CHILD`] set, creates volumes and expands and modifies
+/// each twice, journalling each step before taking it, until it is killed.
+#[test]
+fn resize_crash_child() {
+    let Ok(root) = std::env::var(RESIZE_CHILD) else {
+        return;
+    };
+    let round = std::env::var(RESIZE_ROUND).unwrap();
+    let root = std::path::PathBuf::from(root);
+    let pool = crash_pool(&root);
+    let mut journal = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(root.join(format!("journal-{round}")))
+        .unwrap();
+    let mut step = |line: String| writeln!(journal, "{line}").unwrap();
+    std::fs::write(root.join(format!("started-{}", std::process::id())), b"").unwrap();
+    for i in 0u64.. {
+        let vol = format!("r{round}-vol-{i}");
+        step(format!("create {vol}"));
+        volumes::create(
+            &pool,
+            &vol,
+            None,
+            Requested {
+                required: 4 * MIB,
+                limit: 0,
+            },
+        )
+        .unwrap();
+        for (op, arg) in RESIZE_STEPS {
+            step(format!("{op} {vol} {arg}"));
+            match op {
+                "expand" => {
+                    expand_btrfs(&pool, &vol, arg.parse::<u64>().unwrap() * MIB);
+                }
+                _ => modify_btrfs(&pool, &vol, arg),
+            }
+        }
+        step(format!("delete {vol}"));
+        volumes::delete(&pool, &vol, &MountTable::read().unwrap()).unwrap();
+    }
+}
+
+/// kill -9 of a driver expanding (raising qgroup limits) and modifying (compression) btrfs
+/// volumes, aimed at each kind of step in turn: after the start-up sweep, the CO's retry of the
+/// interrupted call succeeds, leaving limit and recorded size equal to the size asked for and
+/// the compression asked for in place; every other volume's limit equals its recorded size.
+#[test]
+fn killing_the_driver_while_expanding_or_modifying_converges() {
+    let Some(fs) = loopfs::LoopFs::new("btrfs", 512, "") else {
+        return;
+    };
+    let root = fs.path().to_path_buf();
+    let pool = crash_pool(&root);
+    let exe = std::env::current_exe().unwrap();
+    let mut interrupted = std::collections::BTreeMap::<String, usize>::new();
+    for round in 0..12u64 {
+        let mut child = std::process::Command::new(&exe)
+            .args(["--exact", "resize_crash_child", "--nocapture", "--test-threads=1"])
+            .env(RESIZE_CHILD, &root)
+            .env(RESIZE_ROUND, round.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(root.join(format!("child-{round}.log"))).unwrap())
+            .spawn()
+            .unwrap();
+        // Rounds aim at expand and modify in turn, a little later into the step each time.
+        let aim = if round % 2 == 0 { "expand" } else { "modify" };
+        let journal = root.join(format!("journal-{round}"));
+        loop {
+            let log = std::fs::read_to_string(&journal).unwrap_or_default();
+            if log.lines().last().is_some_and(|l| l.starts_with(aim)) {
+                break;
+            }
+            assert!(child.try_wait().unwrap().is_none(), "round {round}: the child died");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(round / 2));
+        child.kill().unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9),
+            "round {round}: the child ended with {status}: {}",
+            std::fs::read_to_string(root.join(format!("child-{round}.log"))).unwrap()
+        );
+        let _ = std::fs::remove_file(root.join(format!("started-{}", child.id())));
+
+        let dir = pool.open().unwrap();
+        volumes::sweep(dir.as_fd(), &*pool.quota).unwrap();
+        let log = std::fs::read_to_string(&journal).unwrap();
+        let last = log.lines().last().unwrap().to_owned();
+        let words: Vec<&str> = last.split(' ').collect();
+        *interrupted.entry(words[0].to_owned()).or_default() += 1;
+        match words[..] {
+            ["create", vol] => {
+                let want = Requested {
+                    required: 4 * MIB,
+                    limit: 0,
+                };
+                volumes::create(&pool, vol, None, want).unwrap();
+                assert_limit(&pool, vol, 4 * MIB);
+            }
+            ["expand", vol, mib] => {
+                let bytes = mib.parse::<u64>().unwrap() * MIB;
+                assert_eq!(expand_btrfs(&pool, vol, bytes), bytes);
+                assert_limit(&pool, vol, bytes);
+            }
+            ["modify", vol, compression] => {
+                modify_btrfs(&pool, vol, compression);
+                assert_eq!(compression_of(&pool, vol), compression);
+            }
+            ["delete", vol] => {
+                volumes::delete(&pool, vol, &MountTable::read().unwrap()).unwrap();
+                assert!(!pool.path.join(vol).exists());
+            }
+            _ => panic!("unexpected journal line {last:?}"),
+        }
+    }
+    eprintln!("kills interrupted: {interrupted:?}");
+    let dir = pool.open().unwrap();
+    for id in pool.list_volumes().unwrap() {
+        let recorded = volumes::recorded_capacity(dir.as_fd(), &id).unwrap().unwrap();
+        assert_limit(&pool, &id, recorded);
+    }
 }

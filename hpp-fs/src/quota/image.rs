@@ -126,15 +126,38 @@ fn loop_name(dev_major: u32, dev_minor: u32) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// The loop device mounted at `target`, when `target` is the root of such a mount.
-fn mounted_loop(target: &Path) -> Result<Option<String>, QuotaError> {
-    let st = rustix::fs::statx(
+fn statx(path: &Path) -> Result<rustix::fs::Statx, QuotaError> {
+    rustix::fs::statx(
         rustix::fs::CWD,
-        target,
+        path,
         rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
         rustix::fs::StatxFlags::BASIC_STATS,
     )
-    .map_err(errno(format!("stat {}", target.display())))?;
+    .map_err(errno(format!("stat {}", path.display())))
+}
+
+/// Whether `target` (stat as `st`) is the root of a mount. A plain directory on a filesystem
+/// that itself sits on a loop device (a loop-mounted /var/lib/kubelet, a test's pool) has
+/// that device's number too: without this check it would pass for a mounted image.
+fn is_mount_root(target: &Path, st: &rustix::fs::Statx) -> Result<bool, QuotaError> {
+    use rustix::fs::StatxAttributes;
+    if st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT) {
+        return Ok(st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT));
+    }
+    // Kernels before 5.8: a mount of another device than its parent directory's.
+    let Some(parent) = target.parent() else {
+        return Ok(true);
+    };
+    let up = statx(parent)?;
+    Ok((up.stx_dev_major, up.stx_dev_minor) != (st.stx_dev_major, st.stx_dev_minor))
+}
+
+/// The loop device mounted at `target`, when `target` is the root of such a mount.
+fn mounted_loop(target: &Path) -> Result<Option<String>, QuotaError> {
+    let st = statx(target)?;
+    if !is_mount_root(target, &st)? {
+        return Ok(None);
+    }
     Ok(loop_name(st.stx_dev_major, st.stx_dev_minor))
 }
 
