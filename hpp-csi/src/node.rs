@@ -266,6 +266,26 @@ fn binds_volume_dir(state: &DriverState, id: &str, target: &Path) -> bool {
     })
 }
 
+/// The `volume_path` of NodeGetVolumeStats and NodeExpandVolume: required (InvalidArgument),
+/// and a path that cannot be where a volume is published (relative, not normalised) names no
+/// volume: NotFound, as the CSI spec and its conformance suite want.
+fn published_path(volume_path: &str) -> Result<PathBuf> {
+    if volume_path.is_empty() {
+        return Err(Error::InvalidArgument("volume_path is required".into()));
+    }
+    Ok(canonical(check_target_path("volume_path", volume_path).map_err(
+        |e| match e {
+            Error::InvalidArgument(m) => Error::NotFound(format!("{m}; no volume can be published there")),
+            other => other,
+        },
+    )?))
+}
+
+/// Whether `pool` holds volume `id` (a reserved name never is one).
+fn holds_volume(pool: &Pool, id: &str) -> bool {
+    !pool.is_reserved(id) && volumes::exists(pool, id).unwrap_or(false)
+}
+
 fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
     match rustix::fs::lstat(target) {
         Err(Errno::NOENT) => {}
@@ -569,13 +589,7 @@ impl NodeService {
     async fn expand_inner(&self, req: csi::NodeExpandVolumeRequest) -> Result<csi::NodeExpandVolumeResponse> {
         let id = check_id("volume_id", &req.volume_id)?.to_owned();
         record("volume_id", &id);
-        if req.volume_path.is_empty() {
-            return Err(Error::InvalidArgument("volume_path is required".into()));
-        }
-        let path = canonical(check_target_path("volume_path", &req.volume_path).map_err(|e| match e {
-            Error::InvalidArgument(m) => Error::NotFound(format!("{m}; no volume can be published there")),
-            other => other,
-        })?);
+        let path = published_path(&req.volume_path)?;
         let range = crate::sizing::Range::parse(req.capacity_range.as_ref())?;
         if let Some(why) = req.volume_capability.as_ref().and_then(caps::unsupported) {
             return Err(Error::InvalidArgument(why));
@@ -594,7 +608,7 @@ impl NodeService {
             let pool = state
                 .pools
                 .iter()
-                .find(|p| !p.is_reserved(&id) && volumes::exists(p, &id).unwrap_or(false))
+                .find(|p| holds_volume(p, &id))
                 .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist on node {}", state.node_id)))?;
             let health = match raises {
                 true => Some(crate::controller::require_usable(pool)?),
@@ -612,22 +626,10 @@ impl NodeService {
     async fn stats_inner(&self, req: csi::NodeGetVolumeStatsRequest) -> Result<csi::NodeGetVolumeStatsResponse> {
         let id = check_id("volume_id", &req.volume_id)?.to_owned();
         record("volume_id", &id);
-        // A path that is given but cannot be where a volume is published (relative, not
-        // normalised) names no volume: NotFound, as the CSI spec and its conformance suite want.
-        if req.volume_path.is_empty() {
-            return Err(Error::InvalidArgument("volume_path is required".into()));
-        }
-        let path = canonical(check_target_path("volume_path", &req.volume_path).map_err(|e| match e {
-            Error::InvalidArgument(m) => Error::NotFound(format!("{m}; no volume can be published there")),
-            other => other,
-        })?);
+        let path = published_path(&req.volume_path)?;
         let state = self.state.clone();
         blocking(move || {
-            let pool = state
-                .pools
-                .iter()
-                .find(|p| !p.is_reserved(&id) && volumes::exists(p, &id).unwrap_or(false))
-                .cloned();
+            let pool = state.pools.iter().find(|p| holds_volume(p, &id)).cloned();
             let found = pool.ok_or_else(|| missing_volume_reason(&state, &id));
             volume_stats(found, &id, &path)
         })
