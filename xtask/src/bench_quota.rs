@@ -1,13 +1,14 @@
-//! `cargo xtask bench --quota-backends`: the cost of each quota backend's Create, Delete and
-//! Publish (+ unpublish) against plain directories, in the same run, each on its own freshly
-//! made loop-mounted filesystem:
+//! `cargo xtask bench --quota-backends`: the cost of each quota backend's Create, Expand,
+//! Usage (what NodeGetVolumeStats and the capacity ledger read), Publish (+ unpublish) and
+//! Delete against plain directories, in the same run, each on its own freshly made
+//! loop-mounted filesystem:
 //!
-//! | setup | create | delete | publish |
-//! |---|---|---|---|
-//! | `mkdir` on ext4 / on btrfs | mkdir | rmdir | bind mount + umount |
-//! | `none` on ext4 | `Unlimited::create` | `remove` | bind mount + umount |
-//! | `btrfs` on btrfs | subvolume + qgroup limit | destroy subvolume + qgroup | bind mount + umount |
-//! | `image` on ext4 | sparse file + mkfs.ext4 | unlink | loop attach + mount + umount |
+//! | setup | create | expand | usage | publish | delete |
+//! |---|---|---|---|---|---|
+//! | `mkdir` on ext4 / on btrfs | mkdir | set the size xattr | walk the tree | bind mount + umount | rmdir |
+//! | `none` on ext4 | `Unlimited::create` | `set_limit` (nothing) | walk the tree | bind mount + umount | `remove` |
+//! | `btrfs` on btrfs | subvolume + qgroup limit | qgroup limit | qgroup (sysfs) | bind mount + umount | destroy subvolume + qgroup |
+//! | `image` on ext4 | sparse file + mkfs.ext4 | grow the file | allocated blocks | loop attach + mount + umount | unlink |
 //!
 //! Needs root, loop devices, mkfs.ext4 and mkfs.btrfs. Library calls, no gRPC: the driver's own
 //! overhead is what `cargo xtask bench` measures.
@@ -84,7 +85,8 @@ enum Setup {
 fn measure(name: &str, pool: &Path, targets: &Path, setup: &Setup, ops: usize, limit: u64) -> anyhow::Result<()> {
     let pool_dir = std::fs::File::open(pool)?;
     let fd = pool_dir.as_fd();
-    let (mut create, mut publish, mut delete) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut create, mut expand, mut usage, mut publish, mut delete) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..ops {
         let vol = format!("v{i}");
         let target = targets.join(format!("{name}-{i}"));
@@ -93,6 +95,32 @@ fn measure(name: &str, pool: &Path, targets: &Path, setup: &Setup, ops: usize, l
             match setup {
                 Setup::Mkdir => std::fs::create_dir(pool.join(&vol))?,
                 Setup::Backend(b) => drop(b.create(fd, &vol, limit)?),
+            }
+            Ok(())
+        })?);
+        expand.push(time(|| {
+            match setup {
+                Setup::Mkdir => {
+                    let dir = std::fs::File::open(pool.join(&vol))?;
+                    rustix::fs::fsetxattr(
+                        &dir,
+                        "user.hpp-bench.capacity",
+                        (2 * limit).to_string().as_bytes(),
+                        rustix::fs::XattrFlags::empty(),
+                    )?;
+                }
+                Setup::Backend(b) => b.set_limit(fd, &vol, 2 * limit)?,
+            }
+            Ok(())
+        })?);
+        usage.push(time(|| {
+            let counted = match setup {
+                Setup::Backend(b) => b.usage(fd, &vol)?.is_some(),
+                Setup::Mkdir => false,
+            };
+            if !counted {
+                let dir = std::fs::File::open(pool.join(&vol))?;
+                hpp_fs::usage(dir.as_fd())?;
             }
             Ok(())
         })?);
@@ -117,7 +145,13 @@ fn measure(name: &str, pool: &Path, targets: &Path, setup: &Setup, ops: usize, l
         })?);
         std::fs::remove_dir(&target)?;
     }
-    for (op, lat) in [("create", create), ("publish", publish), ("delete", delete)] {
+    for (op, lat) in [
+        ("create", create),
+        ("expand", expand),
+        ("usage", usage),
+        ("publish", publish),
+        ("delete", delete),
+    ] {
         let (p50, p99, rate) = summary(lat);
         println!(
             "| {name} | {op} | {:.1} µs | {:.1} µs | {rate:.0} |",
