@@ -23,12 +23,7 @@ pub fn open_dir_path(path: &Path) -> Result<OwnedFd> {
 
 /// Opens the directory `name` directly inside `dir`, refusing symlinks.
 pub fn open_child_dir(dir: BorrowedFd<'_>, name: &str) -> rustix::io::Result<OwnedFd> {
-    rustix::fs::openat(
-        dir,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
+    hpp_fs::open_child_dir(dir, name)
 }
 
 /// What a single directory entry is, looked at without following symlinks.

@@ -17,8 +17,8 @@ use crate::fsops::{self, Entry};
 use crate::mountinfo::MountTable;
 use crate::pool::Pool;
 
-/// Mode of a new volume directory: what KubeVirt's `mkdir 0777` gives under the usual umask.
-pub const VOLUME_MODE: u32 = 0o755;
+/// Mode of a new volume directory (one value for the driver and every quota backend).
+pub use hpp_fs::quota::VOLUME_MODE;
 
 /// Prefix of every temporary the driver builds a volume or snapshot under.
 pub const TEMP_PREFIX: &str = ".hpp-tmp-";

@@ -22,5 +22,6 @@ pub use copy::{CopyOptions, CopyStats, MAX_COPY_DEPTH, copy_tree};
 pub use error::WalkError;
 pub use meta::Meta;
 pub use remove::remove_tree;
+pub use stack::open_child_dir;
 pub use usage::{Usage, usage};
 pub use walk::{Step, Walker};

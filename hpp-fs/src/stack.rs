@@ -34,6 +34,12 @@ pub fn dir_flags() -> OFlags {
     OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
 }
 
+/// Opens the directory `name` directly inside `dir` with [`dir_flags`]: a symlink is refused,
+/// never followed. Every volume, pool and temporary hpp opens by name goes through this.
+pub fn open_child_dir<P: rustix::path::Arg>(dir: BorrowedFd<'_>, name: P) -> rustix::io::Result<OwnedFd> {
+    rustix::fs::openat(dir, name, dir_flags(), Mode::empty())
+}
+
 /// The chain of directories from a walk's root down to where it is now.
 #[derive(Debug)]
 pub struct DirStack {

@@ -9,14 +9,13 @@
 //! removes the qgroup itself when the drop finishes (Linux 6.7+; older kernels keep a stale
 //! qgroup, visible as `<stale>` in `btrfs qgroup show`, harmless and removable by hand).
 
-use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::Mode;
 use rustix::io::Errno;
 
-use super::{QuotaBackend, QuotaError, QuotaUsage};
+use super::{QuotaBackend, QuotaError, QuotaUsage, errno, io_err};
 
 /// The VolumeAttributesClass parameter for btrfs compression.
 pub const COMPRESSION: &str = "compression";
@@ -32,16 +31,6 @@ pub struct Btrfs {
     qgroups: PathBuf,
 }
 
-fn io_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> QuotaError {
-    let op = op.into();
-    move |source| QuotaError::Io { op, source }
-}
-
-fn errno(op: impl Into<String>) -> impl FnOnce(Errno) -> QuotaError {
-    let op = op.into();
-    move |e| QuotaError::Io { op, source: e.into() }
-}
-
 /// Formats a filesystem UUID the way sysfs names its directory.
 fn uuid_string(u: &[u8; 16]) -> String {
     let hex: String = u.iter().map(|b| format!("{b:02x}")).collect();
@@ -52,16 +41,6 @@ fn uuid_string(u: &[u8; 16]) -> String {
         &hex[12..16],
         &hex[16..20],
         &hex[20..32]
-    )
-}
-
-/// Opens the volume directory `name` in `pool` without following symlinks.
-fn open_child(pool: BorrowedFd<'_>, name: &str) -> rustix::io::Result<OwnedFd> {
-    rustix::fs::openat(
-        pool,
-        name,
-        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
-        Mode::empty(),
     )
 }
 
@@ -105,7 +84,7 @@ impl Btrfs {
 
     /// Opens subvolume `name` and returns it with its id.
     fn subvolume(&self, pool: BorrowedFd<'_>, name: &str) -> Result<(OwnedFd, u64), QuotaError> {
-        let fd = open_child(pool, name).map_err(errno(format!("opening volume {name}")))?;
+        let fd = crate::open_child_dir(pool, name).map_err(errno(format!("opening volume {name}")))?;
         if !is_subvolume(fd.as_fd()) {
             return Err(QuotaError::Unsupported(format!(
                 "volume {name} is a plain directory, not a btrfs subvolume (made before the pool used \
@@ -145,7 +124,7 @@ fn subvolume_children(dir: BorrowedFd<'_>) -> Result<Vec<String>, QuotaError> {
         if entry.file_type() != rustix::fs::FileType::Directory || name == "." || name == ".." {
             continue;
         }
-        if let Ok(child) = open_child(dir, name)
+        if let Ok(child) = crate::open_child_dir(dir, name)
             && is_subvolume(child.as_fd())
         {
             out.push(name.to_owned());
@@ -166,7 +145,7 @@ impl QuotaBackend for Btrfs {
     fn create(&self, pool: BorrowedFd<'_>, name: &str, limit_bytes: u64) -> Result<OwnedFd, QuotaError> {
         hpp_sys::btrfs::subvolume_create(pool, name).map_err(io_err(format!("creating subvolume {name}")))?;
         let fd = self.finish(pool, name, limit_bytes)?;
-        rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755)).map_err(errno(format!("chmod {name}")))?;
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(super::VOLUME_MODE)).map_err(errno(format!("chmod {name}")))?;
         Ok(fd)
     }
 
@@ -207,7 +186,7 @@ impl QuotaBackend for Btrfs {
     }
 
     fn usage(&self, pool: BorrowedFd<'_>, name: &str) -> Result<Option<QuotaUsage>, QuotaError> {
-        let fd = open_child(pool, name).map_err(errno(format!("opening volume {name}")))?;
+        let fd = crate::open_child_dir(pool, name).map_err(errno(format!("opening volume {name}")))?;
         if !is_subvolume(fd.as_fd()) {
             // A volume from before the pool used btrfs: the caller walks it.
             return Ok(None);
@@ -223,7 +202,7 @@ impl QuotaBackend for Btrfs {
     }
 
     fn remove(&self, pool: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError> {
-        let fd = match open_child(pool, name) {
+        let fd = match crate::open_child_dir(pool, name) {
             Ok(fd) => fd,
             Err(Errno::NOENT) => return Ok(()),
             // A file or symlink: the generic removal unlinks it.

@@ -16,7 +16,7 @@ use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use rustix::mount::MountFlags;
 
-use super::{Layout, QuotaBackend, QuotaError, QuotaUsage};
+use super::{Layout, QuotaBackend, QuotaError, QuotaUsage, errno, io_err};
 
 /// Name of the image file inside a volume directory.
 pub const IMAGE_FILE: &str = "disk.img";
@@ -60,16 +60,6 @@ pub struct Image {
     fs: ImageFs,
 }
 
-fn errno(op: impl Into<String>) -> impl FnOnce(Errno) -> QuotaError {
-    let op = op.into();
-    move |e| QuotaError::Io { op, source: e.into() }
-}
-
-fn io_err(op: impl Into<String>) -> impl FnOnce(std::io::Error) -> QuotaError {
-    let op = op.into();
-    move |source| QuotaError::Io { op, source }
-}
-
 /// Runs a tool, turning a missing tool or a failure into a clear error.
 fn run(cmd: &mut Command) -> Result<(), QuotaError> {
     let prog = cmd.get_program().to_string_lossy().into_owned();
@@ -107,13 +97,7 @@ fn open_image(volume: BorrowedFd<'_>, write: bool) -> rustix::io::Result<OwnedFd
 }
 
 fn open_volume(pool: BorrowedFd<'_>, name: &str) -> Result<OwnedFd, QuotaError> {
-    rustix::fs::openat(
-        pool,
-        name,
-        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
-        Mode::empty(),
-    )
-    .map_err(errno(format!("opening volume {name}")))
+    crate::open_child_dir(pool, name).map_err(errno(format!("opening volume {name}")))
 }
 
 /// The loop device (`loopN`) a mount's device number belongs to, from sysfs.
@@ -264,7 +248,7 @@ impl QuotaBackend for Image {
             ));
         }
         let size = super::round_up(limit_bytes.max(self.fs.minimum_bytes()), MIB);
-        rustix::fs::mkdirat(pool, name, Mode::from_raw_mode(0o755)).map_err(errno(format!("mkdir {name}")))?;
+        super::mkdir_volume(pool, name)?;
         let result = (|| {
             let dir = open_volume(pool, name)?;
             let image = rustix::fs::openat(
@@ -303,7 +287,7 @@ impl QuotaBackend for Image {
             }
             Err(e) => return Err(errno(format!("opening the source {IMAGE_FILE}"))(e)),
         };
-        rustix::fs::mkdirat(pool, name, Mode::from_raw_mode(0o755)).map_err(errno(format!("mkdir {name}")))?;
+        super::mkdir_volume(pool, name)?;
         let result = (|| {
             let dir = open_volume(pool, name)?;
             let dst = rustix::fs::openat(

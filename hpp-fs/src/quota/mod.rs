@@ -184,6 +184,28 @@ pub trait QuotaBackend: Send + Sync + Debug {
     }
 }
 
+/// Mode of a new volume directory: what KubeVirt's `mkdir 0777` gives under the usual umask.
+/// Set explicitly (the process umask never decides it).
+pub const VOLUME_MODE: u32 = 0o755;
+
+/// An [`QuotaError::Io`] for a failed system call, saying what was being done.
+pub(crate) fn errno(op: impl Into<String>) -> impl FnOnce(rustix::io::Errno) -> QuotaError {
+    let op = op.into();
+    move |e| QuotaError::Io { op, source: e.into() }
+}
+
+/// An [`QuotaError::Io`] for a failed `std::io` call, saying what was being done.
+pub(crate) fn io_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> QuotaError {
+    let op = op.into();
+    move |source| QuotaError::Io { op, source }
+}
+
+/// Makes the plain directory `name` in `pool` (mode [`VOLUME_MODE`]). The caller opens it.
+pub(crate) fn mkdir_volume(pool: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError> {
+    rustix::fs::mkdirat(pool, name, rustix::fs::Mode::from_raw_mode(VOLUME_MODE))
+        .map_err(errno(format!("mkdir {name}")))
+}
+
 /// Removes `name` in `pool` and everything below it (the shared walk; missing is success).
 pub(crate) fn remove_tree(pool: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError> {
     Ok(crate::remove_tree(pool, std::ffi::OsStr::new(name))?)
@@ -203,19 +225,8 @@ impl QuotaBackend for Unlimited {
     }
 
     fn create(&self, pool: BorrowedFd<'_>, name: &str, _limit_bytes: u64) -> Result<OwnedFd, QuotaError> {
-        use rustix::fs::{Mode, OFlags};
-        let io = |op: &str, e: rustix::io::Errno| QuotaError::Io {
-            op: format!("{op} {name}"),
-            source: e.into(),
-        };
-        rustix::fs::mkdirat(pool, name, Mode::from_raw_mode(0o755)).map_err(|e| io("mkdir", e))?;
-        rustix::fs::openat(
-            pool,
-            name,
-            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
-            Mode::empty(),
-        )
-        .map_err(|e| io("open", e))
+        mkdir_volume(pool, name)?;
+        crate::open_child_dir(pool, name).map_err(errno(format!("open {name}")))
     }
 
     fn set_limit(&self, _pool: BorrowedFd<'_>, _name: &str, _limit_bytes: u64) -> Result<(), QuotaError> {

@@ -17,9 +17,8 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::fs::{FlockOperation, Mode, OFlags};
-use rustix::io::Errno;
 
-use super::{QuotaBackend, QuotaError, QuotaUsage};
+use super::{QuotaBackend, QuotaError, QuotaUsage, errno, io_err};
 
 /// The VolumeAttributesClass parameter for the inode limit.
 pub const INODE_LIMIT: &str = "inodeLimit";
@@ -77,25 +76,6 @@ pub struct Allocator<S> {
     last: u32,
 }
 
-fn errno(op: impl Into<String>) -> impl FnOnce(Errno) -> QuotaError {
-    let op = op.into();
-    move |e| QuotaError::Io { op, source: e.into() }
-}
-
-fn io_err(op: impl Into<String>) -> impl FnOnce(io::Error) -> QuotaError {
-    let op = op.into();
-    move |source| QuotaError::Io { op, source }
-}
-
-fn open_dir(pool: BorrowedFd<'_>, name: &str) -> rustix::io::Result<OwnedFd> {
-    rustix::fs::openat(
-        pool,
-        name,
-        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
-        Mode::empty(),
-    )
-}
-
 impl<S: IdStore> Allocator<S> {
     /// An allocator handing out ids in `first..=last` (at least 1: 0 means "no project").
     pub fn new(store: S, first: u32, last: u32) -> Self {
@@ -121,12 +101,7 @@ impl<S: IdStore> Allocator<S> {
             if name == b"." || name == b".." || entry.file_type() != rustix::fs::FileType::Directory {
                 continue;
             }
-            let Ok(child) = rustix::fs::openat(
-                pool,
-                entry.file_name(),
-                OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
-                Mode::empty(),
-            ) else {
+            let Ok(child) = crate::open_child_dir(pool, entry.file_name()) else {
                 continue;
             };
             let id = self.store.get(child.as_fd()).map_err(io_err("reading a project id"))?;
@@ -155,8 +130,8 @@ impl<S: IdStore> Allocator<S> {
                 self.first, self.last
             ))
         })?;
-        rustix::fs::mkdirat(pool, name, Mode::from_raw_mode(0o755)).map_err(errno(format!("mkdir {name}")))?;
-        let stamped = open_dir(pool, name)
+        super::mkdir_volume(pool, name)?;
+        let stamped = crate::open_child_dir(pool, name)
             .map_err(errno(format!("opening {name}")))
             .and_then(|fd| {
                 self.store
@@ -214,7 +189,7 @@ impl Project {
     }
 
     fn volume(&self, pool: BorrowedFd<'_>, name: &str) -> Result<(OwnedFd, u32), QuotaError> {
-        let fd = open_dir(pool, name).map_err(errno(format!("opening volume {name}")))?;
+        let fd = crate::open_child_dir(pool, name).map_err(errno(format!("opening volume {name}")))?;
         let id = self
             .ids
             .store()
@@ -276,7 +251,7 @@ impl QuotaBackend for Project {
     }
 
     fn remove(&self, pool: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError> {
-        let id = match open_dir(pool, name) {
+        let id = match crate::open_child_dir(pool, name) {
             Ok(fd) => self.ids.store().get(fd.as_fd()).unwrap_or(0),
             Err(_) => 0,
         };
