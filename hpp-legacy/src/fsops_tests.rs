@@ -162,45 +162,17 @@ fn filesystem_size_is_positive() {
     assert!(filesystem_size(base.path()).unwrap() > 0);
 }
 
-/// Unmounts a loop-mounted test filesystem even when the test fails.
-struct LoopMount(std::path::PathBuf);
-
-impl Drop for LoopMount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
+/// Loop-mounted scratch filesystems, the same helper the hpp-fs and hpp-csi quota tests use.
+#[path = "../../hpp-fs/tests/common/mod.rs"]
+mod loopfs;
 
 #[test]
 fn a_btrfs_backend_makes_limited_subvolumes_that_delete_cleanly() {
-    if !rustix::process::geteuid().is_root() || Command::new("mkfs.btrfs").arg("-V").output().is_err() {
-        eprintln!("skipped: needs root and mkfs.btrfs");
+    let Some(fs) = loopfs::LoopFs::new("btrfs", 256, "") else {
         return;
-    }
+    };
     let tmp = tempfile::tempdir().unwrap();
-    let img = tmp.path().join("fs.img");
-    let mnt = tmp.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
-    assert!(
-        Command::new("mkfs.btrfs")
-            .arg("-q")
-            .arg(&img)
-            .output()
-            .unwrap()
-            .status
-            .success()
-    );
-    assert!(
-        Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&img)
-            .arg(&mnt)
-            .status()
-            .unwrap()
-            .success()
-    );
-    let _guard = LoopMount(mnt.clone());
+    let mnt = fs.path().to_path_buf();
     let pool = std::fs::File::open(&mnt).unwrap();
     let backend = hpp_fs::quota::Btrfs::open(pool.as_fd()).unwrap();
     let l = labeler(tmp.path());

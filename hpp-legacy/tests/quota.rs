@@ -3,9 +3,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+#[path = "../../hpp-fs/tests/common/mod.rs"]
+mod loopfs;
 
 use std::os::fd::AsFd;
-use std::process::Command;
 use std::sync::Arc;
 
 use common::*;
@@ -17,45 +18,12 @@ use hpp_testkit::FakeApiServer;
 
 const NAME: &str = "hostpath";
 
-/// Unmounts the scratch btrfs even when the test fails.
-struct Unmount(std::path::PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
-    }
-}
-
 #[tokio::test]
 async fn a_btrfs_base_gets_subvolumes_limited_to_the_request() {
-    if !rustix::process::geteuid().is_root() || Command::new("mkfs.btrfs").arg("-V").output().is_err() {
-        eprintln!("skipped: needs root and mkfs.btrfs");
+    let Some(fs) = loopfs::LoopFs::new("btrfs", 256, "") else {
         return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let img = tmp.path().join("fs.img");
-    let base = tmp.path().join("base");
-    std::fs::create_dir(&base).unwrap();
-    std::fs::File::create(&img).unwrap().set_len(256 << 20).unwrap();
-    assert!(
-        Command::new("mkfs.btrfs")
-            .arg("-q")
-            .arg(&img)
-            .output()
-            .unwrap()
-            .status
-            .success()
-    );
-    assert!(
-        Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&img)
-            .arg(&base)
-            .status()
-            .unwrap()
-            .success()
-    );
-    let _guard = Unmount(base.clone());
+    };
+    let base = fs.path().to_path_buf();
     let base_dir = std::fs::File::open(&base).unwrap();
     let backend: Arc<dyn QuotaBackend> = Arc::new(hpp_fs::quota::Btrfs::open(base_dir.as_fd()).unwrap());
 
