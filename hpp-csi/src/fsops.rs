@@ -95,13 +95,6 @@ pub fn rename_noreplace(dir: BorrowedFd<'_>, from: &str, to: &str) -> rustix::io
     rustix::fs::renameat_with(dir, from, dir, to, RenameFlags::NOREPLACE)
 }
 
-/// Flushes a directory so a completed rename survives a power cut.
-pub fn sync_dir(dir: BorrowedFd<'_>) {
-    if let Err(e) = rustix::fs::fsync(dir) {
-        tracing::debug!(error = %e, "fsync of directory failed");
-    }
-}
-
 /// Removes `name` inside `dir` and everything below it, never following symlinks and never
 /// crossing into another mount (a mount inside the tree stops the removal with
 /// FailedPrecondition). Any depth works: the walk is [`hpp_fs::remove_tree`]. Missing is

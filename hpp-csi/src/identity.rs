@@ -6,7 +6,7 @@ use tonic::{Request, Response, Status};
 
 use crate::csi::{self, plugin_capability};
 use crate::error::Error;
-use crate::state::{DriverState, blocking};
+use crate::state::DriverState;
 
 /// Identity service: plugin name and version, capabilities, readiness.
 #[derive(Debug, Clone)]
@@ -70,10 +70,12 @@ impl csi::identity_server::Identity for IdentityService {
     /// mounted) takes only itself out: zero capacity, a clear CreateVolume error, an abnormal
     /// volume condition and `hpp_pool_usable{pool} 0`. Answering not ready would stop the node's
     /// csi-provisioner, and with it every healthy pool on the node.
+    ///
+    /// Nothing is measured here: pool health is kept current in the background
+    /// ([`crate::health::watch`]). Should nothing run it (an embedder composing its own server),
+    /// a stale Probe starts a measurement without waiting for it.
     async fn probe(&self, _req: Request<csi::ProbeRequest>) -> Result<Response<csi::ProbeResponse>, Status> {
-        let state = self.state.clone();
-        // Refreshes the pool gauges; the report logs pools whose state changed.
-        blocking(move || Ok(state.pools_report())).await?;
+        crate::health::refresh_if_stale(&self.state, self.state.health_interval.saturating_mul(2));
         Ok(Response::new(csi::ProbeResponse { ready: Some(true) }))
     }
 }

@@ -27,6 +27,7 @@ pub mod endpoint;
 pub mod error;
 pub mod expand;
 pub mod fsops;
+pub mod health;
 pub mod identity;
 pub mod inflight;
 pub mod ledger;

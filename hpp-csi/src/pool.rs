@@ -5,8 +5,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use hpp_api::quota::QuotaMode;
+use hpp_fs::group_sync::GroupSync;
 use hpp_fs::quota::{QuotaBackend, QuotaError, Unlimited};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
 use crate::config::{ConfigError, PoolConfig};
@@ -44,6 +45,39 @@ pub struct Pool {
     /// Child names of `path` that belong to other pools or snapshot directories (KubeVirt's
     /// operator puts `snapshotPath` at `<pool>/snapshots`).
     reserved: BTreeSet<String>,
+    /// Group commit of the pool directory (volumes appearing and disappearing).
+    volume_commits: Arc<Commits>,
+    /// Group commit of the snapshot directory.
+    snapshot_commits: Arc<Commits>,
+}
+
+/// Shared syncs of one directory: its entries (`fsync` of the directory) and the data written
+/// below it (`syncfs`, for copies).
+#[derive(Debug, Default)]
+pub struct Commits {
+    entries: GroupSync,
+    data: GroupSync,
+}
+
+impl Commits {
+    /// Makes every entry change in `dir` made before this call durable (shared `fsync`).
+    pub fn entries(&self, dir: BorrowedFd<'_>) -> Result<()> {
+        self.entries
+            .commit(|| rustix::fs::fsync(dir))
+            .map_err(|e| Error::io("syncing the directory", e))
+    }
+
+    /// Makes every file written on `fd`'s filesystem before this call durable (shared `syncfs`).
+    pub fn data(&self, fd: BorrowedFd<'_>) -> Result<()> {
+        self.data
+            .commit(|| rustix::fs::syncfs(fd))
+            .map_err(|e| Error::io("syncing copied data", e))
+    }
+
+    /// Directory and filesystem syncs issued so far.
+    pub fn issued(&self) -> u64 {
+        self.entries.issued() + self.data.issued()
+    }
 }
 
 /// Health and capacity of a pool at one moment.
@@ -103,7 +137,19 @@ impl Pool {
             quota,
             overcommit_percent: cfg.overcommit_percent,
             reserved: BTreeSet::new(),
+            volume_commits: Arc::default(),
+            snapshot_commits: Arc::default(),
         })
+    }
+
+    /// Group commit of the pool directory: every create and delete syncs through it.
+    pub fn volume_commits(&self) -> &Commits {
+        &self.volume_commits
+    }
+
+    /// Group commit of the snapshot directory.
+    pub fn snapshot_commits(&self) -> &Commits {
+        &self.snapshot_commits
     }
 
     /// Records every other pool and snapshot directory nested in this pool as reserved.

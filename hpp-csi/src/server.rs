@@ -29,9 +29,6 @@ use crate::pool::Pool;
 use crate::rpc_layer::RpcLayer;
 use crate::state::{DriverState, PoolsReport};
 
-/// How often pool gauges are refreshed while serving.
-const HEALTH_INTERVAL: Duration = Duration::from_secs(30);
-
 /// Failure to start or run the server.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -70,6 +67,7 @@ pub struct DriverBuilder {
     os_reference: Option<PathBuf>,
     quota_overrides: Vec<(String, Arc<dyn QuotaBackend>)>,
     expansion: ExpansionMode,
+    health_interval: Duration,
 }
 
 impl Default for DriverBuilder {
@@ -84,6 +82,7 @@ impl Default for DriverBuilder {
             os_reference: None,
             quota_overrides: Vec::new(),
             expansion: ExpansionMode::default(),
+            health_interval: crate::health::DEFAULT_HEALTH_INTERVAL,
         }
     }
 }
@@ -153,6 +152,12 @@ impl DriverBuilder {
         self
     }
 
+    /// How often pool health is measured when the mount table does not change (default 30 s).
+    pub fn health_interval(mut self, interval: Duration) -> Self {
+        self.health_interval = interval;
+        self
+    }
+
     /// Checks the configuration and prepares the pool directories.
     pub fn build(self) -> Result<Driver, ConfigError> {
         let node_id = self
@@ -192,6 +197,8 @@ impl DriverBuilder {
                 last_seen: Default::default(),
                 ledger: Ledger::default(),
                 expansion: self.expansion,
+                health_interval: self.health_interval,
+                health: Default::default(),
             }),
             endpoint: self.endpoint,
         })
@@ -365,22 +372,13 @@ impl BoundDriver {
         &self.local
     }
 
-    /// Serves until `shutdown` resolves. Pool gauges are refreshed every 30 s. The unix socket
+    /// Serves until `shutdown` resolves. Pool health (gauges, transition logs) is measured after
+    /// every mount-table change and every [`DriverBuilder::health_interval`]. The unix socket
     /// is removed afterwards (only if it is still ours).
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
         let driver = self.driver;
-        let refresher = {
-            let state = driver.state.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(HEALTH_INTERVAL);
-                loop {
-                    tick.tick().await;
-                    let s = state.clone();
-                    // Refreshes the gauges; changes are logged by the report itself.
-                    let _ = tokio::task::spawn_blocking(move || s.pools_report()).await;
-                }
-            })
-        };
+        // Keeps the gauges and transition logs current, so Probe need not measure anything.
+        let refresher = tokio::spawn(crate::health::watch(driver.state.clone(), driver.state.health_interval));
         let router = tonic::transport::Server::builder()
             .layer(driver.rpc_layer())
             .add_service(driver.identity_service())

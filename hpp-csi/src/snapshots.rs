@@ -180,7 +180,7 @@ pub fn create(pool: &Pool, id: &str, source_id: &str, source: &OwnedFd) -> Resul
         let data =
             fsops::mkdir_exact(tmp_fd.as_fd(), DATA_DIR, 0o750).map_err(|e| Error::io("creating snapshot data", e))?;
         let stats = copy::copy_tree(source.as_fd(), data.as_fd())?;
-        let _ = rustix::fs::syncfs(&data);
+        pool.snapshot_commits().data(data.as_fd())?;
         Ok::<_, Error>(stats)
     })();
     drop(tmp_fd);
@@ -199,7 +199,7 @@ pub fn create(pool: &Pool, id: &str, source_id: &str, source: &OwnedFd) -> Resul
         }
         Err(e) => return Err(Error::io(format!("renaming snapshot {id} into place"), e)),
     }
-    fsops::sync_dir(root.as_fd());
+    pool.snapshot_commits().entries(root.as_fd())?;
     tracing::info!(
         snapshot = id,
         files = stats.files,
@@ -242,6 +242,7 @@ pub fn delete(pool: &Pool, id: &str) -> Result<bool> {
         }
     }
     fsops::rename_noreplace(root.as_fd(), id, &gone).map_err(|e| Error::io("renaming snapshot for deletion", e))?;
+    pool.snapshot_commits().entries(root.as_fd())?;
     pool.quota.remove(root.as_fd(), &gone)?;
     Ok(true)
 }

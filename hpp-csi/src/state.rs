@@ -39,6 +39,10 @@ pub struct DriverState {
     pub ledger: Ledger,
     /// Which service raises limits (see [`ExpansionMode`]).
     pub expansion: ExpansionMode,
+    /// How often pool health is measured when nothing changes.
+    pub health_interval: std::time::Duration,
+    /// When pool health was last measured.
+    pub(crate) health: crate::health::HealthClock,
 }
 
 /// Health of every pool, measured together.
@@ -116,6 +120,7 @@ impl DriverState {
         }
         let report = PoolsReport { pools };
         self.log_transitions(&report);
+        self.health.reported();
         report
     }
 

@@ -137,7 +137,13 @@ pub enum Created {
 pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>, requested: Requested) -> Result<Created> {
     let dir = pool.open()?;
     match fsops::entry(dir.as_fd(), id).map_err(|e| Error::io(format!("stat volume {id}"), e))? {
-        Entry::Dir { .. } => return check_existing(pool, dir.as_fd(), id, requested),
+        Entry::Dir { .. } => {
+            let existing = check_existing(pool, dir.as_fd(), id, requested)?;
+            // A retry after a crash between the rename and its sync must not acknowledge a
+            // volume a power cut could still take back. Cheap when nothing is pending.
+            pool.volume_commits().entries(dir.as_fd())?;
+            return Ok(existing);
+        }
         Entry::Missing => {}
         Entry::Symlink | Entry::Other => {
             return Err(Error::AlreadyExists(format!(
@@ -185,20 +191,26 @@ pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>, requested: Reques
         return abandon(tmp_fd, e);
     }
     if source.is_some() {
-        // Copied data must be on disk before the volume becomes visible; one syncfs is far
-        // cheaper than an fsync per file. An empty directory needs only the parent's fsync below.
-        let _ = rustix::fs::syncfs(&tmp_fd);
+        // Copied data must be on disk before the volume becomes visible; one syncfs (shared by
+        // concurrent clones) is far cheaper than an fsync per file. An empty directory needs
+        // only the parent's sync below.
+        if let Err(e) = pool.volume_commits().data(tmp_fd.as_fd()) {
+            return abandon(tmp_fd, e);
+        }
     }
     drop(tmp_fd);
     match fsops::rename_noreplace(dir.as_fd(), &tmp, id) {
         Ok(()) => {}
         Err(Errno::EXIST) | Err(Errno::NOTEMPTY) => {
             let _ = backend.remove(dir.as_fd(), &tmp);
+            pool.volume_commits().entries(dir.as_fd())?;
             return Ok(Created::Existing);
         }
         Err(e) => return Err(Error::io(format!("renaming {tmp} to {id}"), e)),
     }
-    fsops::sync_dir(dir.as_fd());
+    // Nothing is acknowledged before the sync that covers it; concurrent creates and deletes
+    // share that sync (group commit).
+    pool.volume_commits().entries(dir.as_fd())?;
     Ok(Created::New(stats))
 }
 
@@ -211,7 +223,11 @@ pub fn delete(pool: &Pool, id: &str, mounts: &MountTable) -> Result<bool> {
     // Finish an interrupted deletion first.
     pool.quota.remove(dir.as_fd(), &gone)?;
     match fsops::entry(dir.as_fd(), id).map_err(|e| Error::io(format!("stat volume {id}"), e))? {
-        Entry::Missing => return Ok(false),
+        Entry::Missing => {
+            // Gone, but maybe by a rename a crash kept from being synced: sync before saying so.
+            pool.volume_commits().entries(dir.as_fd())?;
+            return Ok(false);
+        }
         Entry::Symlink | Entry::Other => {
             return Err(Error::FailedPrecondition(format!(
                 "{} is not a directory; it is not an hpp volume and is left alone",
@@ -234,7 +250,7 @@ pub fn delete(pool: &Pool, id: &str, mounts: &MountTable) -> Result<bool> {
         )));
     }
     fsops::rename_noreplace(dir.as_fd(), id, &gone).map_err(|e| Error::io(format!("renaming {id} for deletion"), e))?;
-    fsops::sync_dir(dir.as_fd());
+    pool.volume_commits().entries(dir.as_fd())?;
     pool.quota.remove(dir.as_fd(), &gone)?;
     Ok(true)
 }

@@ -10,7 +10,12 @@ use tonic::Code;
 
 #[tokio::test]
 async fn identity_reports_name_version_capabilities_and_readiness() {
-    let mut h = Harness::start().await;
+    // Pool health is measured in the background: often, so the removal below is seen soon.
+    let mut h = Harness::with(|root, b| {
+        b.pool(legacy_pool(root))
+            .health_interval(std::time::Duration::from_millis(50))
+    })
+    .await;
     let info = h
         .identity
         .get_plugin_info(csi::GetPluginInfoRequest {})
@@ -33,7 +38,7 @@ async fn identity_reports_name_version_capabilities_and_readiness() {
     std::fs::remove_dir(h.pool_path()).unwrap();
     let probe = h.identity.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
     assert_eq!(probe.ready, Some(true));
-    assert!(h.metrics_text().contains("hpp_pool_usable{pool=\"legacy\"} 0"));
+    h.wait_for_metric("hpp_pool_usable{pool=\"legacy\"} 0").await;
     assert_eq!(
         code(h.controller.create_volume(create_req("pvc-x")).await),
         Code::Unavailable
@@ -81,8 +86,7 @@ async fn mount_guard_refuses_an_unmounted_pool_and_serves_a_mounted_one() {
         Some(true),
         "an unusable pool takes only itself out, never the driver"
     );
-    let metrics = h.metrics_text();
-    assert!(metrics.contains("hpp_pool_usable{pool=\"guarded\"} 0"), "{metrics}");
+    h.wait_for_metric("hpp_pool_usable{pool=\"guarded\"} 0").await;
 
     // Mount a tmpfs there: the guard is satisfied.
     rustix::mount::mount("tmpfs", &guarded, "tmpfs", rustix::mount::MountFlags::empty(), None).unwrap();
@@ -245,8 +249,8 @@ async fn one_unusable_pool_takes_only_itself_out() {
         cond.message
     );
 
-    let metrics = h.metrics_text();
-    assert!(metrics.contains("hpp_pool_usable{pool=\"guarded\"} 0"), "{metrics}");
+    // The unmount alone (a mount-table change) refreshes the gauges.
+    let metrics = h.wait_for_metric("hpp_pool_usable{pool=\"guarded\"} 0").await;
     assert!(metrics.contains("hpp_pool_usable{pool=\"legacy\"} 1"), "{metrics}");
     // Unpublish cannot prove the target holds pvc-g while its pool is gone; clean up by hand.
     rustix::mount::unmount(&target, rustix::mount::UnmountFlags::DETACH).unwrap();
@@ -258,6 +262,7 @@ async fn shared_with_os_metric_and_rpc_metrics() {
     let h = Harness::with(|root, b| b.pool(legacy_pool(root)).os_reference_path(root)).await;
     let mut id = h.identity.clone();
     id.probe(csi::ProbeRequest {}).await.unwrap();
+    h.wait_for_metric("kubevirt_hpp_pool_path_shared_with_os 1").await;
     let mut c = h.controller.clone();
     let _ = c
         .controller_get_volume(csi::ControllerGetVolumeRequest {
@@ -410,4 +415,36 @@ async fn services_compose_into_a_custom_tonic_server() {
     let r = ControllerClient::new(ch).create_volume(create_req("pvc-x")).await;
     assert_eq!(code(r), Code::Unimplemented);
     task.abort();
+}
+
+/// An embedder that composes the services into its own server (no `serve`, so no background
+/// watch) still gets current gauges: a Probe that finds them stale starts a measurement.
+#[tokio::test]
+async fn a_stale_probe_refreshes_the_gauges_when_nothing_watches() {
+    use hpp_csi::csi::identity_server::Identity;
+    let dir = tempfile::tempdir().unwrap();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = std::sync::Arc::new(hpp_csi::DriverMetrics::register(&mut registry));
+    let driver = Driver::builder()
+        .node_id(NODE)
+        .pool(PoolConfig::new("legacy", dir.path().join("pool")))
+        .metrics(metrics)
+        .build()
+        .unwrap();
+    let identity = hpp_csi::identity::IdentityService::new(driver.state().clone());
+    let text = |registry: &prometheus_client::registry::Registry| {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+        out
+    };
+    assert!(!text(&registry).contains("hpp_pool_usable{pool=\"legacy\"}"));
+    let ready = identity.probe(tonic::Request::new(csi::ProbeRequest {})).await.unwrap();
+    assert_eq!(ready.into_inner().ready, Some(true));
+    for _ in 0..3000 {
+        if text(&registry).contains("hpp_pool_usable{pool=\"legacy\"} 1") {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the probe never refreshed the gauges:\n{}", text(&registry));
 }

@@ -6,10 +6,12 @@
 //!   and [`copy_tree`]. A tenant-made tree 100,000 levels deep neither overflows a thread stack
 //!   nor exhausts file descriptors.
 //! - [`quota`]: per-volume size limits, one backend per pool.
+//! - [`group_sync`]: group commit, so concurrent creates and deletes share one directory sync.
 //! - [`mountinfo`]: the parser for `/proc/self/mountinfo` and the per-mount flags of an entry.
 
 pub mod copy;
 pub mod error;
+pub mod group_sync;
 pub mod meta;
 pub mod mountinfo;
 pub mod quota;

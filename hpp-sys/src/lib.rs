@@ -11,4 +11,5 @@ pub mod btrfs;
 pub mod loopdev;
 pub mod malloc;
 pub mod mount;
+pub mod mount_watch;
 pub mod quota;

@@ -151,6 +151,19 @@ impl Harness {
         out
     }
 
+    /// Waits until the metrics contain `needle`: pool gauges are measured in the background
+    /// (after mount-table changes and every health interval), not by the RPC under test.
+    pub async fn wait_for_metric(&self, needle: &str) -> String {
+        for _ in 0..3000 {
+            let text = self.metrics_text();
+            if text.contains(needle) {
+                return text;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("metrics never showed {needle}:\n{}", self.metrics_text());
+    }
+
     pub async fn create(&mut self, name: &str) -> csi::Volume {
         self.controller
             .create_volume(create_req(name))

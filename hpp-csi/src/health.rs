@@ -1,0 +1,116 @@
+//! Pool health kept current in the background, so Probe answers without touching the
+//! filesystem: a report (statvfs per pool, the mount table) runs when the mount table changes
+//! (`/proc/self/mountinfo` signals `POLLPRI`) and at a fixed interval otherwise.
+//!
+//! Probe itself only answers "ready": one unusable pool takes only itself out (see
+//! `identity.rs`). What the background keeps current are the pool gauges and the
+//! once-per-transition log lines an admin reads.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use hpp_sys::mount_watch::MountTableWatch;
+
+use crate::state::DriverState;
+
+/// Default time between reports when nothing changes.
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Shortest time between two reports. Mount changes come in bursts (every NodePublish is one),
+/// and one report after a burst says all there is to say.
+const MIN_GAP: Duration = Duration::from_millis(500);
+
+/// When the last report ran, and whether one is running now.
+#[derive(Debug, Default)]
+pub(crate) struct HealthClock {
+    last: Mutex<Option<Instant>>,
+    running: AtomicBool,
+}
+
+impl HealthClock {
+    /// Notes that a report just finished.
+    pub(crate) fn reported(&self) {
+        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    /// Whether no report ran within `max_age`.
+    fn stale(&self, max_age: Duration) -> bool {
+        self.last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_none_or(|t| t.elapsed() > max_age)
+    }
+}
+
+/// Starts a report in a blocking thread unless one is running or the last one is younger than
+/// `max_age`; never waits for it. Probe calls this so that a driver whose embedder composes
+/// the services without [`watch`] still refreshes its gauges.
+pub fn refresh_if_stale(state: &Arc<DriverState>, max_age: Duration) {
+    let clock = &state.health;
+    if !clock.stale(max_age) || clock.running.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || {
+        state.pools_report();
+        state.health.running.store(false, Ordering::Release);
+    });
+}
+
+/// Keeps the pool report current until dropped: after each mount-table change (at most one
+/// report per 500 ms) and every `interval`. Spawned by `BoundDriver::serve`; an embedder
+/// composing its own server spawns it next to the services.
+pub async fn watch(state: Arc<DriverState>, interval: Duration) {
+    let mut changes = match MountTableWatch::open() {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch the mount table; pool health is refreshed every {interval:?} only");
+            None
+        }
+    };
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = next_change(&mut changes) => {}
+        }
+        if !state.health.running.swap(true, Ordering::AcqRel) {
+            let s = state.clone();
+            let _ = tokio::task::spawn_blocking(move || s.pools_report()).await;
+            state.health.running.store(false, Ordering::Release);
+        }
+        tokio::time::sleep(MIN_GAP).await;
+    }
+}
+
+/// Waits for the next mount-table change; forever when the table cannot be watched.
+async fn next_change(changes: &mut Option<MountTableWatch>) {
+    match changes {
+        Some(c) => {
+            if let Err(e) = c.changed().await {
+                tracing::warn!(error = %e, "mount table watch failed; pool health is refreshed periodically only");
+                *changes = None;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_clock_without_a_report_is_stale_and_a_fresh_report_is_not() {
+        let clock = HealthClock::default();
+        assert!(clock.stale(Duration::from_secs(3600)));
+        clock.reported();
+        assert!(!clock.stale(Duration::from_secs(3600)));
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(clock.stale(Duration::from_millis(1)));
+    }
+}
