@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod csi_driver;
+pub mod memory;
 pub mod metrics_tls;
 pub mod operator;
 pub mod provisioner;
