@@ -54,6 +54,11 @@ pub async fn run(dir: &Path) -> anyhow::Result<Outcome> {
                 let _ = stopped.await;
             }),
     );
+    // Pool health (gauges, transition logs) kept current in the background, as `serve` does.
+    let health = tokio::spawn(hpp_csi::health::watch(
+        driver.state().clone(),
+        hpp_csi::health::DEFAULT_HEALTH_INTERVAL,
+    ));
     // ANCHOR_END: own_server
 
     let channel = hpp_csi::client::connect(&Endpoint::Tcp(addr.to_string())).await?;
@@ -80,6 +85,7 @@ pub async fn run(dir: &Path) -> anyhow::Result<Outcome> {
 
     let _ = stop.send(());
     server.await??;
+    health.abort();
 
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry)?;
