@@ -39,18 +39,8 @@ fn record(field: &str, value: &str) {
     tracing::Span::current().record(field, value);
 }
 
-/// Health of one pool; reads the mount table only when the mount guard needs it.
-pub(crate) fn pool_health(pool: &Pool) -> PoolHealth {
-    let mounts = if pool.require_mount_point {
-        MountTable::read().unwrap_or_default()
-    } else {
-        MountTable::default()
-    };
-    pool.health(&mounts)
-}
-
 pub(crate) fn require_usable(pool: &Pool) -> Result<PoolHealth> {
-    let h = pool_health(pool);
+    let h = pool.measure();
     match &h.reason {
         Some(reason) if pool.require_mount_point && !h.mount_point => Err(Error::FailedPrecondition(reason.clone())),
         Some(reason) => Err(Error::Unavailable(reason.clone())),
@@ -379,7 +369,7 @@ impl ControllerService {
         let (pool, health, size) = blocking(move || {
             let pool = locate_volume(&state, &id, None)?
                 .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist on node {}", state.node_id)))?;
-            let health = pool_health(&pool);
+            let health = pool.measure();
             let size = enforced_size(&pool, &id);
             Ok((pool, health, size))
         })
@@ -618,7 +608,7 @@ impl ControllerService {
         }
         let state = self.state.clone();
         let (health, budget) = blocking(move || {
-            let health = pool_health(&pool);
+            let health = pool.measure();
             let budget = match pool.quota.enforces() && health.usable {
                 true => Some((state.ledger.budget(&pool, &health)?, pool.quota.granularity())),
                 false => None,

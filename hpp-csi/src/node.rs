@@ -11,7 +11,6 @@ use rustix::io::Errno;
 use tonic::{Request, Response, Status};
 
 use crate::caps;
-use crate::controller::pool_health;
 use crate::csi::{self, node_service_capability::rpc::Type as Cap, volume_capability::AccessType};
 use crate::error::{Error, Result};
 use crate::expand::ExpansionMode;
@@ -366,7 +365,7 @@ fn missing_volume_reason(state: &DriverState, id: &str) -> String {
     let unusable: Vec<String> = state
         .pools
         .iter()
-        .filter_map(|p| pool_health(p).reason.map(|r| format!("{}: {r}", p.name)))
+        .filter_map(|p| p.measure().reason.map(|r| format!("{}: {r}", p.name)))
         .collect();
     if unusable.is_empty() {
         format!("volume {id} was not found in any storage pool (pool gone?)")
@@ -564,7 +563,7 @@ impl NodeService {
         blocking_locked(guard, move || {
             // Never publish the shadow directory of an unmounted guarded pool.
             if p.ephemeral || p.pool.require_mount_point {
-                let h = pool_health(&p.pool);
+                let h = p.pool.measure();
                 if let Some(reason) = h.reason {
                     return Err(Error::FailedPrecondition(reason));
                 }

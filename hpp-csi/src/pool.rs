@@ -246,12 +246,26 @@ impl Pool {
         Ok(out)
     }
 
-    /// Measures the pool: exists, mount guard satisfied, statvfs numbers.
+    /// Measures the pool: exists, mount guard satisfied, statvfs numbers. Whether the pool is a
+    /// mount point is asked of the opened directory (`statx`); `mounts` answers only on kernels
+    /// that cannot say.
     pub fn health(&self, mounts: &MountTable) -> PoolHealth {
-        let mut h = PoolHealth {
-            mount_point: mounts.is_mount_point(&self.path),
-            ..PoolHealth::default()
-        };
+        self.health_with(|| mounts.is_mount_point(&self.path))
+    }
+
+    /// [`health`](Self::health) without a mount table at hand: one is read only if the kernel
+    /// cannot tell from the opened directory. This is what each request measures, so a node
+    /// with thousands of mounts does not parse them all for every CreateVolume.
+    pub fn measure(&self) -> PoolHealth {
+        self.health_with(|| {
+            MountTable::read()
+                .map(|t| t.is_mount_point(&self.path))
+                .unwrap_or(false)
+        })
+    }
+
+    fn health_with(&self, in_mount_table: impl FnOnce() -> bool) -> PoolHealth {
+        let mut h = PoolHealth::default();
         let dir = match self.open_unguarded() {
             Ok(d) => d,
             Err(e) => {
@@ -259,6 +273,7 @@ impl Pool {
                 return h;
             }
         };
+        h.mount_point = fsops::fd_is_mount_root(dir.as_fd()).unwrap_or_else(in_mount_table);
         if self.require_mount_point && !h.mount_point {
             h.reason = Some(format!(
                 "storage pool {} requires {} to be a mount point and nothing is mounted there; \
@@ -501,7 +516,13 @@ mod tests {
             return;
         }
         let opened = pool.open().is_ok();
+        // Measured from the opened directory, even against a mount table that knows nothing.
+        let measured = pool.measure();
+        let against_empty_table = pool.health(&MountTable::parse(""));
         rustix::mount::unmount(&path, rustix::mount::UnmountFlags::empty()).unwrap();
         assert!(opened, "the mounted pool passes the guard");
+        assert!(measured.usable && measured.mount_point, "{measured:?}");
+        assert!(against_empty_table.usable, "{against_empty_table:?}");
+        assert!(!pool.measure().usable, "unmounted again");
     }
 }

@@ -63,7 +63,10 @@ mod tests {
                 kept.push(b);
             }
         }
-        assert!(release_free_memory(), "64 MiB freed in the middle of the heap must be released");
+        assert!(
+            release_free_memory(),
+            "64 MiB freed in the middle of the heap must be released"
+        );
         drop(kept);
     }
 
