@@ -28,13 +28,19 @@ pub const MALLOC_ARENAS: u16 = 2;
 
 /// Runs `main` on the multi-threaded tokio runtime every executable uses, after capping the
 /// allocator's arenas (which must happen before any thread starts, so not under
-/// `#[tokio::main]`).
+/// `#[tokio::main]`), and hands freed memory back to the kernel every few seconds
+/// ([`memory`]).
 pub fn run<F: std::future::Future>(main: F) -> std::io::Result<F::Output> {
     hpp_sys::malloc::limit_arenas(MALLOC_ARENAS);
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(main))
+        .block_on(async {
+            let release = tokio::spawn(memory::release_periodically(memory::RELEASE_INTERVAL));
+            let out = main.await;
+            release.abort();
+            out
+        }))
 }
 
 /// Ends an executable: on error, one line on stderr (`NAME: error: cause: cause`), never a
