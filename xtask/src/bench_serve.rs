@@ -98,7 +98,11 @@ impl Server {
                 return Ok(Server { child, channel: ch });
             }
             if let Some(status) = child.0.try_wait()? {
-                anyhow::bail!("{} {} exited with {status} before serving", kind.flag(), dir.display());
+                anyhow::bail!(
+                    "{flag} {dir} exited with {status} before serving; run `xtask bench {flag} {dir}` to see its log",
+                    flag = kind.flag(),
+                    dir = dir.display()
+                );
             }
             anyhow::ensure!(Instant::now() < deadline, "{} did not start within 30 s", kind.flag());
             tokio::time::sleep(Duration::from_millis(20)).await;
