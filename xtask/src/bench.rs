@@ -175,16 +175,25 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     IMAGE_MIB >> 10,
                     args.dir.display()
                 );
-                suite(&run.0, &label, &args).await?;
+                interruptible(suite(&run.0, &label, &args)).await?;
             }
             FsTarget::Dir => {
                 let run = RunDir::new(args.dir.join(format!("run-{}", std::process::id())))?;
                 let label = format!("{} as it is", fs_type(&run.0));
-                suite(&run.0, &label, &args).await?;
+                interruptible(suite(&run.0, &label, &args)).await?;
             }
         }
     }
     Ok(())
+}
+
+/// Runs `work`, or stops at Ctrl-C with an error, so the guards (server children, mounts
+/// below the run directory, the loop filesystem) are dropped and clean up either way.
+async fn interruptible(work: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tokio::select! {
+        result = work => result,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; the scratch filesystem and directories were cleaned up"),
+    }
 }
 
 /// The filesystem type of `dir` as `stat -f` names it.
