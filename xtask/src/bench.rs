@@ -33,7 +33,7 @@ use tonic::transport::Channel;
 use crate::bench_floors::{self as floors, FloorDirs, Floors};
 use crate::bench_proc::ProcStatus;
 use crate::bench_serve::{Kind, Server};
-use crate::bench_stats::{Stats, Table, cells, delta_us, fmt_d, ratio, ratio_d, run_tasks};
+use crate::bench_stats::{Sample, Stats, Table, cells, delta_us, fmt_d, ratio, ratio_d, run_tasks_sample};
 use crate::loopfs::{self, FsChoice, FsTarget, LoopFs};
 
 /// Size of each loop-mounted image (sparse: only what is written takes disk space).
@@ -286,24 +286,49 @@ impl EmptyCalls {
     }
 }
 
+/// How many turns the bare and the layered server take at each measurement of the empty call.
+const EMPTY_CALL_TURNS: usize = 10;
+
+/// Measures both empty-call servers in alternating turns (bare first in even turns, layered
+/// first in odd ones), so a noisy neighbour on the machine slows both alike instead of
+/// whichever happened to run at the time.
 async fn empty_calls(dir: &Path, n: usize) -> anyhow::Result<EmptyCalls> {
+    let kinds = [Kind::Bare, Kind::BareLayered];
+    let bare = Server::spawn(Kind::Bare, &dir.join("bare")).await?;
+    let layered = Server::spawn(Kind::BareLayered, &dir.join("layered")).await?;
+    let clients = [
+        IdentityClient::new(bare.channel.clone()),
+        IdentityClient::new(layered.channel.clone()),
+    ];
+    let per_turn = n.div_ceil(EMPTY_CALL_TURNS).max(1);
     let mut out = EmptyCalls::default();
-    for (kind, sub) in [(Kind::Bare, "bare"), (Kind::BareLayered, "layered")] {
-        let server = Server::spawn(kind, &dir.join(sub)).await?;
-        let id = IdentityClient::new(server.channel.clone());
-        for conc in CONCURRENCY {
-            let info = each("GetPluginInfo", n, conc, id.clone(), |mut c, _| async move {
-                c.get_plugin_info(csi::GetPluginInfoRequest {}).await.map(drop)
-            })
-            .await?;
-            let probe = each("Probe", n, conc, id.clone(), |mut c, _| async move {
-                c.probe(csi::ProbeRequest {}).await.map(drop)
-            })
-            .await?;
-            out.rows.push((kind, "GetPluginInfo", conc, info));
-            out.rows.push((kind, "Probe", conc, probe));
+    for conc in CONCURRENCY {
+        for method in ["GetPluginInfo", "Probe"] {
+            let mut samples = [Sample::default(), Sample::default()];
+            for turn in 0..EMPTY_CALL_TURNS {
+                let order = if turn % 2 == 0 { [0, 1] } else { [1, 0] };
+                for k in order {
+                    let sample =
+                        if method == "Probe" {
+                            each_sample("Probe", per_turn, conc, clients[k].clone(), |mut c, _| async move {
+                                c.probe(csi::ProbeRequest {}).await.map(drop)
+                            })
+                            .await?
+                        } else {
+                            each_sample("GetPluginInfo", per_turn, conc, clients[k].clone(), |mut c, _| async move {
+                            c.get_plugin_info(csi::GetPluginInfoRequest {}).await.map(drop)
+                        })
+                        .await?
+                        };
+                    samples[k].extend(sample);
+                }
+            }
+            for (kind, sample) in kinds.into_iter().zip(samples) {
+                out.rows.push((kind, method, conc, sample.stats()));
+            }
         }
     }
+    out.rows.sort_by_key(|r| (r.0 == Kind::BareLayered, r.2));
     Ok(out)
 }
 
@@ -314,7 +339,17 @@ where
     F: Fn(C, usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<(), tonic::Status>> + Send + 'static,
 {
-    run_tasks(n, conc, move |i| {
+    Ok(each_sample(rpc, n, conc, client, call).await?.stats())
+}
+
+/// [`each`], returning the latencies.
+async fn each_sample<C, F, Fut>(rpc: &'static str, n: usize, conc: usize, client: C, call: F) -> anyhow::Result<Sample>
+where
+    C: Clone + Send + Sync + 'static,
+    F: Fn(C, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), tonic::Status>> + Send + 'static,
+{
+    run_tasks_sample(n, conc, move |i| {
         let fut = call(client.clone(), i);
         async move { fut.await.with_context(|| format!("{rpc} #{i}")) }
     })

@@ -89,8 +89,38 @@ pub fn run_threads(
     Ok(stats(all, start.elapsed()))
 }
 
+/// Latencies of a series of operations and the wall time they took; series taken in turns
+/// (see [`Sample::extend`]) add up to one measurement.
+#[derive(Debug, Clone, Default)]
+pub struct Sample {
+    lat: Vec<Duration>,
+    wall: Duration,
+}
+
+impl Sample {
+    /// Adds another series of the same measurement.
+    pub fn extend(&mut self, other: Sample) {
+        self.lat.extend(other.lat);
+        self.wall += other.wall;
+    }
+
+    /// The statistics of every series added.
+    pub fn stats(self) -> Stats {
+        stats(self.lat, self.wall)
+    }
+}
+
 /// Runs the async `op(i)` for i in 0..n on `conc` tasks; returns the statistics.
 pub async fn run_tasks<F, Fut>(n: usize, conc: usize, op: F) -> anyhow::Result<Stats>
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
+    Ok(run_tasks_sample(n, conc, op).await?.stats())
+}
+
+/// Runs the async `op(i)` for i in 0..n on `conc` tasks; returns the latencies.
+pub async fn run_tasks_sample<F, Fut>(n: usize, conc: usize, op: F) -> anyhow::Result<Sample>
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
@@ -116,7 +146,10 @@ where
     for t in tasks {
         all.extend(t.await??);
     }
-    Ok(stats(all, start.elapsed()))
+    Ok(Sample {
+        lat: all,
+        wall: start.elapsed(),
+    })
 }
 
 /// A plain-text table: the first column left-aligned, the others right-aligned, every column
@@ -194,6 +227,20 @@ mod tests {
         assert_eq!(s.p99, Duration::from_micros(99));
         assert_eq!(s.ops_per_sec, 50.0);
         assert_eq!(stats(Vec::new(), Duration::ZERO).p50, Duration::ZERO);
+    }
+
+    #[test]
+    fn samples_taken_in_turns_add_up_to_one_measurement() {
+        let mut all = Sample::default();
+        for part in [[1u64, 2], [3, 4]] {
+            all.extend(Sample {
+                lat: part.iter().map(|&us| Duration::from_micros(us)).collect(),
+                wall: Duration::from_secs(1),
+            });
+        }
+        let s = all.stats();
+        assert_eq!(s.ops_per_sec, 2.0);
+        assert_eq!(s.p99, Duration::from_micros(4));
     }
 
     #[test]
