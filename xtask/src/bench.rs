@@ -30,7 +30,7 @@ use hpp_csi::csi::{
 };
 use tonic::transport::Channel;
 
-use crate::bench_floors::{self as floors, FloorDirs, Floors};
+use crate::bench_floors::{self as floors, FloorDirs, Floors, Paired};
 use crate::bench_proc::ProcStatus;
 use crate::bench_serve::{Kind, Server};
 use crate::bench_stats::{Sample, Stats, Table, cells, delta_us, fmt_d, ratio, ratio_d, run_tasks_sample};
@@ -286,8 +286,9 @@ impl EmptyCalls {
     }
 }
 
-/// How many turns the bare and the layered server take at each measurement of the empty call.
-const EMPTY_CALL_TURNS: usize = 10;
+/// How many turns two measurements that are compared take, alternating (the bare and the
+/// layered empty call; CreateVolume/DeleteVolume and their durable floors).
+const TURNS: usize = 10;
 
 /// Measures both empty-call servers in alternating turns (bare first in even turns, layered
 /// first in odd ones), so a noisy neighbour on the machine slows both alike instead of
@@ -300,12 +301,12 @@ async fn empty_calls(dir: &Path, n: usize) -> anyhow::Result<EmptyCalls> {
         IdentityClient::new(bare.channel.clone()),
         IdentityClient::new(layered.channel.clone()),
     ];
-    let per_turn = n.div_ceil(EMPTY_CALL_TURNS).max(1);
+    let per_turn = n.div_ceil(TURNS).max(1);
     let mut out = EmptyCalls::default();
     for conc in CONCURRENCY {
         for method in ["GetPluginInfo", "Probe"] {
             let mut samples = [Sample::default(), Sample::default()];
-            for turn in 0..EMPTY_CALL_TURNS {
+            for turn in 0..TURNS {
                 let order = if turn % 2 == 0 { [0, 1] } else { [1, 0] };
                 for k in order {
                     let sample =
@@ -356,6 +357,42 @@ where
     .await
 }
 
+/// Runs the RPC (`call(client, i)`, i in 0..n) and its floor (`floor(range)`) in [`TURNS`]
+/// alternating turns, floor first in even turns; returns the RPC's and the floor's statistics.
+async fn in_turns<C, F, Fut>(
+    rpc: &'static str,
+    n: usize,
+    conc: usize,
+    client: C,
+    call: F,
+    floor: impl Fn(std::ops::Range<usize>) -> anyhow::Result<Sample>,
+) -> anyhow::Result<(Stats, Stats)>
+where
+    C: Clone + Send + Sync + 'static,
+    F: Fn(C, usize) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), tonic::Status>> + Send + 'static,
+{
+    let per_turn = n.div_ceil(TURNS).max(1);
+    let (mut rpc_sample, mut floor_sample) = (Sample::default(), Sample::default());
+    let (mut start, mut turn) = (0, 0);
+    while start < n {
+        let range = start..(start + per_turn).min(n);
+        let len = range.len();
+        let call = call.clone();
+        let rpc_turn = each_sample(rpc, len, conc, client.clone(), move |c, i| call(c, start + i));
+        if turn % 2 == 0 {
+            floor_sample.extend(floor(range)?);
+            rpc_sample.extend(rpc_turn.await?);
+        } else {
+            rpc_sample.extend(rpc_turn.await?);
+            floor_sample.extend(floor(range)?);
+        }
+        start += len;
+        turn += 1;
+    }
+    Ok((rpc_sample.stats(), floor_sample.stats()))
+}
+
 /// One driver measurement and the floor it is compared with.
 #[derive(Debug, Clone)]
 struct DriverRow {
@@ -363,6 +400,8 @@ struct DriverRow {
     conc: usize,
     stats: Stats,
     floor: Option<&'static str>,
+    /// The floor measured in turns with this RPC ([`floors::Paired`]), when it was.
+    paired: Option<Stats>,
 }
 
 fn volume_source(src: csi::volume_content_source::Type) -> Option<csi::VolumeContentSource> {
@@ -385,30 +424,32 @@ async fn driver_round(
         NodeClient::new(ch.clone()),
     );
     let mut rows = Vec::new();
-    let mut push = |rpc, stats, floor| {
+    let mut push = |rpc, stats, floor, paired| {
         rows.push(DriverRow {
             rpc,
             conc,
             stats,
             floor,
+            paired,
         })
     };
 
     let st = each("Probe", n, conc, id.clone(), |mut c, _| async move {
         c.probe(csi::ProbeRequest {}).await.map(drop)
     });
-    push("Probe", st.await?, None);
+    push("Probe", st.await?, None, None);
     let st = each("GetPluginInfo", n, conc, id.clone(), |mut c, _| async move {
         c.get_plugin_info(csi::GetPluginInfoRequest {}).await.map(drop)
     });
-    push("GetPluginInfo", st.await?, None);
+    push("GetPluginInfo", st.await?, None, None);
     let st = each("GetCapacity", n, conc, ctl.clone(), |mut c, _| async move {
         c.get_capacity(csi::GetCapacityRequest::default()).await.map(drop)
     });
-    push("GetCapacity", st.await?, Some(floors::STATVFS));
+    push("GetCapacity", st.await?, Some(floors::STATVFS), None);
 
     let vol = move |i: usize| format!("pvc-c{conc}-{i}");
-    let st = each("CreateVolume", n, conc, ctl.clone(), move |mut c, i| async move {
+    let paired = Paired::new(&dir.join("floors").join(format!("paired-c{conc}")))?;
+    let create = move |mut c: ControllerClient<Channel>, i| async move {
         c.create_volume(csi::CreateVolumeRequest {
             name: vol(i),
             volume_capabilities: vec![mount_cap()],
@@ -416,8 +457,12 @@ async fn driver_round(
         })
         .await
         .map(drop)
-    });
-    push("CreateVolume", st.await?, Some(floors::MKDIR_FSYNC));
+    };
+    let (st, floor) = in_turns("CreateVolume", n, conc, ctl.clone(), create, |r| {
+        paired.mkdir_fsync(r, conc)
+    })
+    .await?;
+    push("CreateVolume", st, Some(floors::MKDIR_FSYNC), Some(floor));
     let st = each(
         "ControllerExpandVolume",
         n,
@@ -436,7 +481,7 @@ async fn driver_round(
             .map(drop)
         },
     );
-    push("ExpandVolume", st.await?, Some(floors::XATTR_FSYNC));
+    push("ExpandVolume", st.await?, Some(floors::XATTR_FSYNC), None);
 
     let snap = move |i: usize| format!("snap-c{conc}-{i}");
     let st = each("CreateSnapshot", n, conc, ctl.clone(), move |mut c, i| async move {
@@ -448,7 +493,7 @@ async fn driver_round(
         .await
         .map(drop)
     });
-    push("CreateSnapshot", st.await?, Some(floors::MKDIR_FSYNC));
+    push("CreateSnapshot", st.await?, Some(floors::MKDIR_FSYNC), None);
     let restored = move |i: usize| format!("rst-c{conc}-{i}");
     let st = each(
         "CreateVolume from snapshot",
@@ -466,7 +511,7 @@ async fn driver_round(
             .map(drop)
         },
     );
-    push("CreateVolume (snapshot)", st.await?, Some(floors::MKDIR_FSYNC));
+    push("CreateVolume (snapshot)", st.await?, Some(floors::MKDIR_FSYNC), None);
     let cloned = move |i: usize| format!("cln-c{conc}-{i}");
     let st = each(
         "CreateVolume from volume",
@@ -484,7 +529,7 @@ async fn driver_round(
             .map(drop)
         },
     );
-    push("CreateVolume (clone)", st.await?, Some(floors::MKDIR_FSYNC));
+    push("CreateVolume (clone)", st.await?, Some(floors::MKDIR_FSYNC), None);
 
     let delete = |name: fn(usize, usize) -> String| {
         move |mut c: ControllerClient<Channel>, i| async move {
@@ -496,14 +541,17 @@ async fn driver_round(
             .map(drop)
         }
     };
-    let st = each(
+    let (st, floor) = in_turns(
         "DeleteVolume",
         n,
         conc,
         ctl.clone(),
         delete(|c, i| format!("pvc-c{c}-{i}")),
-    );
-    push("DeleteVolume", st.await?, Some(floors::RENAME_FSYNC));
+        |r| paired.rename_fsync(r, conc),
+    )
+    .await?;
+    paired.clear(n)?;
+    push("DeleteVolume", st, Some(floors::RENAME_FSYNC), Some(floor));
     // The restored and cloned volumes go too; those deletions are not reported.
     each(
         "DeleteVolume",
@@ -529,7 +577,7 @@ async fn driver_round(
         .await
         .map(drop)
     });
-    push("DeleteSnapshot", st.await?, Some(floors::RENAME_FSYNC));
+    push("DeleteSnapshot", st.await?, Some(floors::RENAME_FSYNC), None);
 
     if root {
         let published = move |w: usize| format!("pvc-pub{conc}-{w}");
@@ -560,7 +608,7 @@ async fn driver_round(
                 .map(drop)
             }
         });
-        push("NodePublishVolume", st.await?, Some(floors::BIND));
+        push("NodePublishVolume", st.await?, Some(floors::BIND), None);
         let st = each("NodeUnpublishVolume", mount_n, conc, node.clone(), move |mut c, i| {
             let target_path = target(i);
             async move {
@@ -572,7 +620,7 @@ async fn driver_round(
                 .map(drop)
             }
         });
-        push("NodeUnpublishVolume", st.await?, Some(floors::UMOUNT));
+        push("NodeUnpublishVolume", st.await?, Some(floors::UMOUNT), None);
     }
     Ok(rows)
 }
@@ -687,7 +735,8 @@ fn print_driver(rows: &[DriverRow], empty: &EmptyCalls, floors: &Floors) {
     println!();
     println!("Driver RPCs (the shipped driver: RPC layer, metrics, tracing at info)");
     println!("  xempty = p50 / empty-call p50 (bare tonic, same conc); xfloor = p50 / floor p50;");
-    println!("  x(empty+floor) = p50 / (empty-call p50 + floor p50)");
+    println!("  x(empty+floor) = p50 / (empty-call p50 + floor p50);");
+    println!("  floor* = measured again in {TURNS} turns alternating with the RPC (the disk at the same moment)");
     let mut t = Table::new(&[
         "RPC",
         "conc",
@@ -704,7 +753,7 @@ fn print_driver(rows: &[DriverRow], empty: &EmptyCalls, floors: &Floors) {
     for r in rows {
         let [p50, p99, ops] = cells(&r.stats);
         let e = empty.floor_for(r.rpc, r.conc);
-        let f = r.floor.and_then(|name| floors.get(name, r.conc));
+        let f = r.paired.or_else(|| r.floor.and_then(|name| floors.get(name, r.conc)));
         let dash = || "-".to_owned();
         t.row(vec![
             r.rpc.to_owned(),
@@ -713,7 +762,11 @@ fn print_driver(rows: &[DriverRow], empty: &EmptyCalls, floors: &Floors) {
             p99,
             ops,
             e.map_or_else(dash, |e| ratio_d(r.stats.p50, e.p50)),
-            r.floor.unwrap_or("-").to_owned(),
+            match (r.floor, r.paired) {
+                (Some(name), Some(_)) => format!("{name}*"),
+                (Some(name), None) => name.to_owned(),
+                (None, _) => dash(),
+            },
             f.map_or_else(dash, |f| fmt_d(f.p50)),
             f.map_or_else(dash, |f| format!("{:.0}", f.ops_per_sec)),
             f.map_or_else(dash, |f| ratio_d(r.stats.p50, f.p50)),
@@ -729,12 +782,14 @@ fn print_driver(rows: &[DriverRow], empty: &EmptyCalls, floors: &Floors) {
 fn print_goal(rows: &[DriverRow], empty: &EmptyCalls, floors: &Floors) {
     println!();
     println!("Goal (issue 14): at c=1, p50 within {GOAL}x of (empty-call p50 + durable floor p50)");
+    println!("  (the floor measured in turns with the RPC, the empty call from the bare tonic server)");
     for (rpc, floor) in [
         ("CreateVolume", floors::MKDIR_FSYNC),
         ("DeleteVolume", floors::RENAME_FSYNC),
     ] {
         let row = rows.iter().find(|r| r.rpc == rpc && r.conc == 1);
-        match (row, empty.floor_for(rpc, 1), floors.get(floor, 1)) {
+        let floor_stats = row.and_then(|r| r.paired).or_else(|| floors.get(floor, 1));
+        match (row, empty.floor_for(rpc, 1), floor_stats) {
             (Some(r), Some(e), Some(f)) => println!("  {}", goal_line(rpc, r.stats.p50, e.p50, floor, f.p50)),
             _ => println!("  {rpc}: not measured"),
         }

@@ -6,6 +6,7 @@
 //! fsync(parent)`); DeleteVolume renames the volume to a deleting name and fsyncs before
 //! removing it (`rename + fsync(parent)`).
 
+use std::ops::Range;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use rustix::fs::{Mode, OFlags};
 
-use crate::bench_stats::{Stats, run_threads};
+use crate::bench_stats::{Sample, Stats, run_threads, run_threads_sample};
 
 /// `mkdir`.
 pub const MKDIR: &str = "mkdir";
@@ -167,4 +168,73 @@ pub fn measure(
         floors.push(UMOUNT, conc, umount);
     }
     Ok(())
+}
+
+/// The durable floors measured in turns with the RPCs they bound (CreateVolume with
+/// `mkdir + fsync(parent)`, DeleteVolume with `rename + fsync(parent)`), so the goal ratio
+/// compares the RPC with the disk as it was at the same moment, not minutes earlier.
+#[derive(Debug)]
+pub struct Paired {
+    parent: Arc<OwnedFd>,
+}
+
+impl Paired {
+    /// Floors in a new directory `dir`.
+    pub fn new(dir: &Path) -> anyhow::Result<Paired> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Paired {
+            parent: Arc::new(open_dir(dir)?),
+        })
+    }
+
+    /// `mkdir p<i> + fsync(parent)` for every i of `range`.
+    pub fn mkdir_fsync(&self, range: Range<usize>, conc: usize) -> anyhow::Result<Sample> {
+        let (fd, start) = (self.parent.clone(), range.start);
+        let mode = Mode::from_raw_mode(0o750);
+        run_threads_sample(range.len(), conc, move |i| {
+            rustix::fs::mkdirat(&*fd, format!("p{}", start + i), mode)?;
+            rustix::fs::fsync(&*fd)?;
+            Ok(())
+        })
+    }
+
+    /// `rename p<i> .deleting-p<i> + fsync(parent)` for every i of `range` (made by
+    /// [`Paired::mkdir_fsync`] before).
+    pub fn rename_fsync(&self, range: Range<usize>, conc: usize) -> anyhow::Result<Sample> {
+        let (fd, start) = (self.parent.clone(), range.start);
+        run_threads_sample(range.len(), conc, move |i| {
+            let i = start + i;
+            rustix::fs::renameat(&*fd, format!("p{i}"), &*fd, format!(".deleting-p{i}"))?;
+            rustix::fs::fsync(&*fd)?;
+            Ok(())
+        })
+    }
+
+    /// Removes what the renames left, `n` directories (not measured).
+    pub fn clear(&self, n: usize) -> anyhow::Result<()> {
+        for i in 0..n {
+            rustix::fs::unlinkat(&*self.parent, format!(".deleting-p{i}"), rustix::fs::AtFlags::REMOVEDIR)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn paired_floors_make_rename_and_clear_every_directory_of_their_ranges() {
+        let dir = tempfile::tempdir().unwrap();
+        let paired = Paired::new(&dir.path().join("paired")).unwrap();
+        for range in [0..3, 3..5] {
+            assert!(paired.mkdir_fsync(range, 2).unwrap().stats().ops_per_sec > 0.0);
+        }
+        assert!(dir.path().join("paired/p4").is_dir());
+        paired.rename_fsync(0..5, 3).unwrap();
+        assert!(dir.path().join("paired/.deleting-p0").is_dir());
+        paired.clear(5).unwrap();
+        assert_eq!(std::fs::read_dir(dir.path().join("paired")).unwrap().count(), 0);
+    }
 }

@@ -64,6 +64,15 @@ pub fn run_threads(
     conc: usize,
     op: impl Fn(usize) -> anyhow::Result<()> + Send + Sync + 'static,
 ) -> anyhow::Result<Stats> {
+    Ok(run_threads_sample(n, conc, op)?.stats())
+}
+
+/// Runs `op(i)` for i in 0..n on `conc` OS threads; returns the latencies.
+pub fn run_threads_sample(
+    n: usize,
+    conc: usize,
+    op: impl Fn(usize) -> anyhow::Result<()> + Send + Sync + 'static,
+) -> anyhow::Result<Sample> {
     let op = Arc::new(op);
     let start = Instant::now();
     let handles: Vec<_> = (0..conc)
@@ -86,7 +95,10 @@ pub fn run_threads(
     for h in handles {
         all.extend(h.join().map_err(|_| anyhow::anyhow!("worker panicked"))??);
     }
-    Ok(stats(all, start.elapsed()))
+    Ok(Sample {
+        lat: all,
+        wall: start.elapsed(),
+    })
 }
 
 /// Latencies of a series of operations and the wall time they took; series taken in turns
