@@ -1,52 +1,74 @@
-//! `cargo xtask bench` (formerly the `hpp-bench` binary of hpp-bin): measures the CSI driver over its unix socket next to the bare system calls it
-//! wraps, in the same run and on the same filesystem:
+//! `cargo xtask bench`: everything needed to judge the CSI driver's per-call overhead and its
+//! durability cost, in one run, on one freshly made filesystem at a time (`--fs ext4|btrfs|both`,
+//! loop-mounted images; `--fs dir` measures the `--dir` filesystem as it is):
 //!
-//! | RPC | baseline |
-//! |---|---|
-//! | CreateVolume | mkdir |
-//! | ControllerExpandVolume (row `ExpandVolume`) | fsetxattr + fsync (the size record) |
-//! | DeleteVolume | rmdir |
-//! | NodePublishVolume | bind mount |
-//! | NodeUnpublishVolume | umount + rmdir |
-//! | GetCapacity | statvfs |
+//! 1. floors: the bare system calls, among them the durable ones a crash-safe create
+//!    (`mkdir + fsync(parent)`) and delete (`rename + fsync(parent)`) cannot avoid
+//!    ([`crate::bench_floors`]);
+//! 2. the empty-call floor: a constant Identity service on plain tonic over a unix socket,
+//!    and the same behind the driver's tracing and metrics layer ([`crate::bench_serve`]);
+//! 3. the driver's RPCs, each with its ratio to the empty call and to its floor, and the
+//!    issue-14 goal: at c=1, CreateVolume's p50 within 1.2× of (empty-call p50 +
+//!    `mkdir + fsync(parent)` p50), DeleteVolume's likewise with `rename + fsync(parent)`;
+//! 4. the driver's memory: resident set, its anonymous and file parts and the thread count at
+//!    start, idle after the rounds, after 10,000 volumes and after listing them.
 //!
-//! p50/p99 latency and throughput at concurrency 1 and 16, then the driver's resident memory
-//! after 10,000 volumes. The driver runs in a child process (this binary with
-//! `bench --serve-driver`) so its RSS is its own. It uses only hpp-csi's public API (the
-//! builder, the generated CSI clients, `client::connect`, `mountinfo`).
-//! `cargo run --release -p xtask -- bench --dir /var/tmp/hpp-bench` for release numbers.
+//! Each measurement runs at concurrency 1 and 16 and reports p50, p99 and ops/s. The servers
+//! run in child processes of this binary (hidden `--serve-*` flags). Release numbers:
+//! `cargo build --release -p xtask && sudo target/release/xtask bench`.
 //!
-//! `--validation` instead measures the webhook's CR validation: the largest spec the schema
-//! admits and floods of identical pools (`hpp_api::validation::worst_case`).
+//! `--validation` measures the webhook's CR validation instead ([`crate::bench_validation`]);
+//! `--quota-backends` the quota backends ([`crate::bench_quota`]).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser;
-use hpp_csi::csi::{self, controller_client::ControllerClient, node_client::NodeClient};
-use hpp_csi::{Driver, Endpoint, PoolConfig};
-use tokio::signal::unix::{SignalKind, signal};
+use hpp_csi::csi::{
+    self, controller_client::ControllerClient, identity_client::IdentityClient, node_client::NodeClient,
+};
+use tonic::transport::Channel;
+
+use crate::bench_floors::{self as floors, FloorDirs, Floors, Paired};
+use crate::bench_proc::ProcStatus;
+use crate::bench_serve::{Kind, Server};
+use crate::bench_stats::{Sample, Stats, Table, cells, delta_us, fmt_d, ratio, ratio_d, run_tasks_sample};
+use crate::loopfs::{self, FsChoice, FsTarget, LoopFs};
+
+/// Size of each loop-mounted image (sparse: only what is written takes disk space).
+const IMAGE_MIB: u64 = 4096;
+/// The concurrencies every measurement runs at.
+const CONCURRENCY: [usize; 2] = [1, 16];
+/// The issue-14 goal: p50 at c=1 within this factor of (empty call + durable floor).
+const GOAL: f64 = 1.2;
 
 /// Options of `cargo xtask bench`.
 #[derive(Debug, Parser)]
 #[command(name = "hpp-bench", about = "Benchmark the hpp CSI driver against bare syscalls")]
 pub struct Args {
-    /// Parent of the scratch directory (a `run-<pid>` subdirectory is created and removed).
-    /// Use a disk-backed filesystem, not tmpfs, for disk numbers.
+    /// Where the loop images are made (`--fs ext4|btrfs|both`), or, with `--fs dir`, the
+    /// parent of the scratch directory (a `run-<pid>` subdirectory is created and removed).
+    /// Use a disk-backed filesystem, not tmpfs.
     #[arg(long, default_value = "/var/tmp/hpp-bench")]
     dir: PathBuf,
-    /// Operations per measurement for CreateVolume, DeleteVolume and GetCapacity.
+    /// Filesystems to measure on, each a fresh 4 GiB loop-mounted image [default: both when
+    /// root with mkfs.ext4 and mkfs.btrfs installed, else dir].
+    #[arg(long, value_enum)]
+    fs: Option<FsChoice>,
+    /// Operations per measurement (floors and RPCs other than publish/unpublish).
     #[arg(long, default_value_t = 2000)]
     ops: usize,
-    /// Operations per measurement for publish/unpublish (each is a real mount).
+    /// Operations per measurement for publish/unpublish and their floors (each is a real mount).
     #[arg(long, default_value_t = 500)]
     mount_ops: usize,
     /// Volumes to hold before reading the driver's resident memory.
     #[arg(long, default_value_t = 10_000)]
     rss_volumes: usize,
+    /// Seconds to leave the driver idle before the "idle" memory readings (tokio's idle
+    /// blocking threads exit after 10 s).
+    #[arg(long, default_value_t = 12)]
+    idle_wait: u64,
     /// Only measure CR validation (the webhook's cost): the largest spec the schema admits and
     /// floods of identical pools, then exit. Needs no root and no driver.
     #[arg(long)]
@@ -55,99 +77,19 @@ pub struct Args {
     /// loop-mounted filesystem, against plain directories), then exit. Needs root.
     #[arg(long)]
     quota_backends: bool,
-    /// Internal: serve a driver on DIR (used for the child process).
+    /// Internal: serve the driver on DIR (the child process).
     #[arg(long, hide = true, value_name = "DIR")]
     serve_driver: Option<PathBuf>,
+    /// Internal: serve a constant Identity service on plain tonic on DIR (the child process).
+    #[arg(long, hide = true, value_name = "DIR")]
+    serve_bare: Option<PathBuf>,
+    /// Internal: the same behind the driver's RPC layer (the child process).
+    #[arg(long, hide = true, value_name = "DIR")]
+    serve_bare_layered: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone)]
-struct Stats {
-    p50: Duration,
-    p99: Duration,
-    ops_per_sec: f64,
-}
-
-fn stats(mut lat: Vec<Duration>, wall: Duration) -> Stats {
-    lat.sort();
-    let pick = |q: f64| {
-        let idx = ((lat.len() as f64 - 1.0) * q).round() as usize;
-        lat.get(idx).copied().unwrap_or_default()
-    };
-    Stats {
-        p50: pick(0.50),
-        p99: pick(0.99),
-        ops_per_sec: lat.len() as f64 / wall.as_secs_f64().max(1e-9),
-    }
-}
-
-fn fmt_d(d: Duration) -> String {
-    let us = d.as_secs_f64() * 1e6;
-    if us >= 1000.0 {
-        format!("{:.2}ms", us / 1000.0)
-    } else {
-        format!("{us:.1}µs")
-    }
-}
-
-/// Runs `op(i)` for i in 0..n on `conc` OS threads; returns per-op latencies and wall time.
-fn run_threads(
-    n: usize,
-    conc: usize,
-    op: impl Fn(usize) -> anyhow::Result<()> + Send + Sync + 'static,
-) -> anyhow::Result<Stats> {
-    let op = Arc::new(op);
-    let start = Instant::now();
-    let handles: Vec<_> = (0..conc)
-        .map(|w| {
-            let op = op.clone();
-            std::thread::spawn(move || -> anyhow::Result<Vec<Duration>> {
-                let mut lat = Vec::new();
-                let mut i = w;
-                while i < n {
-                    let t = Instant::now();
-                    op(i)?;
-                    lat.push(t.elapsed());
-                    i += conc;
-                }
-                Ok(lat)
-            })
-        })
-        .collect();
-    let mut all = Vec::with_capacity(n);
-    for h in handles {
-        all.extend(h.join().map_err(|_| anyhow::anyhow!("worker panicked"))??);
-    }
-    Ok(stats(all, start.elapsed()))
-}
-
-/// Runs the async `op(i)` for i in 0..n on `conc` tasks.
-async fn run_tasks<F, Fut>(n: usize, conc: usize, op: F) -> anyhow::Result<Stats>
-where
-    F: Fn(usize) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
-{
-    let op = Arc::new(op);
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for w in 0..conc {
-        let op = op.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            let mut i = w;
-            while i < n {
-                let t = Instant::now();
-                op(i).await?;
-                lat.push(t.elapsed());
-                i += conc;
-            }
-            Ok::<_, anyhow::Error>(lat)
-        }));
-    }
-    let mut all = Vec::with_capacity(n);
-    for t in tasks {
-        all.extend(t.await??);
-    }
-    Ok(stats(all, start.elapsed()))
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
 }
 
 fn mount_cap() -> csi::VolumeCapability {
@@ -160,150 +102,49 @@ fn mount_cap() -> csi::VolumeCapability {
     }
 }
 
-struct Row {
-    rpc: &'static str,
-    baseline: &'static str,
-    conc: usize,
-    rpc_stats: Stats,
-    base_stats: Stats,
-}
+/// A scratch directory of this run: on drop, whatever is still mounted below it is detached
+/// and the directory removed, on the error paths too.
+struct RunDir(PathBuf);
 
-fn print_rows(rows: &[Row]) {
-    println!(
-        "{:<20} {:>4} | {:>9} {:>9} {:>9} | {:<14} {:>9} {:>9} {:>9} | {:>8} {:>8}",
-        "RPC", "conc", "p50", "p99", "ops/s", "baseline", "p50", "p99", "ops/s", "p50 x", "ops/s x"
-    );
-    for r in rows {
-        println!(
-            "{:<20} {:>4} | {:>9} {:>9} {:>9.0} | {:<14} {:>9} {:>9} {:>9.0} | {:>8.1} {:>8.2}",
-            r.rpc,
-            r.conc,
-            fmt_d(r.rpc_stats.p50),
-            fmt_d(r.rpc_stats.p99),
-            r.rpc_stats.ops_per_sec,
-            r.baseline,
-            fmt_d(r.base_stats.p50),
-            fmt_d(r.base_stats.p99),
-            r.base_stats.ops_per_sec,
-            r.rpc_stats.p50.as_secs_f64() / r.base_stats.p50.as_secs_f64().max(1e-9),
-            r.base_stats.ops_per_sec / r.rpc_stats.ops_per_sec.max(1e-9),
-        );
+impl RunDir {
+    fn new(path: PathBuf) -> anyhow::Result<RunDir> {
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(RunDir(path))
     }
 }
 
-fn rss_kib(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("no VmRSS")
-}
-
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
+impl Drop for RunDir {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn serve_driver(dir: &Path) -> anyhow::Result<()> {
-    let driver = Driver::builder()
-        .node_id("bench")
-        .pool(PoolConfig::new("legacy", dir.join("pool")))
-        .endpoint(Endpoint::Unix(dir.join("csi.sock")))
-        .build()?;
-    let mut term = signal(SignalKind::terminate())?;
-    driver
-        .serve(async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+        if let Ok(table) = hpp_csi::mountinfo::MountTable::read() {
+            let canon = std::fs::canonicalize(&self.0).unwrap_or_else(|_| self.0.clone());
+            for m in table
+                .mounts()
+                .iter()
+                .rev()
+                .filter(|m| m.mount_point.starts_with(&canon))
+            {
+                let _ = rustix::mount::unmount(&m.mount_point, rustix::mount::UnmountFlags::DETACH);
             }
-        })
-        .await?;
-    Ok(())
-}
-
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
-
-/// Peak resident memory of this process (VmHWM) in KiB.
-fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// Median time of `runs` calls of `f` (at least one), and what the last call returned.
-fn median_of<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
-    let start = Instant::now();
-    let mut last = f();
-    let mut times = vec![start.elapsed()];
-    for _ in 1..runs {
-        let start = Instant::now();
-        last = f();
-        times.push(start.elapsed());
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
     }
-    times.sort();
-    (times[times.len() / 2], last)
 }
 
-/// `--validation`: validation time of the largest admitted CR and of adversarial floods.
-fn bench_validation() {
-    use hpp_api::validation::{ValidateCreate, ValidateUpdate, worst_case};
-    let errors = |r: Result<(), hpp_api::validation::ValidationErrors>| {
-        r.err()
-            .map_or((0, 0), |e| (e.errors().len() + e.omitted(), e.to_string().len()))
-    };
-    println!("| case | median | errors found | message bytes |");
-    println!("|---|---|---|---|");
-    let largest = worst_case::largest_admitted();
-    let flood = worst_case::identical_pools(3000);
-    let max_dupes = worst_case::identical_pools(hpp_api::constants::MAX_STORAGE_POOLS);
-    type Check<'a> = Box<dyn Fn() -> Result<(), hpp_api::validation::ValidationErrors> + 'a>;
-    let cases: Vec<(&str, Check<'_>)> = vec![
-        (
-            "CREATE, largest admitted (64 pools)",
-            Box::new(|| largest.validate_create()),
-        ),
-        (
-            "UPDATE, largest admitted (64 pools)",
-            Box::new(|| largest.validate_update(&largest)),
-        ),
-        ("CREATE, 64 identical pools", Box::new(|| max_dupes.validate_create())),
-        (
-            "UPDATE, 64 identical pools",
-            Box::new(|| max_dupes.validate_update(&max_dupes)),
-        ),
-        ("CREATE, 3000 identical pools", Box::new(|| flood.validate_create())),
-        (
-            "UPDATE, 3000 identical pools",
-            Box::new(|| flood.validate_update(&flood)),
-        ),
-    ];
-    for (name, case) in cases {
-        let (median, result) = median_of(21, case);
-        let (found, bytes) = errors(result);
-        println!("| {name} | {} | {found} | {bytes} |", fmt_d(median));
-    }
-    println!("peak RSS of the whole run: {} KiB", peak_rss_kib());
-}
-
-/// Runs the benchmark (or, with `--serve-driver`, the driver it measures) and prints the tables.
+/// Runs the benchmark (or, with a `--serve-*` flag, the server it measures) and prints the
+/// tables.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     if args.validation {
-        bench_validation();
+        crate::bench_validation::run();
         return Ok(());
     }
-    if let Some(dir) = &args.serve_driver {
-        return serve_driver(dir).await;
+    for (dir, kind) in [
+        (&args.serve_driver, Kind::Driver),
+        (&args.serve_bare, Kind::Bare),
+        (&args.serve_bare_layered, Kind::BareLayered),
+    ] {
+        if let Some(dir) = dir {
+            return crate::bench_serve::serve(kind, dir).await;
+        }
     }
     if args.quota_backends {
         let dir = args.dir.join(format!("quota-{}", std::process::id()));
@@ -311,326 +152,730 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let _ = std::fs::remove_dir_all(&dir);
         return result;
     }
-    // A fresh run directory of our own: nothing the user already had is ever deleted.
-    let dir = args.dir.join(format!("run-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("base")).with_context(|| format!("creating {}", dir.display()))?;
-    std::fs::create_dir_all(dir.join("targets"))?;
-    let fs = Command::new("stat").args(["-f", "-c", "%T"]).arg(&dir).output().ok();
+    let targets = loopfs::targets(args.fs, is_root(), loopfs::have_mkfs)?;
+    std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
     println!(
-        "hpp-bench: dir {} ({}), {} cores",
-        dir.display(),
-        fs.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-            .unwrap_or_default(),
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        "hpp-bench: {} cores, kernel {}, {} ops per measurement ({} for mounts), concurrency {:?}",
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim(),
+        args.ops,
+        args.mount_ops,
+        CONCURRENCY
     );
-
-    let child = Command::new(std::env::current_exe()?)
-        .arg("bench")
-        .arg("--serve-driver")
-        .arg(&dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let child = ChildGuard(child);
-    let sock = dir.join("csi.sock");
-    let endpoint = Endpoint::Unix(sock.clone());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let channel = loop {
-        if sock.exists()
-            && let Ok(ch) = hpp_csi::client::connect(&endpoint).await
-        {
-            break ch;
-        }
-        anyhow::ensure!(Instant::now() < deadline, "driver did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let pid = child.0.id();
-    let rss_start = rss_kib(pid)?;
-    let controller_channel = channel.clone();
-    let controller = ControllerClient::new(channel.clone());
-    let node = NodeClient::new(channel);
-    let mut rows = Vec::new();
-    let n = args.ops;
-
-    for conc in [1usize, 16] {
-        // mkdir / rmdir baseline.
-        let base = dir.join("base");
-        let b = base.clone();
-        let mkdir = run_threads(n, conc, move |i| {
-            Ok(std::fs::create_dir(b.join(format!("d{conc}-{i}")))?)
-        })?;
-        let b = base.clone();
-        let record = run_threads(n, conc, move |i| {
-            let dir = rustix::fs::open(
-                b.join(format!("d{conc}-{i}")),
-                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )?;
-            rustix::fs::fsetxattr(
-                &dir,
-                "trusted.hpp.bench",
-                b"2147483648",
-                rustix::fs::XattrFlags::empty(),
-            )?;
-            rustix::fs::fsync(&dir)?;
-            Ok(())
-        })?;
-        let b = base.clone();
-        let rmdir = run_threads(n, conc, move |i| {
-            Ok(std::fs::remove_dir(b.join(format!("d{conc}-{i}")))?)
-        })?;
-        // CreateVolume / DeleteVolume.
-        let c = controller.clone();
-        let create = run_tasks(n, conc, move |i| {
-            let mut c = c.clone();
-            async move {
-                c.create_volume(csi::CreateVolumeRequest {
-                    name: format!("pvc-c{conc}-{i}"),
-                    volume_capabilities: vec![mount_cap()],
-                    ..Default::default()
-                })
-                .await?;
-                Ok(())
+    for target in targets {
+        match target {
+            FsTarget::Loop(fstype) => {
+                let fs = LoopFs::new(&args.dir, fstype, IMAGE_MIB)?;
+                let run = RunDir::new(fs.path().join("run"))?;
+                let label = format!(
+                    "fresh {} ({} GiB loop image under {})",
+                    fs.fstype(),
+                    IMAGE_MIB >> 10,
+                    args.dir.display()
+                );
+                interruptible(suite(&run.0, &label, &args)).await?;
             }
-        })
-        .await?;
-        let c = controller.clone();
-        let expand = run_tasks(n, conc, move |i| {
-            let mut c = c.clone();
-            async move {
-                c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
-                    volume_id: format!("pvc-c{conc}-{i}"),
-                    capacity_range: Some(csi::CapacityRange {
-                        required_bytes: 2 << 30,
-                        limit_bytes: 0,
-                    }),
-                    ..Default::default()
-                })
-                .await?;
-                Ok(())
+            FsTarget::Dir => {
+                let run = RunDir::new(args.dir.join(format!("run-{}", std::process::id())))?;
+                let label = format!("{} as it is", fs_type(&run.0));
+                interruptible(suite(&run.0, &label, &args)).await?;
             }
-        })
-        .await?;
-        let c = controller.clone();
-        let delete = run_tasks(n, conc, move |i| {
-            let mut c = c.clone();
-            async move {
-                c.delete_volume(csi::DeleteVolumeRequest {
-                    volume_id: format!("pvc-c{conc}-{i}"),
-                    ..Default::default()
-                })
-                .await?;
-                Ok(())
-            }
-        })
-        .await?;
-        rows.push(Row {
-            rpc: "CreateVolume",
-            baseline: "mkdir",
-            conc,
-            rpc_stats: create,
-            base_stats: mkdir,
-        });
-        rows.push(Row {
-            rpc: "ExpandVolume",
-            baseline: "fsetxattr+fsync",
-            conc,
-            rpc_stats: expand,
-            base_stats: record,
-        });
-        rows.push(Row {
-            rpc: "DeleteVolume",
-            baseline: "rmdir",
-            conc,
-            rpc_stats: delete,
-            base_stats: rmdir,
-        });
-
-        // GetCapacity / statvfs.
-        let p = dir.join("pool");
-        let statvfs = run_threads(n, conc, move |_| Ok(rustix::fs::statvfs(&p).map(|_| ())?))?;
-        let c = controller.clone();
-        let cap = run_tasks(n, conc, move |_| {
-            let mut c = c.clone();
-            async move {
-                c.get_capacity(csi::GetCapacityRequest::default()).await?;
-                Ok(())
-            }
-        })
-        .await?;
-        rows.push(Row {
-            rpc: "GetCapacity",
-            baseline: "statvfs",
-            conc,
-            rpc_stats: cap,
-            base_stats: statvfs,
-        });
-
-        // Publish / unpublish vs bind mount / umount+rmdir.
-        if is_root() {
-            let m = args.mount_ops;
-            for w in 0..conc {
-                let mut c = controller.clone();
-                c.create_volume(csi::CreateVolumeRequest {
-                    name: format!("pvc-pub{conc}-{w}"),
-                    volume_capabilities: vec![mount_cap()],
-                    ..Default::default()
-                })
-                .await?;
-            }
-            let (src, tgt) = (dir.join("pool"), dir.join("targets"));
-            let bind = run_threads(m, conc, move |i| {
-                let t = tgt.join(format!("b{conc}-{i}"));
-                std::fs::create_dir(&t)?;
-                rustix::mount::mount_bind(src.join(format!("pvc-pub{conc}-{}", i % conc)), &t)?;
-                Ok(())
-            })?;
-            let tgt = dir.join("targets");
-            let umount = run_threads(m, conc, move |i| {
-                let t = tgt.join(format!("b{conc}-{i}"));
-                rustix::mount::unmount(&t, rustix::mount::UnmountFlags::NOFOLLOW)?;
-                std::fs::remove_dir(&t)?;
-                Ok(())
-            })?;
-            let (nd, tgt) = (node.clone(), dir.join("targets"));
-            let publish = run_tasks(m, conc, move |i| {
-                let mut nd = nd.clone();
-                let target = tgt.join(format!("p{conc}-{i}")).to_string_lossy().into_owned();
-                async move {
-                    nd.node_publish_volume(csi::NodePublishVolumeRequest {
-                        volume_id: format!("pvc-pub{conc}-{}", i % conc),
-                        target_path: target,
-                        volume_capability: Some(mount_cap()),
-                        ..Default::default()
-                    })
-                    .await?;
-                    Ok(())
-                }
-            })
-            .await?;
-            let (nd, tgt) = (node.clone(), dir.join("targets"));
-            let unpublish = run_tasks(m, conc, move |i| {
-                let mut nd = nd.clone();
-                let target = tgt.join(format!("p{conc}-{i}")).to_string_lossy().into_owned();
-                async move {
-                    nd.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
-                        volume_id: format!("pvc-pub{conc}-{}", i % conc),
-                        target_path: target,
-                    })
-                    .await?;
-                    Ok(())
-                }
-            })
-            .await?;
-            rows.push(Row {
-                rpc: "NodePublishVolume",
-                baseline: "mkdir+bind",
-                conc,
-                rpc_stats: publish,
-                base_stats: bind,
-            });
-            rows.push(Row {
-                rpc: "NodeUnpublishVolume",
-                baseline: "umount+rmdir",
-                conc,
-                rpc_stats: unpublish,
-                base_stats: umount,
-            });
-        } else {
-            println!("(not root: publish/unpublish and mount baselines skipped)");
         }
     }
+    Ok(())
+}
+
+/// Runs `work`, or stops at Ctrl-C with an error, so the guards (server children, mounts
+/// below the run directory, the loop filesystem) are dropped and clean up either way.
+async fn interruptible(work: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tokio::select! {
+        result = work => result,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; the scratch filesystem and directories were cleaned up"),
+    }
+}
+
+/// The filesystem type of `dir` as `stat -f` names it.
+fn fs_type(dir: &Path) -> String {
+    std::process::Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg(dir)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|_| "unknown filesystem".to_owned())
+}
+
+/// The whole suite on the filesystem holding `dir`.
+async fn suite(dir: &Path, label: &str, args: &Args) -> anyhow::Result<()> {
+    let root = is_root();
     println!();
-    print_rows(&rows);
+    println!("=== {label}: {}", dir.display());
+    let driver_dir = dir.join("driver");
+    let driver = Server::spawn(Kind::Driver, &driver_dir).await?;
+    let mut memory = vec![("after start".to_owned(), ProcStatus::of(driver.pid())?)];
 
-    // The transport floor: an RPC that does no I/O at all.
-    let mut floor = Vec::new();
-    for conc in [1usize, 16] {
-        let id = hpp_csi::csi::identity_client::IdentityClient::new(controller_channel.clone());
-        let st = run_tasks(n, conc, move |_| {
-            let mut id = id.clone();
-            async move {
-                id.get_plugin_info(csi::GetPluginInfoRequest {}).await?;
-                Ok(())
+    let floor_dirs = FloorDirs {
+        base: dir.join("floors"),
+        pool: driver_dir.join("pool"),
+        targets: dir.join("targets"),
+    };
+    let mut floors = Floors::default();
+    for conc in CONCURRENCY {
+        floors::measure(&floor_dirs, args.ops, args.mount_ops, conc, root, &mut floors)?;
+    }
+    print_floors(&floors);
+    if !root {
+        println!("(not root: the mount floors and publish/unpublish are skipped)");
+    }
+
+    let empty = empty_calls(dir, args.ops).await?;
+    print_empty(&empty);
+
+    let mut rows = Vec::new();
+    for conc in CONCURRENCY {
+        rows.extend(driver_round(&driver.channel, dir, conc, args.ops, args.mount_ops, root).await?);
+    }
+    print_driver(&rows, &empty, &floors);
+    print_goal(&rows, &empty, &floors);
+
+    tokio::time::sleep(Duration::from_secs(args.idle_wait)).await;
+    memory.push((
+        format!("idle {} s after the rounds", args.idle_wait),
+        ProcStatus::of(driver.pid())?,
+    ));
+    let total = args.rss_volumes;
+    let fill = fill(&driver.channel, total).await?;
+    memory.push((format!("after creating {total} volumes"), ProcStatus::of(driver.pid())?));
+    let (listed, list_time) = list_all(&driver.channel).await?;
+    memory.push((format!("after listing {listed} volumes"), ProcStatus::of(driver.pid())?));
+    tokio::time::sleep(Duration::from_secs(args.idle_wait)).await;
+    memory.push((
+        format!("idle {} s after listing", args.idle_wait),
+        ProcStatus::of(driver.pid())?,
+    ));
+    println!();
+    println!(
+        "created {total} volumes at {:.0} ops/s (c=16); ListVolumes over {listed} volumes in pages of 500: {}",
+        fill.ops_per_sec,
+        fmt_d(list_time)
+    );
+    print_memory(&memory);
+    Ok(())
+}
+
+/// The empty-call floor: one measurement per server, method and concurrency.
+#[derive(Debug, Default)]
+struct EmptyCalls {
+    rows: Vec<(Kind, &'static str, usize, Stats)>,
+}
+
+impl EmptyCalls {
+    fn get(&self, kind: Kind, method: &str, conc: usize) -> Option<Stats> {
+        self.rows
+            .iter()
+            .find(|(k, m, c, _)| *k == kind && *m == method && *c == conc)
+            .map(|r| r.3)
+    }
+
+    /// What a driver RPC is compared with: the bare server's Probe for Probe, its
+    /// GetPluginInfo for everything else.
+    fn floor_for(&self, rpc: &str, conc: usize) -> Option<Stats> {
+        let method = if rpc == "Probe" { "Probe" } else { "GetPluginInfo" };
+        self.get(Kind::Bare, method, conc)
+    }
+}
+
+/// How many turns two measurements that are compared take, alternating (the bare and the
+/// layered empty call; CreateVolume/DeleteVolume and their durable floors).
+const TURNS: usize = 10;
+
+/// Measures both empty-call servers in alternating turns (bare first in even turns, layered
+/// first in odd ones), so a noisy neighbour on the machine slows both alike instead of
+/// whichever happened to run at the time.
+async fn empty_calls(dir: &Path, n: usize) -> anyhow::Result<EmptyCalls> {
+    let kinds = [Kind::Bare, Kind::BareLayered];
+    let bare = Server::spawn(Kind::Bare, &dir.join("bare")).await?;
+    let layered = Server::spawn(Kind::BareLayered, &dir.join("layered")).await?;
+    let clients = [
+        IdentityClient::new(bare.channel.clone()),
+        IdentityClient::new(layered.channel.clone()),
+    ];
+    let per_turn = n.div_ceil(TURNS).max(1);
+    let mut out = EmptyCalls::default();
+    for conc in CONCURRENCY {
+        for method in ["GetPluginInfo", "Probe"] {
+            let mut samples = [Sample::default(), Sample::default()];
+            for turn in 0..TURNS {
+                let order = if turn % 2 == 0 { [0, 1] } else { [1, 0] };
+                for k in order {
+                    let sample =
+                        if method == "Probe" {
+                            each_sample("Probe", per_turn, conc, clients[k].clone(), |mut c, _| async move {
+                                c.probe(csi::ProbeRequest {}).await.map(drop)
+                            })
+                            .await?
+                        } else {
+                            each_sample("GetPluginInfo", per_turn, conc, clients[k].clone(), |mut c, _| async move {
+                            c.get_plugin_info(csi::GetPluginInfoRequest {}).await.map(drop)
+                        })
+                        .await?
+                        };
+                    samples[k].extend(sample);
+                }
             }
+            for (kind, sample) in kinds.into_iter().zip(samples) {
+                out.rows.push((kind, method, conc, sample.stats()));
+            }
+        }
+    }
+    out.rows.sort_by_key(|r| (r.0 == Kind::BareLayered, r.2));
+    Ok(out)
+}
+
+/// Runs `call(client, i)` for i in 0..n on `conc` tasks; a failed call names the RPC and `i`.
+async fn each<C, F, Fut>(rpc: &'static str, n: usize, conc: usize, client: C, call: F) -> anyhow::Result<Stats>
+where
+    C: Clone + Send + Sync + 'static,
+    F: Fn(C, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), tonic::Status>> + Send + 'static,
+{
+    Ok(each_sample(rpc, n, conc, client, call).await?.stats())
+}
+
+/// [`each`], returning the latencies.
+async fn each_sample<C, F, Fut>(rpc: &'static str, n: usize, conc: usize, client: C, call: F) -> anyhow::Result<Sample>
+where
+    C: Clone + Send + Sync + 'static,
+    F: Fn(C, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), tonic::Status>> + Send + 'static,
+{
+    run_tasks_sample(n, conc, move |i| {
+        let fut = call(client.clone(), i);
+        async move { fut.await.with_context(|| format!("{rpc} #{i}")) }
+    })
+    .await
+}
+
+/// Runs the RPC (`call(client, i)`, i in 0..n) and its floor (`floor(range)`) in [`TURNS`]
+/// alternating turns, floor first in even turns; returns the RPC's and the floor's statistics.
+async fn in_turns<C, F, Fut>(
+    rpc: &'static str,
+    n: usize,
+    conc: usize,
+    client: C,
+    call: F,
+    floor: impl Fn(std::ops::Range<usize>) -> anyhow::Result<Sample>,
+) -> anyhow::Result<(Stats, Stats)>
+where
+    C: Clone + Send + Sync + 'static,
+    F: Fn(C, usize) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), tonic::Status>> + Send + 'static,
+{
+    let per_turn = n.div_ceil(TURNS).max(1);
+    let (mut rpc_sample, mut floor_sample) = (Sample::default(), Sample::default());
+    let (mut start, mut turn) = (0, 0);
+    while start < n {
+        let range = start..(start + per_turn).min(n);
+        let len = range.len();
+        let call = call.clone();
+        let rpc_turn = each_sample(rpc, len, conc, client.clone(), move |c, i| call(c, start + i));
+        if turn % 2 == 0 {
+            floor_sample.extend(floor(range)?);
+            rpc_sample.extend(rpc_turn.await?);
+        } else {
+            rpc_sample.extend(rpc_turn.await?);
+            floor_sample.extend(floor(range)?);
+        }
+        start += len;
+        turn += 1;
+    }
+    Ok((rpc_sample.stats(), floor_sample.stats()))
+}
+
+/// One driver measurement and the floor it is compared with.
+#[derive(Debug, Clone)]
+struct DriverRow {
+    rpc: &'static str,
+    conc: usize,
+    stats: Stats,
+    floor: Option<&'static str>,
+    /// The floor measured in turns with this RPC ([`floors::Paired`]), when it was.
+    paired: Option<Stats>,
+}
+
+fn volume_source(src: csi::volume_content_source::Type) -> Option<csi::VolumeContentSource> {
+    Some(csi::VolumeContentSource { r#type: Some(src) })
+}
+
+/// Every driver RPC at concurrency `conc`.
+async fn driver_round(
+    ch: &Channel,
+    dir: &Path,
+    conc: usize,
+    n: usize,
+    mount_n: usize,
+    root: bool,
+) -> anyhow::Result<Vec<DriverRow>> {
+    use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
+    let (id, ctl, node) = (
+        IdentityClient::new(ch.clone()),
+        ControllerClient::new(ch.clone()),
+        NodeClient::new(ch.clone()),
+    );
+    let mut rows = Vec::new();
+    let mut push = |rpc, stats, floor, paired| {
+        rows.push(DriverRow {
+            rpc,
+            conc,
+            stats,
+            floor,
+            paired,
+        })
+    };
+
+    let st = each("Probe", n, conc, id.clone(), |mut c, _| async move {
+        c.probe(csi::ProbeRequest {}).await.map(drop)
+    });
+    push("Probe", st.await?, None, None);
+    let st = each("GetPluginInfo", n, conc, id.clone(), |mut c, _| async move {
+        c.get_plugin_info(csi::GetPluginInfoRequest {}).await.map(drop)
+    });
+    push("GetPluginInfo", st.await?, None, None);
+    let st = each("GetCapacity", n, conc, ctl.clone(), |mut c, _| async move {
+        c.get_capacity(csi::GetCapacityRequest::default()).await.map(drop)
+    });
+    push("GetCapacity", st.await?, Some(floors::STATVFS), None);
+
+    let vol = move |i: usize| format!("pvc-c{conc}-{i}");
+    let paired = Paired::new(&dir.join("floors").join(format!("paired-c{conc}")))?;
+    let create = move |mut c: ControllerClient<Channel>, i| async move {
+        c.create_volume(csi::CreateVolumeRequest {
+            name: vol(i),
+            volume_capabilities: vec![mount_cap()],
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+    };
+    let (st, floor) = in_turns("CreateVolume", n, conc, ctl.clone(), create, |r| {
+        paired.mkdir_fsync(r, conc)
+    })
+    .await?;
+    push("CreateVolume", st, Some(floors::MKDIR_FSYNC), Some(floor));
+    let st = each(
+        "ControllerExpandVolume",
+        n,
+        conc,
+        ctl.clone(),
+        move |mut c, i| async move {
+            c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
+                volume_id: vol(i),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: 2 << 30,
+                    limit_bytes: 0,
+                }),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
+        },
+    );
+    push("ExpandVolume", st.await?, Some(floors::XATTR_FSYNC), None);
+
+    let snap = move |i: usize| format!("snap-c{conc}-{i}");
+    let st = each("CreateSnapshot", n, conc, ctl.clone(), move |mut c, i| async move {
+        c.create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: vol(i),
+            name: snap(i),
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+    });
+    push("CreateSnapshot", st.await?, Some(floors::MKDIR_FSYNC), None);
+    let restored = move |i: usize| format!("rst-c{conc}-{i}");
+    let st = each(
+        "CreateVolume from snapshot",
+        n,
+        conc,
+        ctl.clone(),
+        move |mut c, i| async move {
+            c.create_volume(csi::CreateVolumeRequest {
+                name: restored(i),
+                volume_capabilities: vec![mount_cap()],
+                volume_content_source: volume_source(Type::Snapshot(SnapshotSource { snapshot_id: snap(i) })),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
+        },
+    );
+    push("CreateVolume (snapshot)", st.await?, Some(floors::MKDIR_FSYNC), None);
+    let cloned = move |i: usize| format!("cln-c{conc}-{i}");
+    let st = each(
+        "CreateVolume from volume",
+        n,
+        conc,
+        ctl.clone(),
+        move |mut c, i| async move {
+            c.create_volume(csi::CreateVolumeRequest {
+                name: cloned(i),
+                volume_capabilities: vec![mount_cap()],
+                volume_content_source: volume_source(Type::Volume(VolumeSource { volume_id: vol(i) })),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
+        },
+    );
+    push("CreateVolume (clone)", st.await?, Some(floors::MKDIR_FSYNC), None);
+
+    let delete = |name: fn(usize, usize) -> String| {
+        move |mut c: ControllerClient<Channel>, i| async move {
+            c.delete_volume(csi::DeleteVolumeRequest {
+                volume_id: name(conc, i),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
+        }
+    };
+    let (st, floor) = in_turns(
+        "DeleteVolume",
+        n,
+        conc,
+        ctl.clone(),
+        delete(|c, i| format!("pvc-c{c}-{i}")),
+        |r| paired.rename_fsync(r, conc),
+    )
+    .await?;
+    paired.clear(n)?;
+    push("DeleteVolume", st, Some(floors::RENAME_FSYNC), Some(floor));
+    // The restored and cloned volumes go too; those deletions are not reported.
+    each(
+        "DeleteVolume",
+        n,
+        conc,
+        ctl.clone(),
+        delete(|c, i| format!("rst-c{c}-{i}")),
+    )
+    .await?;
+    each(
+        "DeleteVolume",
+        n,
+        conc,
+        ctl.clone(),
+        delete(|c, i| format!("cln-c{c}-{i}")),
+    )
+    .await?;
+    let st = each("DeleteSnapshot", n, conc, ctl.clone(), move |mut c, i| async move {
+        c.delete_snapshot(csi::DeleteSnapshotRequest {
+            snapshot_id: snap(i),
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+    });
+    push("DeleteSnapshot", st.await?, Some(floors::RENAME_FSYNC), None);
+
+    if root {
+        let published = move |w: usize| format!("pvc-pub{conc}-{w}");
+        each("CreateVolume", conc, conc, ctl.clone(), move |mut c, w| async move {
+            c.create_volume(csi::CreateVolumeRequest {
+                name: published(w),
+                volume_capabilities: vec![mount_cap()],
+                ..Default::default()
+            })
+            .await
+            .map(drop)
         })
         .await?;
-        floor.push(format!(
-            "conc {conc}: p50 {} p99 {} {:.0} ops/s",
-            fmt_d(st.p50),
-            fmt_d(st.p99),
-            st.ops_per_sec
-        ));
+        let targets = dir.join("targets").join(format!("rpc-c{conc}"));
+        std::fs::create_dir_all(&targets)?;
+        let target = move |i: usize| targets.join(format!("p{i}")).to_string_lossy().into_owned();
+        let t = target.clone();
+        let st = each("NodePublishVolume", mount_n, conc, node.clone(), move |mut c, i| {
+            let target_path = t(i);
+            async move {
+                c.node_publish_volume(csi::NodePublishVolumeRequest {
+                    volume_id: published(i % conc),
+                    target_path,
+                    volume_capability: Some(mount_cap()),
+                    ..Default::default()
+                })
+                .await
+                .map(drop)
+            }
+        });
+        push("NodePublishVolume", st.await?, Some(floors::BIND), None);
+        let st = each("NodeUnpublishVolume", mount_n, conc, node.clone(), move |mut c, i| {
+            let target_path = target(i);
+            async move {
+                c.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                    volume_id: published(i % conc),
+                    target_path,
+                })
+                .await
+                .map(drop)
+            }
+        });
+        push("NodeUnpublishVolume", st.await?, Some(floors::UMOUNT), None);
     }
-    println!(
-        "gRPC-over-unix-socket floor (GetPluginInfo, no I/O): {}",
-        floor.join("; ")
-    );
+    Ok(rows)
+}
 
-    // Resident memory after many volumes.
-    let c = controller.clone();
-    let total = args.rss_volumes;
-    let fill = run_tasks(total, 16, move |i| {
-        let mut c = c.clone();
-        async move {
+/// Creates `total` volumes at c=16 (for the memory readings).
+async fn fill(ch: &Channel, total: usize) -> anyhow::Result<Stats> {
+    each(
+        "CreateVolume",
+        total,
+        16,
+        ControllerClient::new(ch.clone()),
+        |mut c, i| async move {
             c.create_volume(csi::CreateVolumeRequest {
                 name: format!("pvc-rss-{i:05}"),
                 volume_capabilities: vec![mount_cap()],
                 ..Default::default()
             })
-            .await?;
-            Ok(())
-        }
-    })
-    .await?;
-    let rss_after_create = rss_kib(pid)?;
-    let mut c = controller.clone();
-    let mut token = String::new();
-    let mut listed = 0;
-    let list_start = Instant::now();
+            .await
+            .map(drop)
+        },
+    )
+    .await
+}
+
+/// Lists every volume in pages of 500; returns how many and how long it took.
+async fn list_all(ch: &Channel) -> anyhow::Result<(usize, Duration)> {
+    let mut c = ControllerClient::new(ch.clone());
+    let (mut token, mut listed) = (String::new(), 0);
+    let start = Instant::now();
     loop {
         let r = c
             .list_volumes(csi::ListVolumesRequest {
                 max_entries: 500,
                 starting_token: token,
             })
-            .await?
+            .await
+            .context("ListVolumes")?
             .into_inner();
         listed += r.entries.len();
         if r.next_token.is_empty() {
-            break;
+            return Ok((listed, start.elapsed()));
         }
         token = r.next_token;
     }
-    let list_time = list_start.elapsed();
-    let rss_after_list = rss_kib(pid)?;
-    println!();
-    println!("created {total} volumes at {:.0} ops/s (conc 16)", fill.ops_per_sec);
-    println!(
-        "ListVolumes over {listed} volumes in pages of 500: {}",
-        fmt_d(list_time)
-    );
-    println!(
-        "driver RSS: {} KiB at start, {} KiB after {total} volumes, {} KiB after listing them all",
-        rss_start, rss_after_create, rss_after_list
-    );
-    drop(child);
-    unmount_leftovers(&dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
 }
 
-/// Detaches any mount left under the run directory before deleting it.
-fn unmount_leftovers(dir: &Path) {
-    if let Ok(table) = hpp_csi::mountinfo::MountTable::read() {
-        let canon = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-        for m in table
-            .mounts()
-            .iter()
-            .rev()
-            .filter(|m| m.mount_point.starts_with(&canon))
-        {
-            let _ = rustix::mount::unmount(&m.mount_point, rustix::mount::UnmountFlags::DETACH);
+fn print_floors(floors: &Floors) {
+    println!();
+    println!("Floors: bare system calls on this filesystem");
+    let mut t = Table::new(&["floor", "conc", "p50", "p99", "ops/s"]);
+    let mut names: Vec<&str> = Vec::new();
+    for (name, _, _) in floors.rows() {
+        if !names.contains(name) {
+            names.push(name);
         }
+    }
+    for name in names {
+        for conc in CONCURRENCY {
+            if let Some(s) = floors.get(name, conc) {
+                let [p50, p99, ops] = cells(&s);
+                t.row(vec![name.to_owned(), conc.to_string(), p50, p99, ops]);
+            }
+        }
+    }
+    println!("{}", t.render());
+}
+
+fn print_empty(empty: &EmptyCalls) {
+    println!();
+    println!("Empty-call floor: constant Identity service over a unix socket, no I/O");
+    let mut t = Table::new(&["server", "method", "conc", "p50", "p99", "ops/s"]);
+    for (kind, method, conc, s) in &empty.rows {
+        let server = match kind {
+            Kind::BareLayered => "tonic + RpcLayer (span, log, metrics)",
+            _ => "bare tonic",
+        };
+        let [p50, p99, ops] = cells(s);
+        t.row(vec![
+            server.to_owned(),
+            (*method).to_owned(),
+            conc.to_string(),
+            p50,
+            p99,
+            ops,
+        ]);
+    }
+    println!("{}", t.render());
+    for method in ["GetPluginInfo", "Probe"] {
+        let per_conc: Vec<String> = CONCURRENCY
+            .iter()
+            .filter_map(|&conc| {
+                let bare = empty.get(Kind::Bare, method, conc)?;
+                let layered = empty.get(Kind::BareLayered, method, conc)?;
+                Some(layer_cost(conc, &bare, &layered))
+            })
+            .collect();
+        println!("RpcLayer cost of the empty call ({method}): {}", per_conc.join("; "));
+    }
+}
+
+/// `c=1: p50 +3.1µs (1.12x), ops/s 0.93x`: what the layer adds to the bare server.
+fn layer_cost(conc: usize, bare: &Stats, layered: &Stats) -> String {
+    format!(
+        "c={conc}: p50 {} ({}), ops/s {}",
+        delta_us(layered.p50, bare.p50),
+        ratio_d(layered.p50, bare.p50),
+        ratio(layered.ops_per_sec, bare.ops_per_sec)
+    )
+}
+
+fn print_driver(rows: &[DriverRow], empty: &EmptyCalls, floors: &Floors) {
+    println!();
+    println!("Driver RPCs (the shipped driver: RPC layer, metrics, tracing at info)");
+    println!("  xempty = p50 / empty-call p50 (bare tonic, same conc); xfloor = p50 / floor p50;");
+    println!("  x(empty+floor) = p50 / (empty-call p50 + floor p50);");
+    println!("  floor* = measured again in {TURNS} turns alternating with the RPC (the disk at the same moment)");
+    let mut t = Table::new(&[
+        "RPC",
+        "conc",
+        "p50",
+        "p99",
+        "ops/s",
+        "xempty",
+        "floor",
+        "floor p50",
+        "floor ops/s",
+        "xfloor",
+        "x(empty+floor)",
+    ]);
+    for r in rows {
+        let [p50, p99, ops] = cells(&r.stats);
+        let e = empty.floor_for(r.rpc, r.conc);
+        let f = r.paired.or_else(|| r.floor.and_then(|name| floors.get(name, r.conc)));
+        let dash = || "-".to_owned();
+        t.row(vec![
+            r.rpc.to_owned(),
+            r.conc.to_string(),
+            p50,
+            p99,
+            ops,
+            e.map_or_else(dash, |e| ratio_d(r.stats.p50, e.p50)),
+            match (r.floor, r.paired) {
+                (Some(name), Some(_)) => format!("{name}*"),
+                (Some(name), None) => name.to_owned(),
+                (None, _) => dash(),
+            },
+            f.map_or_else(dash, |f| fmt_d(f.p50)),
+            f.map_or_else(dash, |f| format!("{:.0}", f.ops_per_sec)),
+            f.map_or_else(dash, |f| ratio_d(r.stats.p50, f.p50)),
+            match (e, f) {
+                (Some(e), Some(f)) => ratio_d(r.stats.p50, e.p50 + f.p50),
+                _ => dash(),
+            },
+        ]);
+    }
+    println!("{}", t.render());
+}
+
+fn print_goal(rows: &[DriverRow], empty: &EmptyCalls, floors: &Floors) {
+    println!();
+    println!("Goal (issue 14): at c=1, p50 within {GOAL}x of (empty-call p50 + durable floor p50)");
+    println!("  (the floor measured in turns with the RPC, the empty call from the bare tonic server)");
+    for (rpc, floor) in [
+        ("CreateVolume", floors::MKDIR_FSYNC),
+        ("DeleteVolume", floors::RENAME_FSYNC),
+    ] {
+        let row = rows.iter().find(|r| r.rpc == rpc && r.conc == 1);
+        let floor_stats = row.and_then(|r| r.paired).or_else(|| floors.get(floor, 1));
+        match (row, empty.floor_for(rpc, 1), floor_stats) {
+            (Some(r), Some(e), Some(f)) => println!("  {}", goal_line(rpc, r.stats.p50, e.p50, floor, f.p50)),
+            _ => println!("  {rpc}: not measured"),
+        }
+    }
+}
+
+/// `CreateVolume: p50 1.20ms / (empty 50.0µs + mkdir+fsync(parent) 1.00ms = 1.05ms) = 1.14x (goal 1.2x: met)`.
+fn goal_line(rpc: &str, p50: Duration, empty: Duration, floor: &str, floor_p50: Duration) -> String {
+    let sum = empty + floor_p50;
+    let x = p50.as_secs_f64() / sum.as_secs_f64().max(1e-12);
+    format!(
+        "{rpc}: p50 {} / (empty {} + {floor} {} = {}) = {} (goal {GOAL}x: {})",
+        fmt_d(p50),
+        fmt_d(empty),
+        fmt_d(floor_p50),
+        fmt_d(sum),
+        ratio_d(p50, sum),
+        if x <= GOAL { "met" } else { "not met" }
+    )
+}
+
+fn print_memory(readings: &[(String, ProcStatus)]) {
+    println!();
+    println!("Driver memory (/proc/PID/status)");
+    let mut t = Table::new(&["when", "VmRSS KiB", "RssAnon KiB", "RssFile KiB", "threads"]);
+    for (when, s) in readings {
+        t.row(vec![
+            when.clone(),
+            s.rss_kib.to_string(),
+            s.anon_kib.to_string(),
+            s.file_kib.to_string(),
+            s.threads.to_string(),
+        ]);
+    }
+    println!("{}", t.render());
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn goal_line_divides_by_the_sum_of_empty_call_and_floor() {
+        let line = goal_line(
+            "CreateVolume",
+            Duration::from_micros(1_250),
+            Duration::from_micros(50),
+            floors::MKDIR_FSYNC,
+            Duration::from_micros(1_000),
+        );
+        assert_eq!(
+            line,
+            "CreateVolume: p50 1.25ms / (empty 50.0µs + mkdir+fsync(parent) 1.00ms = 1.05ms) = 1.19x (goal 1.2x: met)"
+        );
+        let line = goal_line(
+            "DeleteVolume",
+            Duration::from_micros(2_000),
+            Duration::from_micros(100),
+            floors::RENAME_FSYNC,
+            Duration::from_micros(900),
+        );
+        assert!(line.ends_with("= 2.00x (goal 1.2x: not met)"), "{line}");
+    }
+
+    #[test]
+    fn layer_cost_states_microseconds_and_ratios() {
+        let bare = Stats {
+            p50: Duration::from_micros(40),
+            p99: Duration::from_micros(80),
+            ops_per_sec: 20_000.0,
+        };
+        let layered = Stats {
+            p50: Duration::from_micros(50),
+            p99: Duration::from_micros(90),
+            ops_per_sec: 16_000.0,
+        };
+        assert_eq!(layer_cost(1, &bare, &layered), "c=1: p50 +10.0µs (1.25x), ops/s 0.80x");
+    }
+
+    #[test]
+    fn fs_and_idle_wait_flags_parse() {
+        let args = Args::try_parse_from(["hpp-bench", "--fs", "btrfs", "--idle-wait", "0"]).unwrap();
+        assert_eq!(args.fs, Some(FsChoice::Btrfs));
+        assert_eq!(args.idle_wait, 0);
+        assert_eq!(Args::try_parse_from(["hpp-bench"]).unwrap().fs, None);
+        assert!(Args::try_parse_from(["hpp-bench", "--fs", "zfs"]).is_err());
     }
 }

@@ -15,49 +15,12 @@
 
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use hpp_fs::quota::{Btrfs, Image, ImageFs, QuotaBackend, Unlimited};
 use rustix::mount::UnmountFlags;
 
-/// A loop-mounted scratch filesystem, unmounted on drop.
-struct LoopFs(PathBuf);
-
-impl LoopFs {
-    fn new(dir: &Path, fstype: &str, mib: u64) -> anyhow::Result<LoopFs> {
-        let img = dir.join(format!("{fstype}.img"));
-        let mnt = dir.join(fstype);
-        std::fs::create_dir_all(&mnt)?;
-        std::fs::File::create(&img)?.set_len(mib << 20)?;
-        let force = if fstype == "ext4" { "-F" } else { "-f" };
-        let out = Command::new(format!("mkfs.{fstype}"))
-            .args(["-q", force])
-            .arg(&img)
-            .output()
-            .with_context(|| format!("running mkfs.{fstype}"))?;
-        anyhow::ensure!(
-            out.status.success(),
-            "mkfs.{fstype}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let out = Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&img)
-            .arg(&mnt)
-            .output()?;
-        anyhow::ensure!(out.status.success(), "mount: {}", String::from_utf8_lossy(&out.stderr));
-        std::fs::remove_file(&img)?;
-        Ok(LoopFs(mnt))
-    }
-}
-
-impl Drop for LoopFs {
-    fn drop(&mut self) {
-        let _ = rustix::mount::unmount(&self.0, UnmountFlags::DETACH);
-    }
-}
+use crate::loopfs::LoopFs;
 
 /// p50, p99 and operations per second of a series of latencies.
 fn summary(mut lat: Vec<Duration>) -> (Duration, Duration, f64) {
@@ -173,7 +136,7 @@ pub fn run(dir: &Path, ops: usize) -> anyhow::Result<()> {
     std::fs::create_dir_all(&targets)?;
     let ext4 = LoopFs::new(dir, "ext4", 2048)?;
     let btrfs = LoopFs::new(dir, "btrfs", 2048)?;
-    let pool_dir = std::fs::File::open(&btrfs.0)?;
+    let pool_dir = std::fs::File::open(btrfs.path())?;
     let btrfs_backend = Btrfs::open(pool_dir.as_fd())?;
     println!("| setup | operation | p50 | p99 | ops/s |");
     println!("|---|---|---|---|---|");
@@ -182,19 +145,26 @@ pub fn run(dir: &Path, ops: usize) -> anyhow::Result<()> {
         std::fs::create_dir_all(&d)?;
         Ok(d)
     };
-    measure("mkdir on ext4", &mk(&ext4.0, "a")?, &targets, &Setup::Mkdir, ops, 0)?;
+    measure("mkdir on ext4", &mk(ext4.path(), "a")?, &targets, &Setup::Mkdir, ops, 0)?;
     measure(
         "none on ext4",
-        &mk(&ext4.0, "b")?,
+        &mk(ext4.path(), "b")?,
         &targets,
         &Setup::Backend(Box::new(Unlimited)),
         ops,
         0,
     )?;
-    measure("mkdir on btrfs", &mk(&btrfs.0, "a")?, &targets, &Setup::Mkdir, ops, 0)?;
+    measure(
+        "mkdir on btrfs",
+        &mk(btrfs.path(), "a")?,
+        &targets,
+        &Setup::Mkdir,
+        ops,
+        0,
+    )?;
     measure(
         "btrfs on btrfs",
-        &mk(&btrfs.0, "b")?,
+        &mk(btrfs.path(), "b")?,
         &targets,
         &Setup::Backend(Box::new(btrfs_backend)),
         ops,
@@ -202,7 +172,7 @@ pub fn run(dir: &Path, ops: usize) -> anyhow::Result<()> {
     )?;
     measure(
         "image (ext4) on ext4",
-        &mk(&ext4.0, "c")?,
+        &mk(ext4.path(), "c")?,
         &targets,
         &Setup::Backend(Box::new(Image::new(ImageFs::Ext4))),
         (ops / 10).max(1),

@@ -1,10 +1,19 @@
 //! Developer tasks of the hpp workspace, run as `cargo xtask <task>` (an alias in
 //! `.cargo/config.toml`). Not shipped: nothing here is part of the product's crates.
 //!
-//! - `cargo xtask bench`: the CSI driver against the bare system calls it wraps ([`mod@bench`]);
-//!   with `--quota-backends`, each quota backend against plain directories ([`mod@bench_quota`]);
+//! - `cargo xtask bench`: the CSI driver's per-call overhead and durability cost against the
+//!   bare system calls and a bare tonic server, on fresh loop-mounted filesystems
+//!   ([`mod@bench`]); with `--quota-backends`, each quota backend against plain directories
+//!   ([`mod@bench_quota`]); with `--validation`, the webhook's CR validation
+//!   ([`mod@bench_validation`]);
 //! - `cargo xtask docs [--check]`: the generated blocks of docs/reference.md ([`mod@docs`]).
 
 pub mod bench;
+pub mod bench_floors;
+pub mod bench_proc;
 pub mod bench_quota;
+pub mod bench_serve;
+pub mod bench_stats;
+pub mod bench_validation;
 pub mod docs;
+pub mod loopfs;

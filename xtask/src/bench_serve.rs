@@ -1,0 +1,210 @@
+//! The servers `cargo xtask bench` measures, each in a child process of its own (this binary
+//! again, with a hidden flag) so its memory and threads are its own:
+//!
+//! - `--serve-driver DIR`: the shipped driver, started as `hpp-csi-driver` starts it
+//!   ([`hpp_bin::csi_driver::serve`]: metrics registry, RPC layer, metrics listener), pool
+//!   `DIR/pool` with snapshots in `DIR/snapshots`, socket `DIR/csi.sock`;
+//! - `--serve-bare DIR`: the empty-call floor, a constant Identity service served by plain
+//!   tonic on `DIR/csi.sock`;
+//! - `--serve-bare-layered DIR`: the same service wrapped in the driver's
+//!   [`hpp_csi::rpc_layer::RpcLayer`] with a registered [`DriverMetrics`], so the difference to
+//!   the bare server is what the span, the log decision and the metrics cost per call.
+//!
+//! Every child installs the shipped tracing subscriber ([`hpp_bin::telemetry::init`], text
+//! lines on stderr at the default `info`), with `RUST_LOG` and the OTLP variables removed so
+//! the level is the default one; its stderr goes to /dev/null.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Parser as _;
+use hpp_csi::csi::{self, identity_server::Identity, identity_server::IdentityServer};
+use hpp_csi::{DriverMetrics, Endpoint, PoolConfig};
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+/// Which server a child runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The shipped driver.
+    Driver,
+    /// Plain tonic, constant Identity service.
+    Bare,
+    /// The same behind the driver's RPC layer.
+    BareLayered,
+}
+
+impl Kind {
+    fn flag(self) -> &'static str {
+        match self {
+            Kind::Driver => "--serve-driver",
+            Kind::Bare => "--serve-bare",
+            Kind::BareLayered => "--serve-bare-layered",
+        }
+    }
+}
+
+/// The socket a child serves in `dir`.
+pub fn socket(dir: &Path) -> PathBuf {
+    dir.join("csi.sock")
+}
+
+/// A child process, killed (and reaped) when dropped, also on the error paths.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A running child and a channel to it; the child is killed when this is dropped.
+pub struct Server {
+    child: ChildGuard,
+    /// gRPC channel over the child's unix socket.
+    pub channel: tonic::transport::Channel,
+}
+
+impl Server {
+    /// Starts this binary as the `kind` server on `dir` and waits (30 s at most) until it
+    /// answers on its socket.
+    pub async fn spawn(kind: Kind, dir: &Path) -> anyhow::Result<Server> {
+        std::fs::create_dir_all(dir)?;
+        let child = Command::new(std::env::current_exe()?)
+            .arg("bench")
+            .arg(kind.flag())
+            .arg(dir)
+            .env_remove("RUST_LOG")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("HPP_LOG_FORMAT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting a server child")?;
+        let mut child = ChildGuard(child);
+        let sock = socket(dir);
+        let endpoint = Endpoint::Unix(sock.clone());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if sock.exists()
+                && let Ok(ch) = hpp_csi::client::connect(&endpoint).await
+            {
+                return Ok(Server { child, channel: ch });
+            }
+            if let Some(status) = child.0.try_wait()? {
+                anyhow::bail!(
+                    "{flag} {dir} exited with {status} before serving; run `xtask bench {flag} {dir}` to see its log",
+                    flag = kind.flag(),
+                    dir = dir.display()
+                );
+            }
+            anyhow::ensure!(Instant::now() < deadline, "{} did not start within 30 s", kind.flag());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+}
+
+/// Runs the `kind` server on `dir` until SIGTERM or Ctrl-C (the child side of [`Server`]).
+pub async fn serve(kind: Kind, dir: &Path) -> anyhow::Result<()> {
+    let _telemetry = hpp_bin::telemetry::init("hpp-csi-driver", hpp_bin::telemetry::LogFormat::Text)?;
+    match kind {
+        Kind::Driver => serve_driver(dir).await,
+        Kind::Bare => serve_bare(dir, None).await,
+        Kind::BareLayered => {
+            let mut registry = prometheus_client::registry::Registry::default();
+            let metrics = Arc::new(DriverMetrics::register(&mut registry));
+            serve_bare(dir, Some(hpp_csi::rpc_layer::RpcLayer::new(Some(metrics)))).await
+        }
+    }
+}
+
+/// The pools of the measured driver: one, with snapshots, inside `dir`.
+pub fn driver_pools(dir: &Path) -> Vec<PoolConfig> {
+    vec![PoolConfig::new("legacy", dir.join("pool")).with_snapshots(dir.join("snapshots"))]
+}
+
+async fn serve_driver(dir: &Path) -> anyhow::Result<()> {
+    let pools = serde_json::to_string(&driver_pools(dir))?;
+    let sock = socket(dir);
+    let args = hpp_bin::csi_driver::Args::try_parse_from([
+        "hpp-csi-driver",
+        "--endpoint",
+        &sock.to_string_lossy(),
+        "--nodeid",
+        "bench",
+        "--datadir",
+        &pools,
+        "--os-reference-path",
+        "/",
+        "--metrics-address",
+        "127.0.0.1:0",
+        "--metrics-insecure-http",
+    ])?;
+    hpp_bin::csi_driver::serve(args.serve, hpp_bin::admin::shutdown_signal()).await
+}
+
+/// An Identity service that answers from constants: no state, no I/O.
+#[derive(Debug, Clone, Copy)]
+struct ConstantIdentity;
+
+#[tonic::async_trait]
+impl Identity for ConstantIdentity {
+    async fn get_plugin_info(
+        &self,
+        _req: Request<csi::GetPluginInfoRequest>,
+    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+        Ok(Response::new(csi::GetPluginInfoResponse {
+            name: hpp_api::constants::DRIVER_NAME.to_owned(),
+            vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
+            manifest: Default::default(),
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _req: Request<csi::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
+        Ok(Response::new(csi::GetPluginCapabilitiesResponse::default()))
+    }
+
+    async fn probe(&self, _req: Request<csi::ProbeRequest>) -> Result<Response<csi::ProbeResponse>, Status> {
+        Ok(Response::new(csi::ProbeResponse { ready: Some(true) }))
+    }
+}
+
+async fn serve_bare(dir: &Path, layer: Option<hpp_csi::rpc_layer::RpcLayer>) -> anyhow::Result<()> {
+    let sock = socket(dir);
+    let _ = std::fs::remove_file(&sock);
+    let incoming =
+        UnixListenerStream::new(UnixListener::bind(&sock).with_context(|| format!("binding {}", sock.display()))?);
+    let shutdown = hpp_bin::admin::shutdown_signal();
+    let service = IdentityServer::new(ConstantIdentity);
+    match layer {
+        None => {
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await?
+        }
+        Some(layer) => {
+            tonic::transport::Server::builder()
+                .layer(layer)
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await?
+        }
+    }
+    let _ = std::fs::remove_file(&sock);
+    Ok(())
+}
