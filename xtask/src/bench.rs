@@ -77,6 +77,11 @@ pub struct Args {
     /// loop-mounted filesystem, against plain directories), then exit. Needs root.
     #[arg(long)]
     quota_backends: bool,
+    /// Measure this `hpp-csi-driver` executable (e.g. `target/release/hpp-csi-driver`, built
+    /// from the same tree) instead of the driver served from this binary. Same code and flags,
+    /// but its resident memory is the shipped executable's, not this larger binary's.
+    #[arg(long, value_name = "PATH")]
+    driver_bin: Option<PathBuf>,
     /// Internal: serve the driver on DIR (the child process).
     #[arg(long, hide = true, value_name = "DIR")]
     serve_driver: Option<PathBuf>,
@@ -212,7 +217,13 @@ async fn suite(dir: &Path, label: &str, args: &Args) -> anyhow::Result<()> {
     println!();
     println!("=== {label}: {}", dir.display());
     let driver_dir = dir.join("driver");
-    let driver = Server::spawn(Kind::Driver, &driver_dir).await?;
+    let driver = match &args.driver_bin {
+        Some(bin) => {
+            println!("driver: {}", bin.display());
+            Server::spawn_driver_bin(bin, &driver_dir).await?
+        }
+        None => Server::spawn(Kind::Driver, &driver_dir).await?,
+    };
     let mut memory = vec![("after start".to_owned(), ProcStatus::of(driver.pid())?)];
 
     let floor_dirs = FloorDirs {

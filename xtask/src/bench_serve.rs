@@ -74,11 +74,22 @@ impl Server {
     /// Starts this binary as the `kind` server on `dir` and waits (30 s at most) until it
     /// answers on its socket.
     pub async fn spawn(kind: Kind, dir: &Path) -> anyhow::Result<Server> {
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.arg("bench").arg(kind.flag()).arg(dir);
+        Self::start(cmd, kind.flag(), dir).await
+    }
+
+    /// Starts the `hpp-csi-driver` executable `bin` with exactly the flags the served driver
+    /// gets ([`driver_args`]) on `dir`.
+    pub async fn spawn_driver_bin(bin: &Path, dir: &Path) -> anyhow::Result<Server> {
+        let mut cmd = Command::new(bin);
+        cmd.args(driver_args(dir)?.iter().skip(1));
+        Self::start(cmd, &bin.display().to_string(), dir).await
+    }
+
+    async fn start(mut cmd: Command, what: &str, dir: &Path) -> anyhow::Result<Server> {
         std::fs::create_dir_all(dir)?;
-        let child = Command::new(std::env::current_exe()?)
-            .arg("bench")
-            .arg(kind.flag())
-            .arg(dir)
+        let child = cmd
             .env_remove("RUST_LOG")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("HPP_LOG_FORMAT")
@@ -99,12 +110,11 @@ impl Server {
             }
             if let Some(status) = child.0.try_wait()? {
                 anyhow::bail!(
-                    "{flag} {dir} exited with {status} before serving; run `xtask bench {flag} {dir}` to see its log",
-                    flag = kind.flag(),
+                    "{what} {dir} exited with {status} before serving; run `xtask bench {what} {dir}` to see its log",
                     dir = dir.display()
                 );
             }
-            anyhow::ensure!(Instant::now() < deadline, "{} did not start within 30 s", kind.flag());
+            anyhow::ensure!(Instant::now() < deadline, "{what} did not start within 30 s");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -135,12 +145,18 @@ pub fn driver_pools(dir: &Path) -> Vec<PoolConfig> {
 }
 
 async fn serve_driver(dir: &Path) -> anyhow::Result<()> {
+    let args = hpp_bin::csi_driver::Args::try_parse_from(driver_args(dir)?)?;
+    hpp_bin::csi_driver::serve(args.serve, hpp_bin::admin::shutdown_signal()).await
+}
+
+/// The measured driver's command line (program name first): the pools of [`driver_pools`],
+/// its socket in `dir`, metrics on a free loopback port.
+pub fn driver_args(dir: &Path) -> anyhow::Result<Vec<String>> {
     let pools = serde_json::to_string(&driver_pools(dir))?;
-    let sock = socket(dir);
-    let args = hpp_bin::csi_driver::Args::try_parse_from([
+    Ok([
         "hpp-csi-driver",
         "--endpoint",
-        &sock.to_string_lossy(),
+        &socket(dir).to_string_lossy(),
         "--nodeid",
         "bench",
         "--datadir",
@@ -150,8 +166,9 @@ async fn serve_driver(dir: &Path) -> anyhow::Result<()> {
         "--metrics-address",
         "127.0.0.1:0",
         "--metrics-insecure-http",
-    ])?;
-    hpp_bin::csi_driver::serve(args.serve, hpp_bin::admin::shutdown_signal()).await
+    ]
+    .map(str::to_owned)
+    .to_vec())
 }
 
 /// An Identity service that answers from constants: no state, no I/O.
