@@ -606,6 +606,15 @@ impl ControllerService {
         {
             return Ok(zero_capacity());
         }
+        // A pool without enforced sizes answers from a measurement at most a second old, made
+        // by a recent request or the background watch (which also runs after every mount-table
+        // change): capacity is polled once a minute by the csi-provisioner, and a statvfs per
+        // call would cost a blocking-thread hop, several times the call itself.
+        if !pool.quota.enforces()
+            && let Some(health) = pool.recent_health(RECENT_CAPACITY)
+        {
+            return Ok(capacity_of(&health));
+        }
         let state = self.state.clone();
         let (health, budget) = blocking(move || {
             let health = pool.measure();
@@ -630,11 +639,23 @@ impl ControllerService {
                 minimum_volume_size: Some(0),
             });
         }
-        Ok(csi::GetCapacityResponse {
-            available_capacity: i64::try_from(health.available_bytes).unwrap_or(i64::MAX),
-            maximum_volume_size: Some(i64::try_from(health.total_bytes).unwrap_or(i64::MAX)),
-            minimum_volume_size: Some(0),
-        })
+        Ok(capacity_of(&health))
+    }
+}
+
+/// How old a measurement GetCapacity may answer from (pools without enforced sizes).
+const RECENT_CAPACITY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Capacity of a pool without enforced sizes: its free space, any volume up to the
+/// filesystem's size; zero while it is unusable.
+fn capacity_of(health: &PoolHealth) -> csi::GetCapacityResponse {
+    if !health.usable {
+        return zero_capacity();
+    }
+    csi::GetCapacityResponse {
+        available_capacity: i64::try_from(health.available_bytes).unwrap_or(i64::MAX),
+        maximum_volume_size: Some(i64::try_from(health.total_bytes).unwrap_or(i64::MAX)),
+        minimum_volume_size: Some(0),
     }
 }
 

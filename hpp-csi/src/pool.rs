@@ -2,7 +2,8 @@
 //! (mount guard, capacity, shared-with-OS detection).
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use hpp_api::quota::QuotaMode;
 use hpp_fs::group_sync::GroupSync;
@@ -49,6 +50,8 @@ pub struct Pool {
     volume_commits: Arc<Commits>,
     /// Group commit of the snapshot directory.
     snapshot_commits: Arc<Commits>,
+    /// The last measurement and when it was taken (shared by every clone of this pool).
+    last_measured: Arc<Mutex<Option<(Instant, PoolHealth)>>>,
 }
 
 /// Shared syncs of one directory: its entries (`fsync` of the directory) and the data written
@@ -139,6 +142,7 @@ impl Pool {
             reserved: BTreeSet::new(),
             volume_commits: Arc::default(),
             snapshot_commits: Arc::default(),
+            last_measured: Arc::default(),
         })
     }
 
@@ -264,7 +268,23 @@ impl Pool {
         })
     }
 
+    /// The last measurement if it is at most `max_age` old. Every measurement is kept, the
+    /// background one after each mount-table change included, so a pool that breaks is seen
+    /// within `max_age` or at once after an unmount.
+    pub fn recent_health(&self, max_age: Duration) -> Option<PoolHealth> {
+        let last = self.last_measured.lock().unwrap_or_else(PoisonError::into_inner);
+        last.as_ref()
+            .filter(|(at, _)| at.elapsed() <= max_age)
+            .map(|(_, h)| h.clone())
+    }
+
     fn health_with(&self, in_mount_table: impl FnOnce() -> bool) -> PoolHealth {
+        let h = self.measure_now(in_mount_table);
+        *self.last_measured.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), h.clone()));
+        h
+    }
+
+    fn measure_now(&self, in_mount_table: impl FnOnce() -> bool) -> PoolHealth {
         let mut h = PoolHealth::default();
         let dir = match self.open_unguarded() {
             Ok(d) => d,
@@ -491,6 +511,26 @@ mod tests {
         assert!(pools[0].is_reserved("snapshots"));
         assert_eq!(pools[0].list_volumes().unwrap(), vec!["pvc-1".to_owned()]);
         assert!(pools[0].check_volume_name("snapshots").is_err());
+    }
+
+    #[test]
+    fn every_measurement_is_kept_for_answers_that_may_be_a_second_old() {
+        let root = tempfile::tempdir().unwrap();
+        let pool = Pool::prepare(&PoolConfig::new("p", root.path().join("p"))).unwrap();
+        assert_eq!(
+            pool.recent_health(Duration::from_secs(3600)),
+            None,
+            "nothing measured yet"
+        );
+        let measured = pool.measure();
+        // Clones share it: handlers work on clones of the configured pool.
+        assert_eq!(pool.clone().recent_health(Duration::from_secs(3600)), Some(measured));
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(pool.recent_health(Duration::from_millis(1)), None, "too old");
+        std::fs::remove_dir(root.path().join("p")).unwrap();
+        let gone = pool.health(&MountTable::parse(""));
+        assert!(!gone.usable);
+        assert_eq!(pool.recent_health(Duration::from_secs(3600)), Some(gone));
     }
 
     #[test]
