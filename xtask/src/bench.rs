@@ -55,6 +55,9 @@ pub struct Args {
     /// loop-mounted filesystem, against plain directories), then exit. Needs root.
     #[arg(long)]
     quota_backends: bool,
+    /// `--operator`: the operator's steady resident memory (see `bench_operator`).
+    #[command(flatten)]
+    operator: crate::bench_operator::OperatorArgs,
     /// Internal: serve a driver on DIR (used for the child process).
     #[arg(long, hide = true, value_name = "DIR")]
     serve_driver: Option<PathBuf>,
@@ -301,6 +304,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if args.validation {
         bench_validation();
         return Ok(());
+    }
+    if args.operator.operator {
+        return crate::bench_operator::run(&args.operator).await;
     }
     if let Some(dir) = &args.serve_driver {
         return serve_driver(dir).await;
