@@ -11,6 +11,12 @@
 //! second and prints VmRSS, RssAnon, RssFile and Threads, then where the resident pages are,
 //! from `/proc/PID/smaps`: the executable's own mappings, shared libraries, the main heap,
 //! malloc arenas, thread stacks and other anonymous mappings.
+//!
+//! `GLIBC_TUNABLES` is passed on to the operator (its environment is otherwise only what the
+//! Deployment sets), to try allocator settings without rebuilding. The shipped executables are
+//! built with the `image` profile (`images/build.sh`); measure those with
+//! `cargo build --profile image -p hpp-bin --bin hpp-operator` and
+//! `--operator-bin target/image/hpp-operator`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -354,6 +360,7 @@ impl OperatorProcess {
             .env("OPERATOR_VERSION", "v0.26.0")
             .env("VERBOSITY", "1")
             .env("HPP_LOG_FORMAT", "json")
+            .envs(std::env::vars().filter(|(k, _)| k == "GLIBC_TUNABLES"))
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
             .stderr(log_file)
