@@ -13,7 +13,7 @@
 # --registry REG  image names are REG/hpp-operator and REG/hpp-csi-driver [ghcr.io/hpp-project]
 # --tag TAG       [latest, as deploy/ refers to them]; the version tag vX.Y.Z is added too
 # --push          push both tags of both images to REG (log in first: podman login REG)
-# --skip-cargo    use the binaries already in target/release
+# --skip-cargo    use the binaries already in target/image (cargo profile `image`: see Cargo.toml)
 #
 # Environment: PODMAN (default: podman --runtime runc --cgroup-manager cgroupfs, which works on
 # hosts where crun refuses hybrid cgroups), HPP_IMAGE_REGISTRY, HPP_IMAGE_TAG.
@@ -53,17 +53,17 @@ revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
 source_url=$(sed -n 's/^repository = "\(.*\)"$/\1/p' Cargo.toml | head -n1)
 
 if $cargo_build; then
-    echo "== release binaries (cargo build --release -p hpp-bin)"
-    HPP_BUILD_REVISION=$revision cargo build --release --locked -p hpp-bin \
+    echo "== release binaries (cargo build --profile image -p hpp-bin)"
+    HPP_BUILD_REVISION=$revision cargo build --profile image --locked -p hpp-bin \
         --bin hpp-operator --bin hpp-mounter --bin hpp-csi-driver --bin hpp-provisioner
 fi
 
 ctx=target/images
 rm -rf "$ctx/operator" "$ctx/csi-driver"
 mkdir -p "$ctx/operator/bin" "$ctx/csi-driver/bin"
-cp target/release/hpp-operator target/release/hpp-mounter "$ctx/operator/bin/"
-cp target/release/hpp-csi-driver target/release/hpp-provisioner "$ctx/csi-driver/bin/"
-# The release profile keeps line tables for backtraces on the host; the images ship stripped
+cp target/image/hpp-operator target/image/hpp-mounter "$ctx/operator/bin/"
+cp target/image/hpp-csi-driver target/image/hpp-provisioner "$ctx/csi-driver/bin/"
+# The image profile (like release) keeps line tables for backtraces on the host; the images ship stripped
 # binaries (about a tenth of the size).
 if command -v strip >/dev/null; then
     strip "$ctx"/operator/bin/* "$ctx"/csi-driver/bin/*

@@ -26,21 +26,42 @@ pub fn build_version() -> String {
 /// allocation concurrency while freed memory stays in two places, not one per thread.
 pub const MALLOC_ARENAS: u16 = 2;
 
-/// Runs `main` on the multi-threaded tokio runtime every executable uses, after capping the
-/// allocator's arenas (which must happen before any thread starts, so not under
+/// How many tokio worker threads an executable runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workers {
+    /// One per core (tokio's default, or `TOKIO_WORKER_THREADS`): the CSI driver and the
+    /// provisioner, whose requests do file system work in parallel.
+    PerCore,
+    /// A fixed number, whatever the node's size: the operator, which mostly waits on watches.
+    Fixed(usize),
+}
+
+/// The operator's tokio workers: it waits on watches and runs one reconcile at a time, so two
+/// workers (one can serve the webhook and probes while the other reconciles) do on a 64-core
+/// node what 64 would, without 62 idle threads' stacks and allocator caches.
+pub const OPERATOR_WORKERS: Workers = Workers::Fixed(2);
+
+/// Runs `main` on the multi-threaded tokio runtime with one worker per core; see [`run_with`].
+pub fn run<F: std::future::Future>(main: F) -> std::io::Result<F::Output> {
+    run_with(Workers::PerCore, main)
+}
+
+/// Runs `main` on a multi-threaded tokio runtime with `workers` worker threads, after capping
+/// the allocator's arenas (which must happen before any thread starts, so not under
 /// `#[tokio::main]`), and hands freed memory back to the kernel every few seconds
 /// ([`memory`]).
-pub fn run<F: std::future::Future>(main: F) -> std::io::Result<F::Output> {
+pub fn run_with<F: std::future::Future>(workers: Workers, main: F) -> std::io::Result<F::Output> {
     hpp_sys::malloc::limit_arenas(MALLOC_ARENAS);
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?
-        .block_on(async {
-            let release = tokio::spawn(memory::release_periodically(memory::RELEASE_INTERVAL));
-            let out = main.await;
-            release.abort();
-            out
-        }))
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Workers::Fixed(n) = workers {
+        builder.worker_threads(n.max(1));
+    }
+    Ok(builder.enable_all().build()?.block_on(async {
+        let release = tokio::spawn(memory::release_periodically(memory::RELEASE_INTERVAL));
+        let out = main.await;
+        release.abort();
+        out
+    }))
 }
 
 /// Ends an executable: on error, one line on stderr (`NAME: error: cause: cause`), never a
@@ -73,6 +94,14 @@ mod tests {
         );
         let multi = anyhow::anyhow!("first line\nsecond line");
         assert!(!super::error_line("x", &multi).contains('\n'));
+    }
+
+    #[test]
+    fn fixed_workers_run_that_many_threads_whatever_the_core_count() {
+        let workers = |w| super::run_with(w, async { tokio::runtime::Handle::current().metrics().num_workers() });
+        assert_eq!(workers(super::OPERATOR_WORKERS).unwrap(), 2);
+        assert_eq!(workers(super::Workers::Fixed(0)).unwrap(), 1, "never zero workers");
+        assert!(workers(super::Workers::PerCore).unwrap() >= 1);
     }
 
     #[test]

@@ -5,6 +5,10 @@
 //! controller runs, as in a test calling `reconcile` directly) readers fall back to the API.
 //! A cache may lag behind a write the operator just made: the next pass then applies once more,
 //! which server-side apply makes a no-op, and the watch event that follows brings it in line.
+//!
+//! Cached objects are [trimmed](trim) of what a real API server sends in bulk and no reader
+//! uses (field-ownership records, `kubectl apply`'s copy, a node's image list): on a cluster
+//! these are most of the bytes of a node, and the stores are most of the operator's heap.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -16,6 +20,27 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use hpp_api::HostPathProvisioner;
 
 use crate::object::Kind;
+
+/// The annotation in which `kubectl apply` keeps a whole copy of the object it last applied.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops from a watched object of `kind` what no reader of the cache uses and the API server
+/// sends in bulk: `metadata.managedFields` (field ownership, often larger than the object
+/// itself; the operator applies server-side and never reads it), the last-applied annotation of
+/// `kubectl apply`, and a Node's `status.images` (every image on the node, tens of kilobytes;
+/// placement reads labels, taints and conditions). Everything else is kept as the server sent it.
+pub fn trim(kind: &Kind, obj: &mut DynamicObject) {
+    obj.metadata.managed_fields = None;
+    if let Some(annotations) = obj.metadata.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+    if kind.kind == "Node"
+        && kind.group.is_empty()
+        && let Some(status) = obj.data.get_mut("status").and_then(serde_json::Value::as_object_mut)
+    {
+        status.remove("images");
+    }
+}
 
 /// One store per watched kind and label selector.
 type Stores = BTreeMap<(Kind, String), Store<DynamicObject>>;
@@ -111,5 +136,64 @@ impl Cache {
         let store = slot.as_ref()?;
         store.wait_until_ready().now_or_never()?.ok()?;
         Some(store.state().iter().map(|h| (**h).clone()).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use k8s_openapi::api::core::v1::Node;
+    use serde_json::json;
+
+    fn object(value: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn metadata() -> serde_json::Value {
+        json!({
+            "name": "n1",
+            "labels": { "kubernetes.io/os": "linux" },
+            "annotations": { LAST_APPLIED: "{\"huge\":\"copy\"}", "keep": "me" },
+            "managedFields": [{ "manager": "kubelet", "operation": "Update", "fieldsType": "FieldsV1",
+                                "fieldsV1": { "f:status": { "f:images": {} } } }],
+        })
+    }
+
+    #[test]
+    fn trimmed_node_keeps_what_placement_reads() {
+        let mut node = object(json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": metadata(),
+            "spec": { "taints": [{ "key": "k", "effect": "NoSchedule" }] },
+            "status": { "conditions": [{ "type": "Ready", "status": "True" }],
+                        "images": [{ "names": ["registry/image:v1"], "sizeBytes": 1 }],
+                        "nodeInfo": { "kubeletVersion": "v1.33.0" } },
+        }));
+        trim(&Kind::of::<Node>(), &mut node);
+        assert!(node.metadata.managed_fields.is_none());
+        let annotations = node.metadata.annotations.clone().unwrap();
+        assert_eq!(annotations.keys().collect::<Vec<_>>(), ["keep"]);
+        assert_eq!(node.metadata.labels.clone().unwrap()["kubernetes.io/os"], "linux");
+        assert!(node.data.pointer("/status/images").is_none());
+        assert_eq!(node.data.pointer("/status/conditions/0/type"), Some(&json!("Ready")));
+        assert_eq!(
+            node.data.pointer("/status/nodeInfo/kubeletVersion"),
+            Some(&json!("v1.33.0"))
+        );
+        assert_eq!(node.data.pointer("/spec/taints/0/key"), Some(&json!("k")));
+    }
+
+    #[test]
+    fn trimmed_object_of_another_kind_keeps_its_status() {
+        let mut ds = object(json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": metadata(),
+            "spec": { "template": { "spec": { "containers": [] } } },
+            "status": { "images": "not a node's", "numberReady": 3 },
+        }));
+        trim(&Kind::of::<DaemonSet>(), &mut ds);
+        assert!(ds.metadata.managed_fields.is_none());
+        assert_eq!(ds.data.pointer("/status/images"), Some(&json!("not a node's")));
+        assert_eq!(ds.data.pointer("/status/numberReady"), Some(&json!(3)));
     }
 }

@@ -1,7 +1,8 @@
 //! Controller wiring: watch the CRs, every kind the pipeline's steps manage (built-in or
 //! plugged in, from [`Pipeline::kinds`](crate::Pipeline::kinds)), the objects the facts are read
 //! from, and nodes, so drift is repaired by the next reconcile instead of by polling. Every
-//! watch fills a reflector store in the context's [`Cache`], which passes read instead of the API.
+//! watch fills a reflector store in the context's [`Cache`] (objects [trimmed](crate::cache::trim) of
+//! what no reader uses), which passes read instead of the API.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -84,7 +85,13 @@ fn cached_watch(
     let writer = Writer::new(ar);
     cache.insert(kind.clone(), selector, writer.as_reader());
     let config = watcher::Config::default().labels(selector);
-    let objects = reflector::reflector(writer, watcher(api, config).default_backoff()).touched_objects();
+    let trimmed = {
+        let kind = kind.clone();
+        watcher(api, config)
+            .default_backoff()
+            .modify(move |obj| crate::cache::trim(&kind, obj))
+    };
+    let objects = reflector::reflector(writer, trimmed).touched_objects();
     if kind.kind == "Node" && kind.group.is_empty() {
         objects
             .predicate_filter(node_fingerprint, Default::default())

@@ -188,3 +188,66 @@ async fn steady_state_reads_come_from_the_watch_caches() {
         "only the unlabelled claim is read from the API, once per pass"
     );
 }
+
+/// The watch caches hold objects trimmed of what no pass reads: a node's image list (tens of
+/// kilobytes on a real node) is not kept, while everything placement reads (labels,
+/// conditions) and the rest of the status are.
+#[tokio::test]
+async fn cached_nodes_keep_no_image_list() {
+    use k8s_openapi::api::core::v1::Node;
+    let env = Env::new("hostpathprovisioner_cr", &[]);
+    let mut node = support::node("node01", true);
+    let status = node.status.get_or_insert_with(Default::default);
+    status.images = Some(vec![k8s_openapi::api::core::v1::ContainerImage {
+        names: Some(vec!["registry.example.com/app:v1".into()]),
+        size_bytes: Some(1),
+    }]);
+    status.node_info = Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+        kubelet_version: "v1.33.0".into(),
+        ..Default::default()
+    });
+    env.fake.seed(&node);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let controller = tokio::spawn(hpp_reconcile::controller::run(env.ctx.clone(), async move {
+        let _ = stop_rx.await;
+    }));
+    let kind = Kind::of::<Node>();
+    let cached = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Some(nodes) = env.ctx.cache.list(&kind, "", None)
+                && !nodes.is_empty()
+            {
+                return nodes;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the node cache synced");
+    let _ = stop_tx.send(());
+    tokio::time::timeout(PATIENCE, controller).await.unwrap().unwrap();
+    let node = &cached[0];
+    assert!(node.data.pointer("/status/images").is_none(), "{:?}", node.data);
+    assert_eq!(
+        node.data.pointer("/status/nodeInfo/kubeletVersion"),
+        Some(&serde_json::json!("v1.33.0"))
+    );
+    assert_eq!(
+        node.data.pointer("/status/conditions/0/type"),
+        Some(&serde_json::json!("Ready"))
+    );
+    assert_eq!(
+        node.metadata.labels.as_ref().unwrap()["kubernetes.io/hostname"],
+        "node01"
+    );
+    assert!(
+        env.fake
+            .get::<Node>(None, "node01")
+            .unwrap()
+            .status
+            .unwrap()
+            .images
+            .is_some(),
+        "the API still serves the full node"
+    );
+}

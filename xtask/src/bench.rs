@@ -82,6 +82,9 @@ pub struct Args {
     /// but its resident memory is the shipped executable's, not this larger binary's.
     #[arg(long, value_name = "PATH")]
     driver_bin: Option<PathBuf>,
+    /// `--operator`: the operator's steady resident memory (see `bench_operator`).
+    #[command(flatten)]
+    operator: crate::bench_operator::OperatorArgs,
     /// Internal: serve the driver on DIR (the child process).
     #[arg(long, hide = true, value_name = "DIR")]
     serve_driver: Option<PathBuf>,
@@ -141,6 +144,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if args.validation {
         crate::bench_validation::run();
         return Ok(());
+    }
+    if args.operator.operator {
+        return crate::bench_operator::run(&args.operator).await;
     }
     for (dir, kind) in [
         (&args.serve_driver, Kind::Driver),
