@@ -12,7 +12,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Task {
     /// Benchmark the hpp CSI driver against bare syscalls (formerly `hpp-bench`).
-    Bench(xtask::bench::Args),
+    Bench(Box<xtask::bench::Args>),
     /// Regenerate the generated blocks of docs/reference.md from the code.
     Docs {
         /// Only report stale blocks and fail, without writing.
@@ -27,7 +27,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     hpp_bin::run(async move {
         match cli.task {
-            Task::Bench(args) => xtask::bench::run(args).await,
+            Task::Bench(args) => xtask::bench::run(*args).await,
             Task::Docs { check } => xtask::docs::run(check),
         }
     })?
