@@ -1,7 +1,7 @@
 //! Controller wiring: watch the CRs, every kind the pipeline's steps manage (built-in or
 //! plugged in, from [`Pipeline::kinds`](crate::Pipeline::kinds)), the objects the facts are read
 //! from, and nodes, so drift is repaired by the next reconcile instead of by polling. Every
-//! watch fills a reflector store in the context's [`Cache`] (objects [trimmed](crate::cache::trim) of
+//! watch fills a reflector store in the context's [`Cache`] (objects trimmed (`cache::trim`) of
 //! what no reader uses), which passes read instead of the API.
 
 use std::collections::BTreeSet;

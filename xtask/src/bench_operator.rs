@@ -52,7 +52,7 @@ pub struct OperatorArgs {
     /// Only measure the operator's steady resident memory against a fake API server, then exit.
     #[arg(long)]
     pub operator: bool,
-    /// The hpp-operator executable (default: next to this one, in target/<profile>/).
+    /// The hpp-operator executable (default: next to this one, in `target/<profile>/`).
     #[arg(long, value_name = "PATH")]
     pub operator_bin: Option<PathBuf>,
     /// Seconds of steady state to sample.
