@@ -280,14 +280,15 @@ impl ControllerService {
         let guard = self.state.inflight.acquire(&[volume_key(&id)], &[])?;
         let state = self.state.clone();
         blocking_locked(guard, move || {
-            let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
+            // Read only once a volume is found: a retry for an id already gone reads nothing.
+            let mounts = volumes::MountsOnDemand::default();
             let mut unavailable = Vec::new();
             let mut deleted = false;
             for pool in &state.pools {
                 if pool.is_reserved(&id) {
                     continue;
                 }
-                let health = pool.health(&mounts);
+                let health = pool.measure();
                 if !health.usable {
                     unavailable.push(health.reason.unwrap_or_default());
                     continue;

@@ -240,8 +240,7 @@ fn is_ephemeral(pool: &Pool, id: &str) -> bool {
 }
 
 fn remove_ephemeral(pool: &Pool, id: &str) -> Result<()> {
-    let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
-    volumes::delete(pool, id, &mounts)?;
+    volumes::delete(pool, id, &volumes::MountsOnDemand::default())?;
     let dir = pool.open()?;
     if let Ok(markers) = fsops::open_child_dir(dir.as_fd(), EPHEMERAL_MARKERS) {
         fsops::remove_tree(markers.as_fd(), id)?;

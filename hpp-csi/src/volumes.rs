@@ -217,7 +217,7 @@ pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>, requested: Reques
 /// Deletes volume `id` from `pool` if it is an hpp volume: a real directory directly in the
 /// pool, on the pool's filesystem, with nothing mounted from or into it. Missing is success.
 /// Returns whether anything was deleted.
-pub fn delete(pool: &Pool, id: &str, mounts: &MountTable) -> Result<bool> {
+pub fn delete(pool: &Pool, id: &str, mounts: &impl Mounts) -> Result<bool> {
     let dir = pool.open()?;
     let gone = deleting_name(id);
     // Finish an interrupted deletion first.
@@ -243,16 +243,49 @@ pub fn delete(pool: &Pool, id: &str, mounts: &MountTable) -> Result<bool> {
         }
         Entry::Dir { .. } => {}
     }
-    check_not_mounted(pool, id, mounts)?;
+    check_not_mounted(pool, id, mounts.table()?)?;
     if let Some(why) = pool.quota.in_use(dir.as_fd(), id)? {
         return Err(Error::FailedPrecondition(format!(
             "volume {id} is in use: {why}; unpublish it first"
         )));
     }
     fsops::rename_noreplace(dir.as_fd(), id, &gone).map_err(|e| Error::io(format!("renaming {id} for deletion"), e))?;
+    // Removed before the sync, so one commit covers the rename and the removal (removing after
+    // it would leave the removal to weigh on the next call's sync). Only the rename must be
+    // durable before the answer; a crash in between leaves a deleting name the retry and the
+    // start-up sweep finish.
+    let removed = pool.quota.remove(dir.as_fd(), &gone);
     pool.volume_commits().entries(dir.as_fd())?;
-    pool.quota.remove(dir.as_fd(), &gone)?;
+    removed?;
     Ok(true)
+}
+
+/// Where [`delete`] gets the mount table from: a table read by the caller, or
+/// [`MountsOnDemand`], which reads it only if a volume is actually found (deleting an id that
+/// is already gone, the common retry, then reads nothing).
+pub trait Mounts {
+    /// The mount table.
+    fn table(&self) -> Result<&MountTable>;
+}
+
+impl Mounts for MountTable {
+    fn table(&self) -> Result<&MountTable> {
+        Ok(self)
+    }
+}
+
+/// The mount table, read the first time it is asked for.
+#[derive(Debug, Default)]
+pub struct MountsOnDemand(std::cell::OnceCell<MountTable>);
+
+impl Mounts for MountsOnDemand {
+    fn table(&self) -> Result<&MountTable> {
+        if let Some(t) = self.0.get() {
+            return Ok(t);
+        }
+        let read = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
+        Ok(self.0.get_or_init(|| read))
+    }
 }
 
 /// Whether `name` in `dir` is on the same mount as `dir` itself.
