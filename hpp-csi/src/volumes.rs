@@ -250,13 +250,8 @@ pub fn delete(pool: &Pool, id: &str, mounts: &impl Mounts) -> Result<bool> {
         )));
     }
     fsops::rename_noreplace(dir.as_fd(), id, &gone).map_err(|e| Error::io(format!("renaming {id} for deletion"), e))?;
-    // Removed before the sync, so one commit covers the rename and the removal (removing after
-    // it would leave the removal to weigh on the next call's sync). Only the rename must be
-    // durable before the answer; a crash in between leaves a deleting name the retry and the
-    // start-up sweep finish.
-    let removed = pool.quota.remove(dir.as_fd(), &gone);
     pool.volume_commits().entries(dir.as_fd())?;
-    removed?;
+    pool.quota.remove(dir.as_fd(), &gone)?;
     Ok(true)
 }
 
