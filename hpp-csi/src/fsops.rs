@@ -21,10 +21,8 @@ pub fn open_dir_path(path: &Path) -> Result<OwnedFd> {
     .map_err(|e| Error::io(format!("opening directory {}", path.display()), e))
 }
 
-/// Opens the directory `name` directly inside `dir`, refusing symlinks.
-pub fn open_child_dir(dir: BorrowedFd<'_>, name: &str) -> rustix::io::Result<OwnedFd> {
-    hpp_fs::open_child_dir(dir, name)
-}
+/// Opens the directory `name` directly inside `dir`, refusing symlinks (the one shared helper).
+pub use hpp_fs::open_child_dir;
 
 /// What a single directory entry is, looked at without following symlinks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

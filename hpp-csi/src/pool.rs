@@ -76,11 +76,6 @@ impl Commits {
             .commit(|| rustix::fs::syncfs(fd))
             .map_err(|e| Error::io("syncing copied data", e))
     }
-
-    /// Directory and filesystem syncs issued so far.
-    pub fn issued(&self) -> u64 {
-        self.entries.issued() + self.data.issued()
-    }
 }
 
 /// Health and capacity of a pool at one moment.

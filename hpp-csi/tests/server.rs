@@ -440,11 +440,6 @@ async fn a_stale_probe_refreshes_the_gauges_when_nothing_watches() {
     assert!(!text(&registry).contains("hpp_pool_usable{pool=\"legacy\"}"));
     let ready = identity.probe(tonic::Request::new(csi::ProbeRequest {})).await.unwrap();
     assert_eq!(ready.into_inner().ready, Some(true));
-    for _ in 0..3000 {
-        if text(&registry).contains("hpp_pool_usable{pool=\"legacy\"} 1") {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    panic!("the probe never refreshed the gauges:\n{}", text(&registry));
+    // Fails unless the probe's measurement refreshes the gauges.
+    wait_for_text(|| text(&registry), "hpp_pool_usable{pool=\"legacy\"} 1").await;
 }

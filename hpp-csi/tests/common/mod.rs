@@ -154,14 +154,7 @@ impl Harness {
     /// Waits until the metrics contain `needle`: pool gauges are measured in the background
     /// (after mount-table changes and every health interval), not by the RPC under test.
     pub async fn wait_for_metric(&self, needle: &str) -> String {
-        for _ in 0..3000 {
-            let text = self.metrics_text();
-            if text.contains(needle) {
-                return text;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        panic!("metrics never showed {needle}:\n{}", self.metrics_text());
+        wait_for_text(|| self.metrics_text(), needle).await
     }
 
     pub async fn create(&mut self, name: &str) -> csi::Volume {
@@ -216,6 +209,18 @@ pub fn unmount_below(root: &Path) {
             let _ = rustix::mount::unmount(&p, rustix::mount::UnmountFlags::DETACH);
         }
     }
+}
+
+/// Waits until `read()` contains `needle` and returns that text (30 s at most, then fails).
+pub async fn wait_for_text(read: impl Fn() -> String, needle: &str) -> String {
+    for _ in 0..3000 {
+        let text = read();
+        if text.contains(needle) {
+            return text;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("never showed {needle}:\n{}", read());
 }
 
 pub fn mount_cap() -> VolumeCapability {
