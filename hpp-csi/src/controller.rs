@@ -13,7 +13,6 @@ use crate::error::{Error, Result};
 use crate::expand::{self, ExpansionMode};
 use crate::inflight::{snapshot_key, volume_key};
 use crate::modify;
-use crate::mountinfo::MountTable;
 use crate::pagination::{self, pool_key};
 use crate::pool::{Pool, PoolHealth};
 use crate::sizing::{self, Range};
@@ -281,7 +280,7 @@ impl ControllerService {
         let state = self.state.clone();
         blocking_locked(guard, move || {
             // Read only once a volume is found: a retry for an id already gone reads nothing.
-            let mounts = volumes::MountsOnDemand::default();
+            let mounts = volumes::MountsOnDemand::new(&state.mounts);
             let mut unavailable = Vec::new();
             let mut deleted = false;
             for pool in &state.pools {
@@ -316,7 +315,7 @@ impl ControllerService {
         // Ids and pool indexes only (plus the recorded size where the pool enforces sizes):
         // entries are built for the requested page alone.
         let (all, health) = blocking(move || {
-            let mounts = MountTable::read().unwrap_or_default();
+            let mounts = state.mount_table().unwrap_or_default();
             let mut all = Vec::new();
             let mut health = Vec::new();
             for (idx, pool) in state.pools.iter().enumerate() {

@@ -5,6 +5,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use hpp_fs::MountTableCache;
 use hpp_fs::quota::Layout;
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
@@ -17,7 +18,6 @@ use crate::expand::ExpansionMode;
 use crate::fsops;
 use crate::inflight::{target_key, volume_key};
 use crate::mount::{self, BindOptions};
-use crate::mountinfo::MountTable;
 use crate::pool::Pool;
 use crate::state::{DriverState, blocking, blocking_locked};
 use crate::validate::{check_id, check_target_path};
@@ -117,7 +117,7 @@ struct Publish {
     ephemeral_bytes: u64,
 }
 
-fn publish(p: &Publish) -> Result<()> {
+fn publish(p: &Publish, cache: &MountTableCache) -> Result<()> {
     if p.ephemeral {
         // The marker goes first, so a crash between the two cannot leak an unmarked volume.
         // An existing volume without a marker is a persistent one: never marked (unpublish would
@@ -141,16 +141,16 @@ fn publish(p: &Publish) -> Result<()> {
             .mount_at(source.as_fd(), &p.target, p.opts.with_source_flags(&source).flags)
             .map_err(Error::from);
         if result.is_err() && p.ephemeral {
-            let _ = remove_ephemeral(&p.pool, &p.id);
+            let _ = remove_ephemeral(&p.pool, &p.id, cache);
         }
         return result.map(|_| ());
     }
     let opts = p.opts.with_source_flags(&source);
     // The mount table is only read when the target already is a mount point (a retry).
     let mounts = if fsops::is_mount_root(&p.target) == Some(false) {
-        MountTable::default()
+        Arc::default()
     } else {
-        MountTable::read().map_err(|e| Error::io("reading mount table", e))?
+        cache.current().map_err(|e| Error::io("reading mount table", e))?
     };
     if let Some(existing) = mounts.mount_at(&p.target) {
         let want = mounts.fs_location(&p.pool.volume_path(&p.id));
@@ -175,7 +175,7 @@ fn publish(p: &Publish) -> Result<()> {
     let target = open_or_create_target(&p.target)?;
     let result = mount::bind(&source, &target, &p.target, opts);
     if result.is_err() && p.ephemeral {
-        let _ = remove_ephemeral(&p.pool, &p.id);
+        let _ = remove_ephemeral(&p.pool, &p.id, cache);
     }
     let method = result?;
     tracing::debug!(volume_id = %p.id, target = %p.target.display(), ?method, "published");
@@ -239,8 +239,8 @@ fn is_ephemeral(pool: &Pool, id: &str) -> bool {
     matches!(fsops::entry(markers.as_fd(), id), Ok(fsops::Entry::Dir { .. }))
 }
 
-fn remove_ephemeral(pool: &Pool, id: &str) -> Result<()> {
-    volumes::delete(pool, id, &volumes::MountsOnDemand::default())?;
+fn remove_ephemeral(pool: &Pool, id: &str, mounts: &MountTableCache) -> Result<()> {
+    volumes::delete(pool, id, &volumes::MountsOnDemand::new(mounts))?;
     let dir = pool.open()?;
     if let Ok(markers) = fsops::open_child_dir(dir.as_fd(), EPHEMERAL_MARKERS) {
         fsops::remove_tree(markers.as_fd(), id)?;
@@ -309,7 +309,7 @@ fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
                     mount::unmount(target)?;
                     continue;
                 }
-                let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
+                let mounts = state.mount_table()?;
                 let Some(top) = mounts.mount_at(target) else { break };
                 let ours = state.pools.iter().any(|pool| {
                     mounts
@@ -348,9 +348,9 @@ fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
     }
     for pool in &state.pools {
         if !pool.is_reserved(id) && is_ephemeral(pool, id) {
-            let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
+            let mounts = state.mount_table()?;
             if mounts.bind_mounts_of(&pool.volume_path(id)).is_empty() {
-                remove_ephemeral(pool, id)?;
+                remove_ephemeral(pool, id, &state.mounts)?;
                 tracing::info!(volume_id = %id, pool = %pool.name, "ephemeral volume removed");
             }
         }
@@ -382,6 +382,7 @@ fn volume_stats(
     pool: std::result::Result<Pool, String>,
     id: &str,
     path: &Path,
+    mounts: &MountTableCache,
 ) -> Result<csi::NodeGetVolumeStatsResponse> {
     let path_fd = match rustix::fs::open(
         path,
@@ -403,7 +404,7 @@ fn volume_stats(
         }
         Err(e) => return Err(Error::io(format!("opening {}", path.display()), e)),
     };
-    let mounts = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
+    let mounts = mounts.current().map_err(|e| Error::io("reading mount table", e))?;
     let mut condition = csi::VolumeCondition {
         abnormal: false,
         message: "volume is healthy".into(),
@@ -559,6 +560,7 @@ impl NodeService {
             ephemeral,
             ephemeral_bytes,
         };
+        let state = self.state.clone();
         blocking_locked(guard, move || {
             // Never publish the shadow directory of an unmounted guarded pool.
             if p.ephemeral || p.pool.require_mount_point {
@@ -567,7 +569,7 @@ impl NodeService {
                     return Err(Error::FailedPrecondition(reason));
                 }
             }
-            publish(&p)?;
+            publish(&p, &state.mounts)?;
             tracing::info!(volume_id = %p.id, target = %p.target.display(), read_only = p.opts.read_only(), "volume published");
             Ok(())
         })
@@ -629,7 +631,7 @@ impl NodeService {
         blocking(move || {
             let pool = state.pools.iter().find(|p| holds_volume(p, &id)).cloned();
             let found = pool.ok_or_else(|| missing_volume_reason(&state, &id));
-            volume_stats(found, &id, &path)
+            volume_stats(found, &id, &path, &state.mounts)
         })
         .await
     }

@@ -199,6 +199,7 @@ impl DriverBuilder {
                 expansion: self.expansion,
                 health_interval: self.health_interval,
                 health: Default::default(),
+                mounts: Default::default(),
             }),
             endpoint: self.endpoint,
         })

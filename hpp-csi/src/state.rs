@@ -43,6 +43,8 @@ pub struct DriverState {
     pub health_interval: std::time::Duration,
     /// When pool health was last measured.
     pub(crate) health: crate::health::HealthClock,
+    /// The mount table, re-read only after it changed.
+    pub(crate) mounts: hpp_fs::MountTableCache,
 }
 
 /// Health of every pool, measured together.
@@ -89,6 +91,11 @@ impl DriverState {
         }
     }
 
+    /// The current mount table: shared, and read again only after a mount changed.
+    pub fn mount_table(&self) -> Result<Arc<MountTable>> {
+        self.mounts.current().map_err(|e| Error::io("reading mount table", e))
+    }
+
     /// The topology segment of this node.
     pub fn topology(&self) -> csi::Topology {
         csi::Topology {
@@ -99,7 +106,7 @@ impl DriverState {
     /// Measures every pool (blocking: statvfs and mountinfo), updates the gauges and logs each
     /// pool whose state changed since the last report.
     pub fn pools_report(&self) -> PoolsReport {
-        let mounts = MountTable::read().unwrap_or_default();
+        let mounts = self.mount_table().unwrap_or_default();
         let pools: Vec<(String, PoolHealth, bool)> = self
             .pools
             .iter()

@@ -6,9 +6,11 @@
 //! served and a retry finishes the job.
 
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
 
 use rustix::io::Errno;
 
+use hpp_fs::MountTableCache;
 use hpp_fs::quota::{QuotaBackend, round_up};
 
 use crate::copy::{self, CopyStats};
@@ -256,8 +258,8 @@ pub fn delete(pool: &Pool, id: &str, mounts: &impl Mounts) -> Result<bool> {
 }
 
 /// Where [`delete`] gets the mount table from: a table read by the caller, or
-/// [`MountsOnDemand`], which reads it only if a volume is actually found (deleting an id that
-/// is already gone, the common retry, then reads nothing).
+/// [`MountsOnDemand`], which asks the driver's [`MountTableCache`] only if a volume is actually
+/// found (deleting an id that is already gone, the common retry, then reads nothing).
 pub trait Mounts {
     /// The mount table.
     fn table(&self) -> Result<&MountTable>;
@@ -269,17 +271,30 @@ impl Mounts for MountTable {
     }
 }
 
-/// The mount table, read the first time it is asked for.
-#[derive(Debug, Default)]
-pub struct MountsOnDemand(std::cell::OnceCell<MountTable>);
+/// The current mount table from a [`MountTableCache`], fetched the first time it is asked for.
+#[derive(Debug)]
+pub struct MountsOnDemand<'a> {
+    cache: &'a MountTableCache,
+    table: std::cell::OnceCell<Arc<MountTable>>,
+}
 
-impl Mounts for MountsOnDemand {
+impl<'a> MountsOnDemand<'a> {
+    /// Mount tables from `cache`, which re-reads `/proc/self/mountinfo` only after a change.
+    pub fn new(cache: &'a MountTableCache) -> Self {
+        MountsOnDemand {
+            cache,
+            table: std::cell::OnceCell::new(),
+        }
+    }
+}
+
+impl Mounts for MountsOnDemand<'_> {
     fn table(&self) -> Result<&MountTable> {
-        if let Some(t) = self.0.get() {
+        if let Some(t) = self.table.get() {
             return Ok(t);
         }
-        let read = MountTable::read().map_err(|e| Error::io("reading mount table", e))?;
-        Ok(self.0.get_or_init(|| read))
+        let current = self.cache.current().map_err(|e| Error::io("reading mount table", e))?;
+        Ok(self.table.get_or_init(|| current))
     }
 }
 

@@ -237,6 +237,16 @@ async fn delete_removes_only_hpp_volumes_and_is_idempotent() {
 async fn delete_refuses_a_published_volume() {
     let mut h = Harness::start().await;
     h.create("pvc-busy").await;
+    // A delete that reads the mount table first: the driver keeps the table it read, and the
+    // publish below must still be seen (the table is read again after any mount change).
+    h.create("pvc-warm").await;
+    h.controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: "pvc-warm".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     let target = h.target("busy");
     h.publish("pvc-busy", &target, false).await.unwrap();
     let r = h

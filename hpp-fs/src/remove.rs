@@ -25,6 +25,13 @@ pub(crate) fn c_name(name: &OsStr) -> Result<CString, WalkError> {
 /// `parent`. A mount anywhere inside stops the removal with [`WalkError::CrossesMount`].
 pub fn remove_tree(parent: BorrowedFd<'_>, name: &OsStr) -> Result<(), WalkError> {
     let cname = c_name(name)?;
+    // An empty directory (most deletions, and every retry's leftover) is one `rmdir`. It fails
+    // on anything the walk has to look at: contents (ENOTEMPTY), a symlink or file (ENOTDIR),
+    // a mount point (EBUSY); the walk below then handles, or refuses, that case.
+    match rustix::fs::unlinkat(parent, &cname, AtFlags::REMOVEDIR) {
+        Ok(()) | Err(Errno::NOENT) => return Ok(()),
+        Err(_) => {}
+    }
     let top = match Meta::at(parent, &cname) {
         Ok(m) => m,
         Err(Errno::NOENT) => return Ok(()),

@@ -121,3 +121,28 @@ fn removal_refuses_to_cross_a_bind_mount_of_the_same_filesystem() {
     );
     assert_eq!(std::fs::read(outside.join("precious")).unwrap(), b"keep");
 }
+
+#[test]
+fn an_empty_directory_is_removed_but_an_empty_mount_point_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = open_dir(tmp.path());
+    std::fs::create_dir(tmp.path().join("empty")).unwrap();
+    remove_tree(root.as_fd(), OsStr::new("empty")).unwrap();
+    assert!(!tmp.path().join("empty").exists());
+    remove_tree(root.as_fd(), OsStr::new("empty")).unwrap(); // missing is success
+
+    // An empty directory whose (empty) contents are another mount: `rmdir` says EBUSY and the
+    // walk names the mount.
+    let empty_outside = tmp.path().join("outside");
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&empty_outside).unwrap();
+    std::fs::create_dir(&mnt).unwrap();
+    if rustix::mount::mount_bind(&empty_outside, &mnt).is_err() {
+        eprintln!("skipping: bind mounts need root");
+        return;
+    }
+    let err = remove_tree(root.as_fd(), OsStr::new("mnt")).unwrap_err();
+    rustix::mount::unmount(&mnt, rustix::mount::UnmountFlags::empty()).unwrap();
+    assert!(matches!(err, WalkError::CrossesMount { .. }), "{err}");
+    assert!(mnt.is_dir() && empty_outside.is_dir());
+}
