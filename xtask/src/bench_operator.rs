@@ -14,9 +14,9 @@
 //!
 //! `GLIBC_TUNABLES` is passed on to the operator (its environment is otherwise only what the
 //! Deployment sets), to try allocator settings without rebuilding. The shipped executables are
-//! built with the `image` profile (`images/build.sh`); measure those with
-//! `cargo build --profile image -p hpp-bin --bin hpp-operator` and
-//! `--operator-bin target/image/hpp-operator`.
+//! built with the `image` profile, statically linked (`images/build.sh`); measure those with
+//! `images/build.sh` (or its cargo command) and
+//! `--operator-bin target/x86_64-unknown-linux-gnu/image/hpp-operator`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
