@@ -217,13 +217,7 @@ async fn delete_removes_only_hpp_volumes_and_is_idempotent() {
     h.controller.delete_volume(req).await.unwrap();
     // A plain file with a volume-like name is not an hpp volume: left alone.
     std::fs::write(h.pool_path().join("pvc-file"), b"precious").unwrap();
-    let r = h
-        .controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: "pvc-file".into(),
-            ..Default::default()
-        })
-        .await;
+    let r = h.delete("pvc-file").await;
     assert_eq!(code(r), Code::FailedPrecondition);
     assert!(h.pool_path().join("pvc-file").exists());
     assert_eq!(
@@ -240,32 +234,14 @@ async fn delete_refuses_a_published_volume() {
     // A delete that reads the mount table first: the driver keeps the table it read, and the
     // publish below must still be seen (the table is read again after any mount change).
     h.create("pvc-warm").await;
-    h.controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: "pvc-warm".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.delete("pvc-warm").await.unwrap();
     let target = h.target("busy");
     h.publish("pvc-busy", &target, false).await.unwrap();
-    let r = h
-        .controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: "pvc-busy".into(),
-            ..Default::default()
-        })
-        .await;
+    let r = h.delete("pvc-busy").await;
     assert_eq!(code(r), Code::FailedPrecondition);
     assert!(h.pool_path().join("pvc-busy").is_dir());
     h.unpublish("pvc-busy", &target).await.unwrap();
-    h.controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: "pvc-busy".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.delete("pvc-busy").await.unwrap();
     h.stop().await;
 }
 

@@ -54,13 +54,7 @@ async fn own_changes_do_not_rescan_the_pool() {
         })
         .await
         .unwrap();
-    h.controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: "pvc-1".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.delete("pvc-1").await.unwrap();
     // N - 1 volumes of G, one of them grown by G.
     assert_eq!(available(&mut h).await, promisable - N * G);
     let scans = h.state.ledger.scans() - before;
@@ -137,13 +131,7 @@ async fn a_deletion_does_not_hide_an_earlier_change_behind_the_drivers_back() {
     // capacity call: the foreign one still counts.
     std::fs::create_dir(h.pool_path().join("pvc-foreign")).unwrap();
     record(&h, "pvc-foreign", 5 * G);
-    h.controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: "pvc-a".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.delete("pvc-a").await.unwrap();
     assert_eq!(available(&mut h).await, promisable - 5 * G);
     h.stop().await;
 }

@@ -185,13 +185,7 @@ async fn symlinks_planted_in_a_pool_never_lead_out_of_it() {
     let ln = h.pool_path().join("pvc-clone2/ln");
     assert!(ln.symlink_metadata().unwrap().file_type().is_symlink());
     // Deleting the volume removes the link, not its target.
-    h.controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: "pvc-clone2".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.delete("pvc-clone2").await.unwrap();
     assert!(outside.path().join("secret").exists());
     h.stop().await;
 }
@@ -305,13 +299,7 @@ async fn crash_leftovers_are_completed_on_retry() {
             .iter()
             .all(|e| e.volume.as_ref().unwrap().volume_id != "pvc-gone")
     );
-    h.controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: "pvc-gone".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.delete("pvc-gone").await.unwrap();
     assert!(!del.exists());
     // A snapshot that crashed half-way is rebuilt on retry.
     h.create("pvc-src").await;

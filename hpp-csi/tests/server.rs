@@ -167,13 +167,7 @@ async fn mount_guard_refuses_an_unmounted_pool_and_serves_a_mounted_one() {
     );
     assert!(!is_mount_point(&h.target("g")));
     // Deleting while the pool is unmounted cannot confirm anything: Unavailable, nothing removed.
-    let del = h
-        .controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: "pvc-g".into(),
-            ..Default::default()
-        })
-        .await;
+    let del = h.delete("pvc-g").await;
     assert_eq!(code(del), Code::Unavailable);
     assert!(guarded.join("pvc-g").exists());
     h.stop().await;

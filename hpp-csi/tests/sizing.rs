@@ -136,13 +136,7 @@ async fn get_capacity_reports_what_can_still_be_promised() {
         .unwrap();
 
     // The ledger is the volumes on disk: deleting gives the bytes back.
-    h.controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: "pvc-a".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.delete("pvc-a").await.unwrap();
     let (avail, _) = available(&mut h).await;
     assert_eq!(avail as u64, promisable);
     h.stop().await;

@@ -101,13 +101,7 @@ async fn snapshot_restore_and_clone_copy_contents() {
         vec![7u8; 256 * 1024]
     );
     // Deleting the source keeps the snapshot and the restored copy intact.
-    h.controller
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: "pvc-src".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    h.delete("pvc-src").await.unwrap();
     assert_populated(&h.pool_path().join("pvc-restored"));
     assert_populated(&h.snap_path().join("snap-1/data"));
     // Delete snapshot, idempotently.

@@ -174,6 +174,16 @@ impl Harness {
             .map(|_| ())
     }
 
+    pub async fn delete(&mut self, id: &str) -> Result<(), tonic::Status> {
+        self.controller
+            .delete_volume(csi::DeleteVolumeRequest {
+                volume_id: id.into(),
+                ..Default::default()
+            })
+            .await
+            .map(|_| ())
+    }
+
     pub async fn unpublish(&mut self, id: &str, target: &Path) -> Result<(), tonic::Status> {
         self.node
             .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
