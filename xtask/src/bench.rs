@@ -31,7 +31,7 @@ use hpp_csi::csi::{
 use tonic::transport::Channel;
 
 use crate::bench_floors::{self as floors, FloorDirs, Floors, Paired};
-use crate::bench_proc::ProcStatus;
+use crate::bench_proc::{self, ProcStatus};
 use crate::bench_serve::{Kind, Server};
 use crate::bench_stats::{Sample, Stats, Table, cells, delta_us, fmt_d, ratio, ratio_d, run_tasks_sample};
 use crate::loopfs::{self, FsChoice, FsTarget, LoopFs};
@@ -256,21 +256,24 @@ async fn suite(dir: &Path, label: &str, args: &Args) -> anyhow::Result<()> {
     print_driver(&rows, &empty, &floors);
     print_goal(&rows, &empty, &floors);
 
+    let exe = match &args.driver_bin {
+        Some(bin) => bin.clone(),
+        None => std::env::current_exe().context("locating this executable")?,
+    };
+    let mut breakdowns = Vec::new();
     tokio::time::sleep(Duration::from_secs(args.idle_wait)).await;
-    memory.push((
-        format!("idle {} s after the rounds", args.idle_wait),
-        ProcStatus::of(driver.pid())?,
-    ));
+    let when = format!("idle {} s after the rounds", args.idle_wait);
+    breakdowns.push((when.clone(), bench_proc::smaps_breakdown(driver.pid(), &exe)?));
+    memory.push((when, ProcStatus::of(driver.pid())?));
     let total = args.rss_volumes;
     let fill = fill(&driver.channel, total).await?;
     memory.push((format!("after creating {total} volumes"), ProcStatus::of(driver.pid())?));
     let (listed, list_time) = list_all(&driver.channel).await?;
     memory.push((format!("after listing {listed} volumes"), ProcStatus::of(driver.pid())?));
     tokio::time::sleep(Duration::from_secs(args.idle_wait)).await;
-    memory.push((
-        format!("idle {} s after listing", args.idle_wait),
-        ProcStatus::of(driver.pid())?,
-    ));
+    let when = format!("idle {} s after listing", args.idle_wait);
+    breakdowns.push((when.clone(), bench_proc::smaps_breakdown(driver.pid(), &exe)?));
+    memory.push((when, ProcStatus::of(driver.pid())?));
     println!();
     println!(
         "created {total} volumes at {:.0} ops/s (c=16); ListVolumes over {listed} volumes in pages of 500: {}",
@@ -278,6 +281,10 @@ async fn suite(dir: &Path, label: &str, args: &Args) -> anyhow::Result<()> {
         fmt_d(list_time)
     );
     print_memory(&memory);
+    for (when, breakdown) in &breakdowns {
+        println!("where the resident pages are, {when} (/proc/PID/smaps):");
+        bench_proc::print_breakdown(breakdown);
+    }
     Ok(())
 }
 

@@ -18,7 +18,6 @@
 //! `images/build.sh` (or its cargo command) and
 //! `--operator-bin target/x86_64-unknown-linux-gnu/image/hpp-operator`.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -28,6 +27,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use hpp_api::HostPathProvisioner;
 use hpp_testkit::FakeApiServer;
+
+use crate::bench_proc::{mib, print_smaps};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -124,21 +125,9 @@ pub async fn run(args: &OperatorArgs) -> anyhow::Result<()> {
         mib(last.hwm),
         last.threads
     );
-    println!("where the resident pages are (/proc/{pid}/smaps):");
-    for (bucket, usage) in smaps_breakdown(pid, &bin)? {
-        println!(
-            "  {bucket:<28} Rss {:>10}  Private_Dirty {:>10}  ({} mappings)",
-            mib(usage.rss),
-            mib(usage.private_dirty),
-            usage.mappings
-        );
-    }
+    print_smaps(pid, &bin)?;
     drop(child);
     Ok(())
-}
-
-fn mib(kib: u64) -> String {
-    format!("{:.2} MiB", kib as f64 / 1024.0)
 }
 
 /// The operator executable: the given path, or the one built next to this xtask.
@@ -406,146 +395,5 @@ impl Status {
             hwm: field("VmHWM"),
             threads: field("Threads"),
         })
-    }
-}
-
-/// Resident pages of one kind of mapping, in KiB.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Usage {
-    /// Resident KiB.
-    pub rss: u64,
-    /// Private dirty KiB (what the process itself wrote).
-    pub private_dirty: u64,
-    /// Number of mappings.
-    pub mappings: usize,
-}
-
-/// One mapping of `/proc/PID/smaps`.
-#[derive(Debug)]
-struct Mapping {
-    start: u64,
-    end: u64,
-    perms: String,
-    path: String,
-    rss: u64,
-    private_dirty: u64,
-}
-
-fn parse_smaps(text: &str) -> Vec<Mapping> {
-    let mut out: Vec<Mapping> = Vec::new();
-    for line in text.lines() {
-        let mut words = line.split_whitespace();
-        let Some(first) = words.next() else { continue };
-        if let Some((start, end)) = first.split_once('-')
-            && let (Ok(start), Ok(end)) = (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16))
-        {
-            let perms = words.next().unwrap_or_default().to_owned();
-            let path = words.nth(3).unwrap_or_default().to_owned();
-            out.push(Mapping {
-                start,
-                end,
-                perms,
-                path,
-                rss: 0,
-                private_dirty: 0,
-            });
-            continue;
-        }
-        let value = || words.clone().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        if let Some(m) = out.last_mut() {
-            match first {
-                "Rss:" => m.rss = value(),
-                "Private_Dirty:" => m.private_dirty = value(),
-                _ => {}
-            }
-        }
-    }
-    out
-}
-
-/// glibc places each non-main malloc arena in a heap aligned to its maximum size (64 MiB).
-const ARENA_ALIGN: u64 = 64 << 20;
-
-/// Sorts each mapping into a bucket: the executable, shared libraries, `[heap]` (the main
-/// malloc arena), other malloc arenas (anonymous, 64 MiB-aligned), thread stacks (anonymous,
-/// right after a no-access guard page), `[stack]`, and other anonymous memory (large
-/// allocations malloc serves with mmap, the runtime's own).
-fn classify(maps: &[Mapping], exe: &Path) -> BTreeMap<&'static str, Usage> {
-    let exe = exe.canonicalize().unwrap_or_else(|_| exe.to_path_buf());
-    let exe = exe.to_string_lossy();
-    let mut buckets: BTreeMap<&'static str, Usage> = BTreeMap::new();
-    for (i, m) in maps.iter().enumerate() {
-        let after_guard = i
-            .checked_sub(1)
-            .and_then(|p| maps.get(p))
-            .is_some_and(|g| g.end == m.start && g.perms.starts_with("---") && g.path.is_empty());
-        let bucket = if m.path == exe.as_ref() {
-            "executable (text, data)"
-        } else if m.path == "[heap]" {
-            "[heap] (main arena)"
-        } else if m.path == "[stack]" {
-            "[stack] (main thread)"
-        } else if m.path.starts_with('[') {
-            "kernel ([vdso], [vvar], ...)"
-        } else if !m.path.is_empty() {
-            "shared libraries, files"
-        } else if m.start % ARENA_ALIGN == 0 && m.perms.starts_with("rw") {
-            "malloc arenas"
-        } else if after_guard && m.perms.starts_with("rw") {
-            "thread stacks"
-        } else {
-            "other anonymous"
-        };
-        let usage = buckets.entry(bucket).or_default();
-        usage.rss += m.rss;
-        usage.private_dirty += m.private_dirty;
-        usage.mappings += 1;
-    }
-    buckets
-}
-
-fn smaps_breakdown(pid: u32, exe: &Path) -> anyhow::Result<BTreeMap<&'static str, Usage>> {
-    let text =
-        std::fs::read_to_string(format!("/proc/{pid}/smaps")).with_context(|| format!("reading /proc/{pid}/smaps"))?;
-    Ok(classify(&parse_smaps(&text), exe))
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn smaps_sorts_heap_arenas_stacks_and_the_executable() {
-        let smaps = "\
-55d000000000-55d000100000 r-xp 00000000 08:01 42 /usr/bin/hpp-operator
-Rss:                 800 kB
-Private_Dirty:         0 kB
-55d000200000-55d000300000 rw-p 00000000 00:00 0 [heap]
-Rss:                 300 kB
-Private_Dirty:       300 kB
-7f0004000000-7f0004100000 rw-p 00000000 00:00 0
-Rss:                 200 kB
-Private_Dirty:       200 kB
-7f0004100000-7f0008000000 ---p 00000000 00:00 0
-Rss:                   0 kB
-Private_Dirty:         0 kB
-7f1000000000-7f1000001000 ---p 00000000 00:00 0
-Rss:                   0 kB
-Private_Dirty:         0 kB
-7f1000001000-7f1000201000 rw-p 00000000 00:00 0
-Rss:                  16 kB
-Private_Dirty:        16 kB
-7f2000000000-7f2000010000 r--p 00000000 08:01 7 /usr/lib/libc.so.6
-Rss:                  64 kB
-Private_Dirty:         0 kB
-";
-        let b = classify(&parse_smaps(smaps), Path::new("/usr/bin/hpp-operator"));
-        assert_eq!(b["executable (text, data)"].rss, 800);
-        assert_eq!(b["[heap] (main arena)"].private_dirty, 300);
-        assert_eq!(b["malloc arenas"].rss, 200);
-        assert_eq!(b["thread stacks"].rss, 16);
-        assert_eq!(b["shared libraries, files"].rss, 64);
-        assert_eq!(b["other anonymous"].mappings, 2, "the two guard regions");
     }
 }
