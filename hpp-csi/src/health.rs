@@ -48,15 +48,33 @@ impl HealthClock {
 /// `max_age`; never waits for it. Probe calls this so that a driver whose embedder composes
 /// the services without [`watch`] still refreshes its gauges.
 pub fn refresh_if_stale(state: &Arc<DriverState>, max_age: Duration) {
-    let clock = &state.health;
-    if !clock.stale(max_age) || clock.running.swap(true, Ordering::AcqRel) {
-        return;
+    if state.health.stale(max_age) {
+        // Not waited for: the JoinHandle is dropped, the report runs on.
+        drop(start_report(state));
+    }
+}
+
+/// Runs one pool report in a blocking thread, unless one is running already (then `None`).
+/// The running flag is cleared by the report itself, so a caller that stops waiting (a
+/// cancelled [`watch`]) cannot leave it set.
+fn start_report(state: &Arc<DriverState>) -> Option<tokio::task::JoinHandle<()>> {
+    if state.health.running.swap(true, Ordering::AcqRel) {
+        return None;
     }
     let state = state.clone();
-    tokio::task::spawn_blocking(move || {
+    Some(tokio::task::spawn_blocking(move || {
+        let _running = ClearOnDrop(&state.health.running);
         state.pools_report();
-        state.health.running.store(false, Ordering::Release);
-    });
+    }))
+}
+
+/// Clears the flag when dropped, after a panic too.
+struct ClearOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// Keeps the pool report current until dropped: after each mount-table change (at most one
@@ -77,10 +95,8 @@ pub async fn watch(state: Arc<DriverState>, interval: Duration) {
             _ = tick.tick() => {}
             () = next_change(&mut changes) => {}
         }
-        if !state.health.running.swap(true, Ordering::AcqRel) {
-            let s = state.clone();
-            let _ = tokio::task::spawn_blocking(move || s.pools_report()).await;
-            state.health.running.store(false, Ordering::Release);
+        if let Some(report) = start_report(&state) {
+            let _ = report.await;
         }
         tokio::time::sleep(MIN_GAP).await;
     }

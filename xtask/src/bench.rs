@@ -471,7 +471,7 @@ async fn driver_round(
     });
     push("GetCapacity", st.await?, Some(floors::STATVFS), None);
 
-    let vol = move |i: usize| format!("pvc-c{conc}-{i}");
+    let vol = move |i: usize| volume_name(conc, i);
     let paired = Paired::new(&dir.join("floors").join(format!("paired-c{conc}")))?;
     let create = move |mut c: ControllerClient<Channel>, i| async move {
         c.create_volume(csi::CreateVolumeRequest {
@@ -507,7 +507,7 @@ async fn driver_round(
     );
     push("ExpandVolume", st.await?, Some(floors::XATTR_FSYNC), None);
 
-    let snap = move |i: usize| format!("snap-c{conc}-{i}");
+    let snap = move |i: usize| snap_name(conc, i);
     let st = each("CreateSnapshot", n, conc, ctl.clone(), move |mut c, i| async move {
         c.create_snapshot(csi::CreateSnapshotRequest {
             source_volume_id: vol(i),
@@ -518,40 +518,43 @@ async fn driver_round(
         .map(drop)
     });
     push("CreateSnapshot", st.await?, Some(floors::MKDIR_FSYNC), None);
-    let restored = move |i: usize| format!("rst-c{conc}-{i}");
+    // A volume made from a source: the same request, only the name and the source differ.
+    let create_from = |name: fn(usize, usize) -> String, source: fn(usize, usize) -> Type| {
+        move |mut c: ControllerClient<Channel>, i| async move {
+            c.create_volume(csi::CreateVolumeRequest {
+                name: name(conc, i),
+                volume_capabilities: vec![mount_cap()],
+                volume_content_source: volume_source(source(conc, i)),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
+        }
+    };
+    let from_snapshot = |c, i| {
+        Type::Snapshot(SnapshotSource {
+            snapshot_id: snap_name(c, i),
+        })
+    };
     let st = each(
         "CreateVolume from snapshot",
         n,
         conc,
         ctl.clone(),
-        move |mut c, i| async move {
-            c.create_volume(csi::CreateVolumeRequest {
-                name: restored(i),
-                volume_capabilities: vec![mount_cap()],
-                volume_content_source: volume_source(Type::Snapshot(SnapshotSource { snapshot_id: snap(i) })),
-                ..Default::default()
-            })
-            .await
-            .map(drop)
-        },
+        create_from(restored_name, from_snapshot),
     );
     push("CreateVolume (snapshot)", st.await?, Some(floors::MKDIR_FSYNC), None);
-    let cloned = move |i: usize| format!("cln-c{conc}-{i}");
+    let from_volume = |c, i| {
+        Type::Volume(VolumeSource {
+            volume_id: volume_name(c, i),
+        })
+    };
     let st = each(
         "CreateVolume from volume",
         n,
         conc,
         ctl.clone(),
-        move |mut c, i| async move {
-            c.create_volume(csi::CreateVolumeRequest {
-                name: cloned(i),
-                volume_capabilities: vec![mount_cap()],
-                volume_content_source: volume_source(Type::Volume(VolumeSource { volume_id: vol(i) })),
-                ..Default::default()
-            })
-            .await
-            .map(drop)
-        },
+        create_from(cloned_name, from_volume),
     );
     push("CreateVolume (clone)", st.await?, Some(floors::MKDIR_FSYNC), None);
 
@@ -565,34 +568,15 @@ async fn driver_round(
             .map(drop)
         }
     };
-    let (st, floor) = in_turns(
-        "DeleteVolume",
-        n,
-        conc,
-        ctl.clone(),
-        delete(|c, i| format!("pvc-c{c}-{i}")),
-        |r| paired.rename_fsync(r, conc),
-    )
+    let (st, floor) = in_turns("DeleteVolume", n, conc, ctl.clone(), delete(volume_name), |r| {
+        paired.rename_fsync(r, conc)
+    })
     .await?;
     paired.clear(n)?;
     push("DeleteVolume", st, Some(floors::RENAME_FSYNC), Some(floor));
     // The restored and cloned volumes go too; those deletions are not reported.
-    each(
-        "DeleteVolume",
-        n,
-        conc,
-        ctl.clone(),
-        delete(|c, i| format!("rst-c{c}-{i}")),
-    )
-    .await?;
-    each(
-        "DeleteVolume",
-        n,
-        conc,
-        ctl.clone(),
-        delete(|c, i| format!("cln-c{c}-{i}")),
-    )
-    .await?;
+    each("DeleteVolume", n, conc, ctl.clone(), delete(restored_name)).await?;
+    each("DeleteVolume", n, conc, ctl.clone(), delete(cloned_name)).await?;
     let st = each("DeleteSnapshot", n, conc, ctl.clone(), move |mut c, i| async move {
         c.delete_snapshot(csi::DeleteSnapshotRequest {
             snapshot_id: snap(i),
@@ -833,6 +817,24 @@ fn goal_line(rpc: &str, p50: Duration, empty: Duration, floor: &str, floor_p50: 
         ratio_d(p50, sum),
         if x <= GOAL { "met" } else { "not met" }
     )
+}
+
+/// Names of what a round at concurrency `conc` makes, by index `i`: volumes, their snapshots,
+/// the volumes restored from those and the clones of the volumes.
+fn volume_name(conc: usize, i: usize) -> String {
+    format!("pvc-c{conc}-{i}")
+}
+
+fn snap_name(conc: usize, i: usize) -> String {
+    format!("snap-c{conc}-{i}")
+}
+
+fn restored_name(conc: usize, i: usize) -> String {
+    format!("rst-c{conc}-{i}")
+}
+
+fn cloned_name(conc: usize, i: usize) -> String {
+    format!("cln-c{conc}-{i}")
 }
 
 fn print_memory(readings: &[(String, ProcStatus)]) {
