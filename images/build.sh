@@ -59,13 +59,24 @@ source_url=$(sed -n 's/^repository = "\(.*\)"$/\1/p' Cargo.toml | head -n1)
 
 # --target keeps the static flag off build scripts and proc macros (they load as shared objects).
 host=$(rustc -vV | sed -n 's/^host: //p')
-bins=target/$host/image
+bins=${CARGO_TARGET_DIR:-target}/$host/image
 if $cargo_build; then
     echo "== release binaries (cargo build --profile image --target $host -p hpp-bin, static)"
+    # Cargo reads CARGO_ENCODED_RUSTFLAGS before RUSTFLAGS: extend whichever is in force.
+    if [ -n "${CARGO_ENCODED_RUSTFLAGS:-}" ]; then
+        export CARGO_ENCODED_RUSTFLAGS="$CARGO_ENCODED_RUSTFLAGS"$'\x1f'"-Ctarget-feature=+crt-static"
+    fi
     HPP_BUILD_REVISION=$revision RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
         cargo build --profile image --locked --target "$host" -p hpp-bin \
         --bin hpp-operator --bin hpp-mounter --bin hpp-csi-driver --bin hpp-provisioner
 fi
+for bin in hpp-operator hpp-mounter hpp-csi-driver hpp-provisioner; do
+    [ -x "$bins/$bin" ] || { echo "images/build.sh: $bins/$bin is missing (build it, or drop --skip-cargo)" >&2; exit 1; }
+    # A dynamic executable names its loader in a PT_INTERP header; the images want static ones.
+    if command -v readelf >/dev/null && readelf -lW "$bins/$bin" | grep -q 'INTERP'; then
+        echo "images/build.sh: $bins/$bin is dynamically linked (RUSTFLAGS overridden?)" >&2; exit 1
+    fi
+done
 
 ctx=target/images
 rm -rf "$ctx/operator" "$ctx/csi-driver"

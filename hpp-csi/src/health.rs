@@ -61,19 +61,20 @@ fn start_report(state: &Arc<DriverState>) -> Option<tokio::task::JoinHandle<()>>
     if state.health.running.swap(true, Ordering::AcqRel) {
         return None;
     }
-    let state = state.clone();
+    // Made before the spawn: a task dropped unrun (the runtime shutting down) clears it too.
+    let running = Running(state.clone());
     Some(tokio::task::spawn_blocking(move || {
-        let _running = ClearOnDrop(&state.health.running);
-        state.pools_report();
+        let running = running;
+        running.0.pools_report();
     }))
 }
 
-/// Clears the flag when dropped, after a panic too.
-struct ClearOnDrop<'a>(&'a AtomicBool);
+/// A report in progress: clears the running flag when dropped, after a panic too.
+struct Running(Arc<DriverState>);
 
-impl Drop for ClearOnDrop<'_> {
+impl Drop for Running {
     fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+        self.0.health.running.store(false, Ordering::Release);
     }
 }
 

@@ -5,9 +5,11 @@
 //! kernel keeps a change counter per mount namespace, and an open `mountinfo` file reports
 //! `POLLPRI` from `poll` when the counter moved since that file's last `poll` (or its open).
 //! So a zero-timeout `poll` says whether a table read after the previous `poll` is still the
-//! current one, and it is exact: a mount made at any moment after that `poll` is reported by the
-//! next one. The table is never older than one that a fresh read at the start of the call would
-//! have returned.
+//! current one. For what the counter covers (mount, unmount, move, remount, propagation of
+//! those) it is exact: a change made at any moment after that `poll` is reported by the next one,
+//! so the table is never older than a fresh read at the start of the call. A few changes to the
+//! text do not move the counter (renaming a directory above a mount point, superblock options
+//! changed from another namespace); no caller of the cache asks about those.
 
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -83,8 +85,9 @@ fn changed(fd: &OwnedFd) -> std::io::Result<bool> {
             Err(e) => return Err(e.into()),
         }
     }
+    // NVAL (the descriptor is not open any more) cannot say "unchanged": read again.
     let seen = fds[0].revents();
-    Ok(seen.intersects(PollFlags::PRI | PollFlags::ERR))
+    Ok(seen.intersects(PollFlags::PRI | PollFlags::ERR | PollFlags::NVAL))
 }
 
 #[cfg(test)]
