@@ -279,8 +279,6 @@ impl ControllerService {
         let guard = self.state.inflight.acquire(&[volume_key(&id)], &[])?;
         let state = self.state.clone();
         blocking_locked(guard, move || {
-            // Read only once a volume is found: a retry for an id already gone reads nothing.
-            let mounts = volumes::MountsOnDemand::new(&state.mounts);
             let mut unavailable = Vec::new();
             let mut deleted = false;
             for pool in &state.pools {
@@ -293,7 +291,7 @@ impl ControllerService {
                     continue;
                 }
                 state.ledger.check(pool);
-                if volumes::delete(pool, &id, &mounts)? {
+                if volumes::delete(pool, &id, &state.mounts)? {
                     state.ledger.forget(pool, &id);
                     tracing::info!(volume_id = %id, pool = %pool.name, "volume deleted");
                     deleted = true;

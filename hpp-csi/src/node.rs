@@ -150,7 +150,7 @@ fn publish(p: &Publish, cache: &MountTableCache) -> Result<()> {
     let mounts = if fsops::is_mount_root(&p.target) == Some(false) {
         Arc::default()
     } else {
-        cache.current().map_err(|e| Error::io("reading mount table", e))?
+        crate::state::mount_table(cache)?
     };
     if let Some(existing) = mounts.mount_at(&p.target) {
         let want = mounts.fs_location(&p.pool.volume_path(&p.id));
@@ -240,7 +240,7 @@ fn is_ephemeral(pool: &Pool, id: &str) -> bool {
 }
 
 fn remove_ephemeral(pool: &Pool, id: &str, mounts: &MountTableCache) -> Result<()> {
-    volumes::delete(pool, id, &volumes::MountsOnDemand::new(mounts))?;
+    volumes::delete(pool, id, mounts)?;
     let dir = pool.open()?;
     if let Ok(markers) = fsops::open_child_dir(dir.as_fd(), EPHEMERAL_MARKERS) {
         fsops::remove_tree(markers.as_fd(), id)?;
@@ -404,7 +404,7 @@ fn volume_stats(
         }
         Err(e) => return Err(Error::io(format!("opening {}", path.display()), e)),
     };
-    let mounts = mounts.current().map_err(|e| Error::io("reading mount table", e))?;
+    let mounts = crate::state::mount_table(mounts)?;
     let mut condition = csi::VolumeCondition {
         abnormal: false,
         message: "volume is healthy".into(),

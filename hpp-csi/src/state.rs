@@ -47,6 +47,11 @@ pub struct DriverState {
     pub(crate) mounts: hpp_fs::MountTableCache,
 }
 
+/// The current mount table from `cache`, its read error as the driver reports it.
+pub(crate) fn mount_table(cache: &hpp_fs::MountTableCache) -> Result<Arc<MountTable>> {
+    cache.current().map_err(|e| Error::io("reading mount table", e))
+}
+
 /// Health of every pool, measured together.
 #[derive(Debug, Clone)]
 pub struct PoolsReport {
@@ -93,7 +98,7 @@ impl DriverState {
 
     /// The current mount table: shared, and read again only after a mount changed.
     pub fn mount_table(&self) -> Result<Arc<MountTable>> {
-        self.mounts.current().map_err(|e| Error::io("reading mount table", e))
+        mount_table(&self.mounts)
     }
 
     /// The topology segment of this node.

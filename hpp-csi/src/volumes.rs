@@ -6,7 +6,6 @@
 //! served and a retry finishes the job.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::Arc;
 
 use rustix::io::Errno;
 
@@ -219,7 +218,7 @@ pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>, requested: Reques
 /// Deletes volume `id` from `pool` if it is an hpp volume: a real directory directly in the
 /// pool, on the pool's filesystem, with nothing mounted from or into it. Missing is success.
 /// Returns whether anything was deleted.
-pub fn delete(pool: &Pool, id: &str, mounts: &impl Mounts) -> Result<bool> {
+pub fn delete(pool: &Pool, id: &str, mounts: &MountTableCache) -> Result<bool> {
     let dir = pool.open()?;
     let gone = deleting_name(id);
     // Finish an interrupted deletion first.
@@ -245,7 +244,9 @@ pub fn delete(pool: &Pool, id: &str, mounts: &impl Mounts) -> Result<bool> {
         }
         Entry::Dir { .. } => {}
     }
-    check_not_mounted(pool, id, mounts.table()?)?;
+    // Read (or reused from the cache) only once a volume is found.
+    let table = crate::state::mount_table(mounts)?;
+    check_not_mounted(pool, id, &table)?;
     if let Some(why) = pool.quota.in_use(dir.as_fd(), id)? {
         return Err(Error::FailedPrecondition(format!(
             "volume {id} is in use: {why}; unpublish it first"
@@ -255,47 +256,6 @@ pub fn delete(pool: &Pool, id: &str, mounts: &impl Mounts) -> Result<bool> {
     pool.volume_commits().entries(dir.as_fd())?;
     pool.quota.remove(dir.as_fd(), &gone)?;
     Ok(true)
-}
-
-/// Where [`delete`] gets the mount table from: a table read by the caller, or
-/// [`MountsOnDemand`], which asks the driver's [`MountTableCache`] only if a volume is actually
-/// found (deleting an id that is already gone, the common retry, then reads nothing).
-pub trait Mounts {
-    /// The mount table.
-    fn table(&self) -> Result<&MountTable>;
-}
-
-impl Mounts for MountTable {
-    fn table(&self) -> Result<&MountTable> {
-        Ok(self)
-    }
-}
-
-/// The current mount table from a [`MountTableCache`], fetched the first time it is asked for.
-#[derive(Debug)]
-pub struct MountsOnDemand<'a> {
-    cache: &'a MountTableCache,
-    table: std::cell::OnceCell<Arc<MountTable>>,
-}
-
-impl<'a> MountsOnDemand<'a> {
-    /// Mount tables from `cache`, which re-reads `/proc/self/mountinfo` only after a change.
-    pub fn new(cache: &'a MountTableCache) -> Self {
-        MountsOnDemand {
-            cache,
-            table: std::cell::OnceCell::new(),
-        }
-    }
-}
-
-impl Mounts for MountsOnDemand<'_> {
-    fn table(&self) -> Result<&MountTable> {
-        if let Some(t) = self.table.get() {
-            return Ok(t);
-        }
-        let current = self.cache.current().map_err(|e| Error::io("reading mount table", e))?;
-        Ok(self.table.get_or_init(|| current))
-    }
 }
 
 /// Whether `name` in `dir` is on the same mount as `dir` itself.

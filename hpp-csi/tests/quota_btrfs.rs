@@ -15,6 +15,7 @@ use hpp_csi::mountinfo::MountTable;
 use hpp_csi::pool::Pool;
 use hpp_csi::volumes::{self, Created, Requested};
 use hpp_csi::{PoolConfig, snapshots};
+use hpp_fs::MountTableCache;
 use hpp_fs::quota::btrfs::is_subvolume;
 
 const MIB: u64 = 1 << 20;
@@ -97,14 +98,14 @@ fn a_btrfs_pool_builds_limited_subvolumes_snapshots_and_clones_and_removes_them(
     let target = root.join("target");
     std::fs::create_dir(&target).unwrap();
     rustix::mount::mount_bind(&vol, &target).unwrap();
-    let refused = volumes::delete(&pool, "pvc-1", &MountTable::read().unwrap());
+    let refused = volumes::delete(&pool, "pvc-1", &MountTableCache::new());
     rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty()).unwrap();
     assert!(
         matches!(refused, Err(hpp_csi::Error::FailedPrecondition(_))),
         "{refused:?}"
     );
     assert!(vol.exists());
-    let mounts = MountTable::read().unwrap();
+    let mounts = MountTableCache::new();
     for id in ["pvc-1", "pvc-2", "legacy"] {
         assert!(volumes::delete(&pool, id, &mounts).unwrap(), "{id}");
         assert!(!root.join("pool").join(id).exists());
@@ -147,7 +148,7 @@ fn crash_child() {
         let data = snapshots::open_data(&pool, &snap).unwrap();
         volumes::create(&pool, &clone, Some(&data), want).unwrap();
         drop(data);
-        let mounts = MountTable::read().unwrap();
+        let mounts = MountTableCache::new();
         volumes::delete(&pool, &vol, &mounts).unwrap();
         snapshots::delete(&pool, &snap).unwrap();
         volumes::delete(&pool, &clone, &mounts).unwrap();
@@ -212,7 +213,7 @@ fn killing_the_driver_at_any_moment_converges() {
         let usage = pool.quota.usage(dir.as_fd(), id).unwrap().unwrap();
         assert_eq!(usage.limit_bytes, 4 * MIB, "{id}");
     }
-    let mounts = MountTable::read().unwrap();
+    let mounts = MountTableCache::new();
     for id in &volumes {
         volumes::delete(&pool, id, &mounts).unwrap();
     }
@@ -336,7 +337,7 @@ fn resize_crash_child() {
             }
         }
         step(format!("delete {vol}"));
-        volumes::delete(&pool, &vol, &MountTable::read().unwrap()).unwrap();
+        volumes::delete(&pool, &vol, &MountTableCache::new()).unwrap();
     }
 }
 
@@ -409,7 +410,7 @@ fn killing_the_driver_while_expanding_or_modifying_converges() {
                 assert_eq!(compression_of(&pool, vol), compression);
             }
             ["delete", vol] => {
-                volumes::delete(&pool, vol, &MountTable::read().unwrap()).unwrap();
+                volumes::delete(&pool, vol, &MountTableCache::new()).unwrap();
                 assert!(!pool.path.join(vol).exists());
             }
             _ => panic!("unexpected journal line {last:?}"),

@@ -113,7 +113,7 @@ fn expand_image(pool: &hpp_csi::pool::Pool, id: &str, bytes: u64) -> hpp_csi::ex
 /// autocleared by an unmount (the detach runs just after it).
 fn delete_image(pool: &hpp_csi::pool::Pool, id: &str) -> bool {
     for _ in 0..1000 {
-        let mounts = hpp_csi::mountinfo::MountTable::read().unwrap();
+        let mounts = hpp_fs::MountTableCache::new();
         match hpp_csi::volumes::delete(pool, id, &mounts) {
             Err(hpp_csi::Error::FailedPrecondition(m)) if m.contains("attached to /dev/loop") => {
                 std::thread::sleep(std::time::Duration::from_millis(10));
