@@ -7,7 +7,9 @@
 //!   ([`mod@bench_quota`]); with `--validation`, the webhook's CR validation
 //!   ([`mod@bench_validation`]); with `--operator`, the operator's steady resident memory
 //!   ([`mod@bench_operator`]);
-//! - `cargo xtask docs [--check]`: the generated blocks of docs/reference.md ([`mod@docs`]).
+//! - `cargo xtask docs [--check]`: the generated blocks of docs/reference.md ([`mod@docs`]);
+//! - `cargo xtask link-order`: the functions the shipped executables run, which images/build.sh
+//!   has the linker put first ([`mod@link_order`]).
 
 pub mod bench;
 pub mod bench_floors;
@@ -18,4 +20,5 @@ pub mod bench_serve;
 pub mod bench_stats;
 pub mod bench_validation;
 pub mod docs;
+pub mod link_order;
 pub mod loopfs;

@@ -13,6 +13,9 @@ struct Cli {
 enum Task {
     /// Benchmark the hpp CSI driver against bare syscalls (formerly `hpp-bench`).
     Bench(Box<xtask::bench::Args>),
+    /// Profile the shipped executables under callgrind and write the linker's function order
+    /// (images/link-order.txt).
+    LinkOrder(xtask::link_order::Args),
     /// Regenerate the generated blocks of docs/reference.md from the code.
     Docs {
         /// Only report stale blocks and fail, without writing.
@@ -29,6 +32,7 @@ fn main() -> anyhow::Result<()> {
         match cli.task {
             Task::Bench(args) => xtask::bench::run(*args).await,
             Task::Docs { check } => xtask::docs::run(check),
+            Task::LinkOrder(args) => xtask::link_order::run(&args),
         }
     })?
 }
