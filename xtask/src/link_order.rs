@@ -26,7 +26,7 @@ const DUMP_EVERY_BB: u64 = 2_000_000;
 /// Options of `cargo xtask link-order`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The `hpp-csi-driver` to profile [default: target/<host>/image/hpp-csi-driver, as
+    /// The `hpp-csi-driver` to profile [default: `target/<host>/image/hpp-csi-driver`, as
     /// images/build.sh builds it].
     #[arg(long, value_name = "PATH")]
     driver_bin: Option<PathBuf>,
