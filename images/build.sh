@@ -63,15 +63,26 @@ bins=${CARGO_TARGET_DIR:-target}/$host/image
 # Static glibc, then two link options that keep the resident executable small (measured in
 # docs/architecture.md, "Where the memory goes"):
 # - RELR relocations (-z pack-relative-relocs): the start-up of a static PIE reads every relative
-#   relocation, and 440 KB of .rela.dyn entries pack into 6 KB;
+#   relocation, and 440 KB of .rela.dyn entries pack into 6 KB. Only with glibc 2.36 or later:
+#   an older static glibc links them but does not apply them, and the executable crashes.
 # - images/link-order.txt (lld's --symbol-ordering-file, made by `cargo xtask link-order`): the
 #   functions the driver and operator run go first in .text, so the kernel maps those pages and
-#   not the whole 5 MB around them. lld is Rust's default linker on x86_64 Linux; elsewhere the
-#   list is left out. Cargo does not track the file: after changing it, `touch hpp-bin/src/lib.rs`.
+#   not the whole 5 MB around them. Given on x86_64 Linux, where Rust links with lld by default
+#   (a build configured for another linker fails here: pass RUSTFLAGS with its own order option,
+#   or none, and drop the list from this script); left out on other hosts. Cargo does not track
+#   the file: after changing it, `touch hpp-bin/src/lib.rs`.
 link_order=$PWD/images/link-order.txt
-image_rustflags=(-Ctarget-feature=+crt-static -Clink-arg=-Wl,-z,pack-relative-relocs)
+image_rustflags=(-Ctarget-feature=+crt-static)
+glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')
+if [ -n "$glibc" ] && printf '2.36\n%s\n' "$glibc" | sort -V -C; then
+    image_rustflags+=(-Clink-arg=-Wl,-z,pack-relative-relocs)
+else
+    echo "   glibc ${glibc:-unknown} is older than 2.36: linking without RELR relocations"
+fi
 if [ "$host" = x86_64-unknown-linux-gnu ]; then
-    image_rustflags+=("-Clink-arg=-Wl,--symbol-ordering-file=$link_order" -Clink-arg=-Wl,--no-warn-symbol-ordering)
+    # -Xlinker passes the path whole (-Wl, would split it at commas).
+    image_rustflags+=(-Clink-arg=-Xlinker "-Clink-arg=--symbol-ordering-file=$link_order"
+        -Clink-arg=-Wl,--no-warn-symbol-ordering)
 else
     link_order=
 fi
@@ -97,16 +108,22 @@ for bin in hpp-operator hpp-mounter hpp-csi-driver hpp-provisioner; do
     fi
 done
 # The listed functions must sit at the front of .text: their mean rank among the functions by
-# address (0 first, 1 last) was 0.13 with the list followed and 0.43 without it.
+# address (0 first, 1 last) was 0.13 with the list followed and 0.43 without it. A list whose
+# names the build no longer has (a toolchain or dependency update renames Rust symbols) still
+# passes that, so the share of names found is printed, with a warning when it is low (about
+# half of the list is the driver's, four fifths the operator's).
 if $cargo_build && [ -n "$link_order" ] && command -v nm >/dev/null; then
     for bin in hpp-csi-driver hpp-operator; do
-        read -r listed rank < <(nm -n --defined-only "$bins/$bin" | awk '
-            NR == FNR { if ($0 !~ /^#/) want[$0] = 1; next }
+        read -r listed names rank < <(nm -n --defined-only "$bins/$bin" | awk '
+            NR == FNR { if ($0 !~ /^#/) { want[$0] = 1; names++ }; next }
             $2 ~ /^[tT]$/ { n++; if ($3 in want) { k++; sum += n } }
-            END { printf "%d %.3f\n", k, k ? sum / k / n : 1 }' "$link_order" -)
-        echo "   $bin: $listed functions of images/link-order.txt first in .text (mean rank $rank)"
+            END { printf "%d %d %.3f\n", k, names, k ? sum / k / n : 1 }' "$link_order" -)
+        echo "   $bin: $listed of the $names functions in images/link-order.txt, mean rank in .text $rank"
         if awk -v r="$rank" 'BEGIN { exit !(r > 0.25) }'; then
             echo "images/build.sh: the linker did not follow images/link-order.txt in $bin" >&2; exit 1
+        fi
+        if [ $((listed * 10)) -lt $((names * 3)) ]; then
+            echo "   warning: most of images/link-order.txt is not in $bin; remake it (cargo xtask link-order)"
         fi
     done
 fi

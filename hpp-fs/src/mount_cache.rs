@@ -68,7 +68,8 @@ impl MountTableCache {
         Ok(table)
     }
 
-    /// How many times the table was actually read (for tests and metrics).
+    /// How many times the table was actually parsed; the calls beyond it were answered from
+    /// the cache.
     pub fn reads(&self) -> u64 {
         self.state.lock().unwrap_or_else(PoisonError::into_inner).reads
     }

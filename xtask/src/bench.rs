@@ -791,7 +791,8 @@ fn print_driver(rows: &[DriverRow], empty: &EmptyCalls, floors: &Floors) {
 fn print_goal(rows: &[DriverRow], empty: &EmptyCalls, floors: &Floors) {
     println!();
     println!("Goal (issue 14): at c=1, p50 within {GOAL}x of (empty-call p50 + durable floor p50)");
-    println!("  (the floor measured in turns with the RPC, the empty call from the bare tonic server)");
+    println!("  (mkdir+fsync measured in turns with CreateVolume, rename+fsync with DeleteVolume; the empty call");
+    println!("  from the bare tonic server)");
     let paired_floor = |rpc: &str, floor: &str| {
         rows.iter()
             .find(|r| r.rpc == rpc && r.conc == 1)
@@ -801,13 +802,13 @@ fn print_goal(rows: &[DriverRow], empty: &EmptyCalls, floors: &Floors) {
     // The issue words one floor for both, mkdir+fsync; DeleteVolume is also held to the stricter
     // rename+fsync: a rename only moves a name, where a delete also frees what mkdir allocated
     // (an inode and a directory block), and the next sync carries that.
-    for (rpc, floor, floor_of) in [
+    for (rpc, floor, paired_with) in [
         ("CreateVolume", floors::MKDIR_FSYNC, "CreateVolume"),
         ("DeleteVolume", floors::RENAME_FSYNC, "DeleteVolume"),
         ("DeleteVolume", floors::MKDIR_FSYNC, "CreateVolume"),
     ] {
         let row = rows.iter().find(|r| r.rpc == rpc && r.conc == 1);
-        match (row, empty.floor_for(rpc, 1), paired_floor(floor_of, floor)) {
+        match (row, empty.floor_for(rpc, 1), paired_floor(paired_with, floor)) {
             (Some(r), Some(e), Some(f)) => println!("  {}", goal_line(rpc, r.stats.p50, e.p50, floor, f.p50)),
             _ => println!("  {rpc} against {floor}: not measured"),
         }

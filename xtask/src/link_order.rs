@@ -17,8 +17,8 @@ use std::process::Command;
 
 use anyhow::Context as _;
 
-/// Where `images/build.sh` reads the list.
-const DEFAULT_OUT: &str = "images/link-order.txt";
+/// Where `images/build.sh` reads the list, from the workspace root.
+const LIST: &str = "images/link-order.txt";
 /// Callgrind writes a profile every this many basic blocks: the benchmarks kill their children,
 /// and only what ran after the last dump is lost.
 const DUMP_EVERY_BB: u64 = 2_000_000;
@@ -33,9 +33,9 @@ pub struct Args {
     /// The `hpp-operator` to profile [default: next to the driver].
     #[arg(long, value_name = "PATH")]
     operator_bin: Option<PathBuf>,
-    /// Where to write the list.
-    #[arg(long, default_value = DEFAULT_OUT)]
-    out: PathBuf,
+    /// Where to write the list [default: images/link-order.txt in the workspace].
+    #[arg(long, value_name = "PATH")]
+    out: Option<PathBuf>,
     /// Passed to the driver benchmark as `--dir` (its loop images).
     #[arg(long, default_value = "/var/tmp/hpp-bench")]
     dir: PathBuf,
@@ -43,13 +43,8 @@ pub struct Args {
 
 /// Profiles both executables under their benchmarks and writes the list.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        Command::new("valgrind")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success()),
-        "valgrind is needed (apt-get install valgrind)"
-    );
+    let valgrind = which("valgrind").context("valgrind is needed (apt-get install valgrind)")?;
+    let out = args.out.clone().unwrap_or_else(|| workspace_root().join(LIST));
     let driver = match &args.driver_bin {
         Some(path) => path.clone(),
         None => image_dir()?.join("hpp-csi-driver"),
@@ -61,13 +56,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let work = tempfile::tempdir()?;
     let profiles = work.path().join("profiles");
     std::fs::create_dir(&profiles)?;
-    let driver_wrapper = wrapper(work.path(), "driver", &driver, &profiles)?;
-    let operator_wrapper = wrapper(work.path(), "operator", &operator, &profiles)?;
+    let driver_wrapper = callgrind_wrapper(&valgrind, work.path(), "driver", &driver, &profiles)?;
+    let operator_wrapper = callgrind_wrapper(&valgrind, work.path(), "operator", &operator, &profiles)?;
 
     let xtask = std::env::current_exe()?;
     // Few operations: callgrind runs the code about 50 times slower, and a function that runs
     // once is recorded as surely as one that runs a million times.
-    bench(
+    run_bench(
         Command::new(&xtask)
             .arg("bench")
             .arg("--dir")
@@ -85,7 +80,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .arg("--driver-bin")
             .arg(&driver_wrapper),
     )?;
-    bench(
+    run_bench(
         Command::new(&xtask)
             .args(["bench", "--operator", "--operator-seconds", "20", "--operator-bin"])
             .arg(&operator_wrapper),
@@ -99,9 +94,22 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     anyhow::ensure!(!costs.is_empty(), "callgrind recorded no functions");
     let names = hottest_first(costs);
-    std::fs::write(&args.out, render(&names)).with_context(|| format!("writing {}", args.out.display()))?;
-    println!("{}: {} functions", args.out.display(), names.len());
+    std::fs::write(&out, render(&names)).with_context(|| format!("writing {}", out.display()))?;
+    println!("{}: {} functions", out.display(), names.len());
     Ok(())
+}
+
+/// The workspace's root directory, whatever directory the task runs from.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The absolute path of `program` on `PATH`: the operator benchmark starts its child with an
+/// empty environment, so the wrapper cannot look it up itself.
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|path| path.is_file())
 }
 
 /// `target/<host>/image`, where images/build.sh puts the executables.
@@ -112,21 +120,23 @@ fn image_dir() -> anyhow::Result<PathBuf> {
         .lines()
         .find_map(|l| l.strip_prefix("host: "))
         .context("rustc -vV printed no host")?;
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace_root().join("target"), PathBuf::from);
     Ok(target.join(host).join("image"))
 }
 
 /// A script that runs `bin` under callgrind with the arguments it is given, for the
-/// benchmarks' `--driver-bin` / `--operator-bin`.
-fn wrapper(dir: &Path, name: &str, bin: &Path, profiles: &Path) -> anyhow::Result<PathBuf> {
+/// benchmarks' `--driver-bin` / `--operator-bin`. `--show-below-main` names the C start-up
+/// functions instead of callgrind's `(below main)`.
+fn callgrind_wrapper(valgrind: &Path, dir: &Path, name: &str, bin: &Path, profiles: &Path) -> anyhow::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt as _;
     let bin =
         std::fs::canonicalize(bin).with_context(|| format!("{} (build it with images/build.sh)", bin.display()))?;
     let script = format!(
-        "#!/bin/sh\nexec valgrind --tool=callgrind --demangle=no --dump-every-bb={DUMP_EVERY_BB} \
-         --callgrind-out-file='{}/{name}.%p' '{}' \"$@\"\n",
-        profiles.display(),
-        bin.display()
+        "#!/bin/sh\nexec {} --tool=callgrind --demangle=no --show-below-main=yes \
+         --dump-every-bb={DUMP_EVERY_BB} --callgrind-out-file={} {} \"$@\"\n",
+        sh_quote(valgrind),
+        sh_quote(&profiles.join(format!("{name}.%p"))),
+        sh_quote(&bin)
     );
     let path = dir.join(format!("{name}.sh"));
     std::fs::write(&path, script)?;
@@ -134,15 +144,21 @@ fn wrapper(dir: &Path, name: &str, bin: &Path, profiles: &Path) -> anyhow::Resul
     Ok(path)
 }
 
-fn bench(cmd: &mut Command) -> anyhow::Result<()> {
+/// `path` as one single-quoted shell word.
+fn sh_quote(path: &Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', "'\\''"))
+}
+
+fn run_bench(cmd: &mut Command) -> anyhow::Result<()> {
     let status = cmd.status().context("running the benchmark")?;
     anyhow::ensure!(status.success(), "{cmd:?} failed with {status}");
     Ok(())
 }
 
 /// Self cost (the first event, instructions) of every function in one callgrind profile, by its
-/// symbol name. Recursion levels (`name'2`) count as the function; unnamed code (`0x…`) is left
-/// out, the linker could not place it.
+/// symbol name. Recursion levels (`name'2`) count as the function; what is not a symbol name
+/// (unnamed code `0x…`, callgrind's own `(below main)`) is left out, the linker could not place
+/// it.
 pub fn parse_callgrind(text: &str) -> HashMap<String, u64> {
     let mut names: HashMap<&str, &str> = HashMap::new();
     let mut costs: HashMap<String, u64> = HashMap::new();
@@ -176,8 +192,14 @@ pub fn parse_callgrind(text: &str) -> HashMap<String, u64> {
             *costs.entry(name.clone()).or_insert(0) += cost;
         }
     }
-    costs.retain(|name, _| !name.is_empty() && !name.starts_with("0x"));
+    costs.retain(|name, _| is_symbol(name));
     costs
+}
+
+/// Whether callgrind's `name` is a symbol the linker knows: not empty, not an address, no
+/// spaces or parentheses (mangled names have neither).
+fn is_symbol(name: &str) -> bool {
+    !name.is_empty() && !name.starts_with("0x") && !name.contains([' ', '(', ')'])
 }
 
 /// A name spec of callgrind's compressed format: `(id) name` defines id, `(id)` refers to it,
@@ -266,6 +288,9 @@ fn=(3)
 
 fn=(4) 0x00000000007e1190
 0 99
+
+fn=(5) (below main)
+0 7
 ";
 
     #[test]
@@ -299,6 +324,11 @@ fn=(4) 0x00000000007e1190
         let file = render(&names);
         assert!(file.lines().take_while(|l| l.starts_with('#')).count() >= 1);
         assert_eq!(file.lines().filter(|l| !l.starts_with('#')).count(), 4);
+    }
+
+    #[test]
+    fn a_path_with_a_quote_stays_one_shell_word() {
+        assert_eq!(sh_quote(Path::new("/tmp/it's")), r"'/tmp/it'\''s'");
     }
 
     #[test]
