@@ -97,6 +97,20 @@ pub struct Args {
     serve_bare_layered: Option<PathBuf>,
 }
 
+impl Args {
+    /// The runtime this process needs: a served driver runs on the shipped driver's workers
+    /// ([`hpp_bin::DRIVER_WORKERS`]), and so do the bare empty-call servers, so that the
+    /// difference between them is the driver's code and not a worker count; the benchmark's
+    /// client runs on tokio's default.
+    pub fn workers(&self) -> hpp_bin::Workers {
+        if self.serve_driver.is_some() || self.serve_bare.is_some() || self.serve_bare_layered.is_some() {
+            hpp_bin::DRIVER_WORKERS
+        } else {
+            hpp_bin::Workers::PerCore
+        }
+    }
+}
+
 fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }

@@ -24,11 +24,16 @@ enum Task {
     },
 }
 
-/// Runs like the shipped executables (`hpp_bin::run`: same runtime, same allocator settings), so
-/// the driver the benchmark serves from this binary is measured as it ships.
+/// Runs like the shipped executables (`hpp_bin::run_with`: same runtime, same allocator
+/// settings, the driver's worker count when serving it), so the driver the benchmark serves is
+/// measured as it ships.
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    hpp_bin::run(async move {
+    let workers = match &cli.task {
+        Task::Bench(args) => args.workers(),
+        _ => hpp_bin::Workers::PerCore,
+    };
+    hpp_bin::run_with(workers, async move {
         match cli.task {
             Task::Bench(args) => xtask::bench::run(*args).await,
             Task::Docs { check } => xtask::docs::run(check),
