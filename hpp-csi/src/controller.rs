@@ -155,36 +155,54 @@ fn capability(t: Cap) -> csi::ControllerServiceCapability {
     }
 }
 
-impl ControllerService {
-    fn resolve_source(&self, src: &csi::VolumeContentSource, pool: &Pool) -> Result<Source> {
+/// A content source as the request names it: its id checked, not yet looked up (that is file
+/// system work, done on a blocking thread).
+enum SourceRef {
+    Snapshot(String),
+    Volume(String),
+}
+
+impl SourceRef {
+    fn parse(src: &csi::VolumeContentSource) -> Result<SourceRef> {
         match &src.r#type {
             Some(volume_content_source::Type::Snapshot(s)) => {
-                let id = check_id("snapshot id", &s.snapshot_id)?;
-                let (spool, _) = locate_snapshot(&self.state, id, Some(pool))?.ok_or_else(|| {
-                    Error::NotFound(format!("snapshot {id} does not exist on node {}", self.state.node_id))
-                })?;
-                Ok(Source::Snapshot {
-                    id: id.to_owned(),
-                    pool: spool,
-                })
+                Ok(SourceRef::Snapshot(check_id("snapshot id", &s.snapshot_id)?.to_owned()))
             }
-            Some(volume_content_source::Type::Volume(v)) => {
-                let id = check_id("source volume id", &v.volume_id)?;
-                let vpool = locate_volume(&self.state, id, Some(pool))?.ok_or_else(|| {
-                    Error::NotFound(format!(
-                        "source volume {id} does not exist on node {}",
-                        self.state.node_id
-                    ))
-                })?;
-                Ok(Source::Volume {
-                    id: id.to_owned(),
-                    pool: vpool,
-                })
-            }
+            Some(volume_content_source::Type::Volume(v)) => Ok(SourceRef::Volume(
+                check_id("source volume id", &v.volume_id)?.to_owned(),
+            )),
             None => Err(Error::InvalidArgument("volume_content_source has no type".into())),
         }
     }
 
+    /// The in-flight key the source is shared under while a volume is made from it.
+    fn shared_key(&self) -> String {
+        match self {
+            SourceRef::Snapshot(id) => snapshot_key(id),
+            SourceRef::Volume(id) => volume_key(id),
+        }
+    }
+
+    /// Finds the source on this node, in `pool` first. Blocking: call it off the async workers.
+    fn locate(self, state: &DriverState, pool: &Pool) -> Result<Source> {
+        match self {
+            SourceRef::Snapshot(id) => {
+                let (pool, _) = locate_snapshot(state, &id, Some(pool))?.ok_or_else(|| {
+                    Error::NotFound(format!("snapshot {id} does not exist on node {}", state.node_id))
+                })?;
+                Ok(Source::Snapshot { id, pool })
+            }
+            SourceRef::Volume(id) => {
+                let pool = locate_volume(state, &id, Some(pool))?.ok_or_else(|| {
+                    Error::NotFound(format!("source volume {id} does not exist on node {}", state.node_id))
+                })?;
+                Ok(Source::Volume { id, pool })
+            }
+        }
+    }
+}
+
+impl ControllerService {
     async fn create_volume_inner(&self, req: csi::CreateVolumeRequest) -> Result<csi::CreateVolumeResponse> {
         let name = check_id("name", &req.name)?.to_owned();
         record("volume_id", &name);
@@ -205,18 +223,14 @@ impl ControllerService {
             false => None,
         };
         let tuning = modify::parse(&pool, &req.mutable_parameters)?;
-        let source = match &req.volume_content_source {
-            Some(src) => Some(self.resolve_source(src, &pool)?),
-            None => None,
-        };
-        let shared_key = match &source {
-            Some(Source::Snapshot { id, .. }) => vec![snapshot_key(id)],
-            Some(Source::Volume { id, .. }) => vec![volume_key(id)],
-            None => vec![],
-        };
+        let source = req.volume_content_source.as_ref().map(SourceRef::parse).transpose()?;
+        let shared_key: Vec<String> = source.iter().map(SourceRef::shared_key).collect();
         let guard = self.state.inflight.acquire(&[volume_key(&name)], &shared_key)?;
         let (p, n, state) = (pool.clone(), name.clone(), self.state.clone());
         let (health, created, recorded) = blocking_locked(guard, move || {
+            // Looked up here, not on the async worker: a pool on a hung filesystem must stall
+            // only this request.
+            let source = source.map(|s| s.locate(&state, &p)).transpose()?;
             let health = require_usable(&p)?;
             let size = enforced.unwrap_or(required);
             if size > health.total_bytes {

@@ -626,9 +626,11 @@ impl NodeService {
     async fn stats_inner(&self, req: csi::NodeGetVolumeStatsRequest) -> Result<csi::NodeGetVolumeStatsResponse> {
         let id = check_id("volume_id", &req.volume_id)?.to_owned();
         record("volume_id", &id);
-        let path = published_path(&req.volume_path)?;
         let state = self.state.clone();
         blocking(move || {
+            // Resolving the path stats its parents: kubelet polls this for every volume, so it
+            // stays off the async worker with the rest.
+            let path = published_path(&req.volume_path)?;
             let pool = state.pools.iter().find(|p| holds_volume(p, &id)).cloned();
             let found = pool.ok_or_else(|| missing_volume_reason(&state, &id));
             volume_stats(found, &id, &path, &state.mounts)
