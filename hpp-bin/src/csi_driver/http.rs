@@ -1,6 +1,7 @@
 //! The metrics and health listener: `GET /metrics` (OpenMetrics), `GET /livez` (200 while the
 //! driver answers its CSI Probe, ready or not) and `GET /healthz` (200 `ok` when every pool is
-//! usable, 503 `not ok` otherwise; the reasons, which name pool paths, go to the log only). HTTPS as in KubeVirt: the
+//! usable, 503 `not ok` otherwise or when the pools do not answer within 5 s; the reasons, which
+//! name pool paths, go to the log only). HTTPS as in KubeVirt: the
 //! `--metrics-cert-file`/`--metrics-key-file` certificate (re-read when it changes), else a
 //! self-signed one; minimum version from `--metrics-tls-version`. Plain HTTP only in the
 //! zero-config `--datadir-root` mode without certificate files, or with `--metrics-insecure-http`.
@@ -17,6 +18,7 @@ use hpp_csi::csi::{self, identity_client::IdentityClient};
 use hpp_csi::{Driver, Endpoint};
 use hpp_webhook::tls;
 use prometheus_client::registry::Registry;
+use tokio::sync::Semaphore;
 
 use super::ServeArgs;
 use crate::metrics_tls::{self, MetricsTls, SelfSignedNames};
@@ -27,6 +29,10 @@ pub type CsiEndpoint = Arc<OnceLock<Endpoint>>;
 /// How long `/livez` waits for the driver's own Probe answer.
 const LIVENESS_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// How long `/healthz` waits for its pool report. A pool on a filesystem that stopped answering
+/// (a dead NFS server) never finishes one; that is a "not ok".
+const HEALTHZ_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Health and metrics routes.
 ///
 /// `/livez` is the liveness check: it calls the driver's CSI Probe over its own endpoint and
@@ -35,6 +41,7 @@ const LIVENESS_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// not restart", so it passes too. Only an error or no answer (a wedged server, a removed socket)
 /// fails `/livez`. `/healthz` is the pools view: 503 while any pool is unusable.
 pub fn router(registry: Arc<Registry>, driver: Driver, csi_endpoint: CsiEndpoint) -> Router {
+    let reports = Arc::new(Semaphore::new(1));
     crate::admin::metrics_router(registry)
         .route(
             "/livez",
@@ -46,18 +53,41 @@ pub fn router(registry: Arc<Registry>, driver: Driver, csi_endpoint: CsiEndpoint
         .route(
             "/healthz",
             get(move || {
-                let driver = driver.clone();
+                let (driver, reports) = (driver.clone(), reports.clone());
                 async move {
-                    match tokio::task::spawn_blocking(move || driver.pools_report()).await {
-                        Ok(report) if report.all_usable() => (StatusCode::OK, "ok"),
+                    let report = move || driver.pools_report().all_usable();
+                    match pools_usable(reports, HEALTHZ_TIMEOUT, report).await {
+                        Some(true) => (StatusCode::OK, "ok"),
                         // Unauthenticated: ok / not ok only. Which pool and why (paths) is in the
                         // driver's log and the pool metrics, not here.
-                        Ok(_) => (StatusCode::SERVICE_UNAVAILABLE, "not ok"),
-                        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "not ok"),
+                        _ => (StatusCode::SERVICE_UNAVAILABLE, "not ok"),
                     }
                 }
             }),
         )
+}
+
+/// Runs `report` (blocking: statvfs and the mount table) for `/healthz`, one at a time, each
+/// awaited at most `timeout`; `None` when it did not finish in time. A report stuck on a hung
+/// filesystem keeps its permit and its one blocking thread, so later requests wait for the
+/// permit and time out instead of each leaving another thread stuck: the endpoint is
+/// unauthenticated and polled, and stuck threads would drain the blocking pool the CSI calls
+/// run on.
+pub async fn pools_usable(
+    reports: Arc<Semaphore>,
+    timeout: Duration,
+    report: impl FnOnce() -> bool + Send + 'static,
+) -> Option<bool> {
+    let run = async move {
+        let permit = reports.acquire_owned().await.ok()?;
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            report()
+        })
+        .await
+        .ok()
+    };
+    tokio::time::timeout(timeout, run).await.ok().flatten()
 }
 
 async fn liveness(endpoint: Option<Endpoint>) -> (StatusCode, String) {

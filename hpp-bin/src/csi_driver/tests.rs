@@ -410,3 +410,45 @@ async fn kubevirt_flags_serve_self_signed_https_metrics() {
     );
     running.run_until(async {}).await.unwrap();
 }
+
+#[tokio::test]
+async fn healthz_runs_one_report_at_a_time_and_a_hung_one_answers_not_ok() {
+    use std::time::Duration;
+
+    use super::http::pools_usable;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let reports = Arc::new(tokio::sync::Semaphore::new(1));
+    let started = Arc::new(AtomicUsize::new(0));
+    let (release, hung) = std::sync::mpsc::channel::<()>();
+    // A report that hangs (a pool on a dead NFS server) until released.
+    let s = started.clone();
+    let first = pools_usable(reports.clone(), Duration::from_millis(50), move || {
+        s.fetch_add(1, Ordering::SeqCst);
+        hung.recv().is_ok()
+    });
+    assert_eq!(first.await, None, "not finished in time: not ok");
+    // While it hangs, later requests answer "not ok" without a report (a thread) of their own.
+    for _ in 0..3 {
+        let s = started.clone();
+        let later = pools_usable(reports.clone(), Duration::from_millis(20), move || {
+            s.fetch_add(1, Ordering::SeqCst);
+            true
+        });
+        assert_eq!(later.await, None);
+    }
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        1,
+        "one stuck thread, not one per request"
+    );
+    // Once the filesystem answers, reports run again.
+    release.send(()).unwrap();
+    assert_eq!(
+        pools_usable(reports.clone(), Duration::from_secs(30), || true).await,
+        Some(true)
+    );
+    assert_eq!(
+        pools_usable(reports, Duration::from_secs(30), || false).await,
+        Some(false)
+    );
+}
