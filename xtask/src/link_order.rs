@@ -44,7 +44,7 @@ pub struct Args {
 /// Profiles both executables under their benchmarks and writes the list.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let valgrind = which("valgrind").context("valgrind is needed (apt-get install valgrind)")?;
-    let out = args.out.clone().unwrap_or_else(|| workspace_root().join(LIST));
+    let out = args.out.clone().unwrap_or_else(|| crate::docs::repo_root().join(LIST));
     let driver = match &args.driver_bin {
         Some(path) => path.clone(),
         None => image_dir()?.join("hpp-csi-driver"),
@@ -99,11 +99,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The workspace's root directory, whatever directory the task runs from.
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 /// The absolute path of `program` on `PATH`: the operator benchmark starts its child with an
 /// empty environment, so the wrapper cannot look it up itself.
 fn which(program: &str) -> Option<PathBuf> {
@@ -120,7 +115,8 @@ fn image_dir() -> anyhow::Result<PathBuf> {
         .lines()
         .find_map(|l| l.strip_prefix("host: "))
         .context("rustc -vV printed no host")?;
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace_root().join("target"), PathBuf::from);
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| crate::docs::repo_root().join("target"), PathBuf::from);
     Ok(target.join(host).join("image"))
 }
 

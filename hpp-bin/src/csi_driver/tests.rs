@@ -413,10 +413,11 @@ async fn kubevirt_flags_serve_self_signed_https_metrics() {
 
 #[tokio::test]
 async fn healthz_runs_one_report_at_a_time_and_a_hung_one_answers_not_ok() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
     use super::http::pools_usable;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+
     let reports = Arc::new(tokio::sync::Semaphore::new(1));
     let started = Arc::new(AtomicUsize::new(0));
     let (release, hung) = std::sync::mpsc::channel::<()>();
