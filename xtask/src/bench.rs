@@ -95,6 +95,9 @@ pub struct Args {
     /// Internal: the same behind the driver's RPC layer (the child process).
     #[arg(long, hide = true, value_name = "DIR")]
     serve_bare_layered: Option<PathBuf>,
+    /// Internal: serve the durable floor on plain tonic on DIR (the child process).
+    #[arg(long, hide = true, value_name = "DIR")]
+    serve_durable_floor: Option<PathBuf>,
 }
 
 impl Args {
@@ -103,7 +106,13 @@ impl Args {
     /// difference between them is the driver's code and not a worker count; the benchmark's
     /// client runs on tokio's default.
     pub fn workers(&self) -> hpp_bin::Workers {
-        if self.serve_driver.is_some() || self.serve_bare.is_some() || self.serve_bare_layered.is_some() {
+        let serving = [
+            &self.serve_driver,
+            &self.serve_bare,
+            &self.serve_bare_layered,
+            &self.serve_durable_floor,
+        ];
+        if serving.iter().any(|dir| dir.is_some()) {
             hpp_bin::DRIVER_WORKERS
         } else {
             hpp_bin::Workers::PerCore
@@ -167,6 +176,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         (&args.serve_driver, Kind::Driver),
         (&args.serve_bare, Kind::Bare),
         (&args.serve_bare_layered, Kind::BareLayered),
+        (&args.serve_durable_floor, Kind::DurableFloor),
     ] {
         if let Some(dir) = dir {
             return crate::bench_serve::serve(kind, dir).await;
@@ -264,11 +274,18 @@ async fn suite(dir: &Path, label: &str, args: &Args) -> anyhow::Result<()> {
     let empty = empty_calls(dir, args.ops).await?;
     print_empty(&empty);
 
+    let durable_floor = Server::spawn(Kind::DurableFloor, &dir.join("durable-floor")).await?;
     let mut rows = Vec::new();
     for conc in CONCURRENCY {
-        rows.extend(driver_round(&driver.channel, dir, conc, args.ops, args.mount_ops, root).await?);
+        let servers = Servers {
+            driver: &driver,
+            durable_floor: &durable_floor,
+        };
+        rows.extend(driver_round(servers, dir, conc, args.ops, args.mount_ops, root).await?);
     }
+    drop(durable_floor);
     print_driver(&rows, &empty, &floors);
+    print_durable_floor(&rows);
     print_goal(&rows, &empty, &floors);
 
     let exe = match &args.driver_bin {
@@ -396,40 +413,69 @@ where
     .await
 }
 
-/// Runs the RPC (`call(client, i)`, i in 0..n) and its floor (`floor(range)`) in [`TURNS`]
-/// alternating turns, floor first in even turns; returns the RPC's and the floor's statistics.
+/// The order of the three measurements of a turn of [`in_turns`]: every order in turn, so
+/// none is always first after a pause or always right after another.
+const TURN_ORDERS: [[usize; 3]; 6] = [[0, 1, 2], [2, 1, 0], [1, 0, 2], [2, 0, 1], [0, 2, 1], [1, 2, 0]];
+
+/// What [`in_turns`] measured: the driver's RPC, the same RPC on the durable-floor server, and
+/// the floor's system calls.
+struct Turns {
+    rpc: Stats,
+    served_floor: Stats,
+    floor: Stats,
+    /// CPU time per call of the driver's process and of the durable-floor server's (all their
+    /// threads), over the turns of their RPC.
+    cpu_per_call: [Duration; 2],
+}
+
+/// Runs the RPC on the driver (`call(client, i)`, i in 0..n), the same RPC on the durable-floor
+/// server (`call(floor_client, i)`) and the floor's system calls (`floor(range)`) in [`TURNS`]
+/// turns, in the orders of [`TURN_ORDERS`].
 async fn in_turns<C, F, Fut>(
     rpc: &'static str,
     n: usize,
     conc: usize,
-    client: C,
+    [client, floor_client]: [C; 2],
+    pids: [u32; 2],
     call: F,
     floor: impl Fn(std::ops::Range<usize>) -> anyhow::Result<Sample>,
-) -> anyhow::Result<(Stats, Stats)>
+) -> anyhow::Result<Turns>
 where
     C: Clone + Send + Sync + 'static,
     F: Fn(C, usize) -> Fut + Clone + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<(), tonic::Status>> + Send + 'static,
 {
     let per_turn = n.div_ceil(TURNS).max(1);
-    let (mut rpc_sample, mut floor_sample) = (Sample::default(), Sample::default());
+    let mut samples = [Sample::default(), Sample::default(), Sample::default()];
+    let mut cpu = [Duration::ZERO; 2];
     let (mut start, mut turn) = (0, 0);
     while start < n {
         let range = start..(start + per_turn).min(n);
         let len = range.len();
-        let call = call.clone();
-        let rpc_turn = each_sample(rpc, len, conc, client.clone(), move |c, i| call(c, start + i));
-        if turn % 2 == 0 {
-            floor_sample.extend(floor(range)?);
-            rpc_sample.extend(rpc_turn.await?);
-        } else {
-            rpc_sample.extend(rpc_turn.await?);
-            floor_sample.extend(floor(range)?);
+        for arm in TURN_ORDERS[turn % TURN_ORDERS.len()] {
+            let sample = match arm {
+                0 | 1 => {
+                    let c = if arm == 0 { client.clone() } else { floor_client.clone() };
+                    let call = call.clone();
+                    let before = bench_proc::cpu_time(pids[arm])?;
+                    let sample = each_sample(rpc, len, conc, c, move |c, i| call(c, start + i)).await?;
+                    cpu[arm] += bench_proc::cpu_time(pids[arm])?.saturating_sub(before);
+                    sample
+                }
+                _ => floor(range.clone())?,
+            };
+            samples[arm].extend(sample);
         }
         start += len;
         turn += 1;
     }
-    Ok((rpc_sample.stats(), floor_sample.stats()))
+    let [rpc, served_floor, floor] = samples.map(Sample::stats);
+    Ok(Turns {
+        rpc,
+        served_floor,
+        floor,
+        cpu_per_call: cpu.map(|c| c / u32::try_from(n.max(1)).unwrap_or(u32::MAX)),
+    })
 }
 
 /// One driver measurement and the floor it is compared with.
@@ -441,6 +487,17 @@ struct DriverRow {
     floor: Option<&'static str>,
     /// The floor measured in turns with this RPC ([`floors::Paired`]), when it was.
     paired: Option<Stats>,
+    /// The same RPC on the durable-floor server, measured in those turns.
+    served_floor: Option<Stats>,
+    /// CPU time per call of the driver and of the durable-floor server, in those turns.
+    cpu_per_call: Option<[Duration; 2]>,
+}
+
+/// The servers a round measures: the driver, and the durable floor served by bare tonic.
+#[derive(Clone, Copy)]
+struct Servers<'a> {
+    driver: &'a Server,
+    durable_floor: &'a Server,
 }
 
 fn volume_source(src: csi::volume_content_source::Type) -> Option<csi::VolumeContentSource> {
@@ -449,7 +506,7 @@ fn volume_source(src: csi::volume_content_source::Type) -> Option<csi::VolumeCon
 
 /// Every driver RPC at concurrency `conc`.
 async fn driver_round(
-    ch: &Channel,
+    servers: Servers<'_>,
     dir: &Path,
     conc: usize,
     n: usize,
@@ -457,19 +514,24 @@ async fn driver_round(
     root: bool,
 ) -> anyhow::Result<Vec<DriverRow>> {
     use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
+    let ch = &servers.driver.channel;
+    let floor_ctl = ControllerClient::new(servers.durable_floor.channel.clone());
+    let pids = [servers.driver.pid(), servers.durable_floor.pid()];
     let (id, ctl, node) = (
         IdentityClient::new(ch.clone()),
         ControllerClient::new(ch.clone()),
         NodeClient::new(ch.clone()),
     );
     let mut rows = Vec::new();
-    let mut push = |rpc, stats, floor, paired| {
+    let mut push = |rpc, stats, floor, paired: Option<Turns>| {
         rows.push(DriverRow {
             rpc,
             conc,
             stats,
             floor,
-            paired,
+            paired: paired.as_ref().map(|t| t.floor),
+            served_floor: paired.as_ref().map(|t| t.served_floor),
+            cpu_per_call: paired.map(|t| t.cpu_per_call),
         })
     };
 
@@ -497,11 +559,12 @@ async fn driver_round(
         .await
         .map(drop)
     };
-    let (st, floor) = in_turns("CreateVolume", n, conc, ctl.clone(), create, |r| {
+    let clients = [ctl.clone(), floor_ctl.clone()];
+    let turns = in_turns("CreateVolume", n, conc, clients, pids, create, |r| {
         paired.mkdir_fsync(r, conc)
     })
     .await?;
-    push("CreateVolume", st, Some(floors::MKDIR_FSYNC), Some(floor));
+    push("CreateVolume", turns.rpc, Some(floors::MKDIR_FSYNC), Some(turns));
     let st = each(
         "ControllerExpandVolume",
         n,
@@ -583,12 +646,13 @@ async fn driver_round(
             .map(drop)
         }
     };
-    let (st, floor) = in_turns("DeleteVolume", n, conc, ctl.clone(), delete(volume_name), |r| {
+    let clients = [ctl.clone(), floor_ctl];
+    let turns = in_turns("DeleteVolume", n, conc, clients, pids, delete(volume_name), |r| {
         paired.rename_fsync(r, conc)
     })
     .await?;
     paired.clear(n)?;
-    push("DeleteVolume", st, Some(floors::RENAME_FSYNC), Some(floor));
+    push("DeleteVolume", turns.rpc, Some(floors::RENAME_FSYNC), Some(turns));
     // The restored and cloned volumes go too; those deletions are not reported.
     each("DeleteVolume", n, conc, ctl.clone(), delete(restored_name)).await?;
     each("DeleteVolume", n, conc, ctl.clone(), delete(cloned_name)).await?;
@@ -798,6 +862,45 @@ fn print_driver(rows: &[DriverRow], empty: &EmptyCalls, floors: &Floors) {
                 _ => dash(),
             },
         ]);
+    }
+    println!("{}", t.render());
+}
+
+/// The durable RPCs against the same RPCs on the durable-floor server (bare tonic, the floor's
+/// system calls on a blocking thread, an `fsync` per call), measured in turns.
+fn print_durable_floor(rows: &[DriverRow]) {
+    println!();
+    println!("Durable RPCs against the durable floor served by bare tonic (measured in turns)");
+    println!("  floor server: CreateVolume = mkdir+fsync(parent), DeleteVolume = rename+fsync(parent), on a");
+    println!("  blocking thread, one fsync per call; x = driver / floor server (p50: >1 slower; ops/s: >1 faster);");
+    println!("  CPU/call = the server process's user+system time over its turns / calls");
+    let mut t = Table::new(&[
+        "RPC",
+        "conc",
+        "driver p50",
+        "floor server p50",
+        "x p50",
+        "driver ops/s",
+        "floor server ops/s",
+        "x ops/s",
+        "driver CPU/call",
+        "floor server CPU/call",
+    ]);
+    for r in rows {
+        if let (Some(f), Some([cpu, floor_cpu])) = (r.served_floor, r.cpu_per_call) {
+            t.row(vec![
+                r.rpc.to_owned(),
+                r.conc.to_string(),
+                fmt_d(r.stats.p50),
+                fmt_d(f.p50),
+                ratio_d(r.stats.p50, f.p50),
+                format!("{:.0}", r.stats.ops_per_sec),
+                format!("{:.0}", f.ops_per_sec),
+                ratio(r.stats.ops_per_sec, f.ops_per_sec),
+                fmt_d(cpu),
+                fmt_d(floor_cpu),
+            ]);
+        }
     }
     println!("{}", t.render());
 }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::Context as _;
 
@@ -45,6 +46,28 @@ impl ProcStatus {
             threads: field("Threads")?,
         })
     }
+}
+
+/// CPU time (user + system) process `pid` has used so far, its exited threads included.
+pub fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let ticks = cpu_ticks(&text).with_context(|| format!("parsing {path}"))?;
+    let per_second = rustix::param::clock_ticks_per_second().max(1);
+    Ok(Duration::from_secs_f64(ticks as f64 / per_second as f64))
+}
+
+/// `utime + stime` (fields 14 and 15, in clock ticks) of a `/proc/PID/stat` line. The command
+/// name in field 2 may hold spaces and parentheses, so fields are counted after its last `)`.
+fn cpu_ticks(stat: &str) -> anyhow::Result<u64> {
+    let (_, rest) = stat.rsplit_once(')').context("no command name")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |n: usize| -> anyhow::Result<u64> {
+        // `rest` starts at field 3 (the state).
+        let text = fields.get(n - 3).with_context(|| format!("no field {n}"))?;
+        text.parse().with_context(|| format!("field {n} is not a number"))
+    };
+    Ok(field(14)? + field(15)?)
 }
 
 /// Peak resident memory of this process (`VmHWM`) in KiB, 0 when unreadable.
@@ -187,6 +210,15 @@ pub fn mib(kib: u64) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn cpu_ticks_add_user_and_system_time_past_a_command_name_with_spaces_and_parentheses() {
+        let stat = "4242 (tokio (rt) x) S 1 4242 4242 0 -1 4194560 1207 0 0 0 250 37 0 0 20 0 3 0 9 1 2";
+        assert_eq!(cpu_ticks(stat).unwrap(), 287);
+        assert!(cpu_ticks("4242 (short) S 1 2").is_err());
+        assert!(cpu_ticks("no name here").is_err());
+        assert!(cpu_time(std::process::id()).is_ok());
+    }
 
     #[test]
     fn status_gives_rss_its_anonymous_and_file_parts_and_threads() {

@@ -8,12 +8,20 @@
 //!   tonic on `DIR/csi.sock`;
 //! - `--serve-bare-layered DIR`: the same service wrapped in the driver's
 //!   [`hpp_csi::rpc_layer::RpcLayer`] with a registered [`DriverMetrics`], so the difference to
-//!   the bare server is what the span, the log decision and the metrics cost per call.
+//!   the bare server is what the span, the log decision and the metrics cost per call;
+//! - `--serve-durable-floor DIR`: the durable floor behind plain tonic, the least any durable
+//!   server can do per call: the same Identity service, and a Controller whose CreateVolume is
+//!   only `mkdir + fsync(parent)` and DeleteVolume only `rename + fsync(parent)` in `DIR/pool`,
+//!   each on a blocking thread (`spawn_blocking`, as tokio servers run file-system calls), one
+//!   `fsync` per call. The driver's CreateVolume and DeleteVolume against it are what the
+//!   driver's own work costs over the same two thread hops and wake-ups; at c=16 they show
+//!   what group commit saves over an `fsync` per call.
 //!
 //! Every child installs the shipped tracing subscriber ([`hpp_bin::telemetry::init`], text
 //! lines on stderr at the default `info`), with `RUST_LOG` and the OTLP variables removed so
 //! the level is the default one; its stderr goes to /dev/null.
 
+use std::os::fd::{AsFd as _, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -21,7 +29,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use clap::Parser as _;
-use hpp_csi::csi::{self, identity_server::Identity, identity_server::IdentityServer};
+use hpp_csi::csi::{self, controller_server::Controller, controller_server::ControllerServer};
+use hpp_csi::csi::{identity_server::Identity, identity_server::IdentityServer};
 use hpp_csi::{DriverMetrics, Endpoint, PoolConfig};
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -36,6 +45,8 @@ pub enum Kind {
     Bare,
     /// The same behind the driver's RPC layer.
     BareLayered,
+    /// Plain tonic, the constant Identity service and the durable floor as a Controller.
+    DurableFloor,
 }
 
 impl Kind {
@@ -44,6 +55,7 @@ impl Kind {
             Kind::Driver => "--serve-driver",
             Kind::Bare => "--serve-bare",
             Kind::BareLayered => "--serve-bare-layered",
+            Kind::DurableFloor => "--serve-durable-floor",
         }
     }
 }
@@ -136,6 +148,7 @@ pub async fn serve(kind: Kind, dir: &Path) -> anyhow::Result<()> {
             let metrics = Arc::new(DriverMetrics::register(&mut registry));
             serve_bare(dir, Some(hpp_csi::rpc_layer::RpcLayer::new(Some(metrics)))).await
         }
+        Kind::DurableFloor => serve_durable_floor(dir).await,
     }
 }
 
@@ -224,4 +237,96 @@ async fn serve_bare(dir: &Path, layer: Option<hpp_csi::rpc_layer::RpcLayer>) -> 
     }
     let _ = std::fs::remove_file(&sock);
     Ok(())
+}
+
+/// The pool directory of the durable-floor server on `dir`.
+pub fn durable_floor_pool(dir: &Path) -> PathBuf {
+    dir.join("pool")
+}
+
+async fn serve_durable_floor(dir: &Path) -> anyhow::Result<()> {
+    let pool = durable_floor_pool(dir);
+    std::fs::create_dir_all(&pool).with_context(|| format!("creating {}", pool.display()))?;
+    let pool_fd = rustix::fs::open(
+        &pool,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .with_context(|| format!("opening {}", pool.display()))?;
+    let sock = socket(dir);
+    let _ = std::fs::remove_file(&sock);
+    let incoming =
+        UnixListenerStream::new(UnixListener::bind(&sock).with_context(|| format!("binding {}", sock.display()))?);
+    tonic::transport::Server::builder()
+        .add_service(IdentityServer::new(ConstantIdentity))
+        .add_service(ControllerServer::new(DurableFloor {
+            pool: Arc::new(pool_fd),
+        }))
+        .serve_with_incoming_shutdown(incoming, hpp_bin::admin::shutdown_signal())
+        .await?;
+    let _ = std::fs::remove_file(&sock);
+    Ok(())
+}
+
+/// CreateVolume and DeleteVolume as the durable floor and nothing else (see the module docs;
+/// the other RPCs answer Unimplemented, the generated default).
+#[derive(Debug, Clone)]
+struct DurableFloor {
+    pool: Arc<OwnedFd>,
+}
+
+impl DurableFloor {
+    /// Runs `op` on the pool directory on a blocking thread; `name` must be a plain child name.
+    async fn blocking(
+        &self,
+        name: &str,
+        op: impl FnOnce(BorrowedFd<'_>, &str) -> rustix::io::Result<()> + Send + 'static,
+    ) -> Result<(), Status> {
+        if name.is_empty() || name.starts_with('.') || name.contains('/') {
+            return Err(Status::invalid_argument(format!("{name:?} is not a plain child name")));
+        }
+        let (pool, owned) = (self.pool.clone(), name.to_owned());
+        tokio::task::spawn_blocking(move || op(pool.as_fd(), &owned))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::internal(format!("{name}: {e}")))
+    }
+}
+
+/// The name a deleted floor volume is renamed to.
+fn deleting(name: &str) -> String {
+    format!(".deleting-{name}")
+}
+
+#[tonic::async_trait]
+impl Controller for DurableFloor {
+    async fn create_volume(
+        &self,
+        req: Request<csi::CreateVolumeRequest>,
+    ) -> Result<Response<csi::CreateVolumeResponse>, Status> {
+        let name = req.into_inner().name;
+        self.blocking(&name, |pool, name| {
+            rustix::fs::mkdirat(pool, name, rustix::fs::Mode::from_raw_mode(0o750))?;
+            rustix::fs::fsync(pool)
+        })
+        .await?;
+        Ok(Response::new(csi::CreateVolumeResponse {
+            volume: Some(csi::Volume {
+                volume_id: name,
+                ..Default::default()
+            }),
+        }))
+    }
+
+    async fn delete_volume(
+        &self,
+        req: Request<csi::DeleteVolumeRequest>,
+    ) -> Result<Response<csi::DeleteVolumeResponse>, Status> {
+        self.blocking(&req.into_inner().volume_id, |pool, name| {
+            rustix::fs::renameat(pool, name, pool, deleting(name))?;
+            rustix::fs::fsync(pool)
+        })
+        .await?;
+        Ok(Response::new(csi::DeleteVolumeResponse {}))
+    }
 }
