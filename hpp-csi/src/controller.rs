@@ -74,6 +74,17 @@ fn locate_volume(state: &DriverState, id: &str, first: Option<&Pool>) -> Result<
     Ok(None)
 }
 
+/// The name of a pool other than `chosen` that already holds a volume called `id`. Pools that
+/// cannot be read are passed over: a broken pool must not stop creates in the others.
+fn held_elsewhere(state: &DriverState, id: &str, chosen: &Pool) -> Option<String> {
+    state
+        .pools
+        .iter()
+        .filter(|p| p.name != chosen.name && !p.is_reserved(id))
+        .find(|p| volumes::exists(p, id).unwrap_or(false))
+        .map(|p| p.name.clone())
+}
+
 /// The snapshot called `id` in any pool, preferring `first`.
 fn locate_snapshot(state: &DriverState, id: &str, first: Option<&Pool>) -> Result<Option<(Pool, SnapshotInfo)>> {
     let ordered = first.into_iter().chain(
@@ -233,15 +244,25 @@ impl ControllerService {
             let source = source.map(|s| s.locate(&state, &p)).transpose()?;
             let health = require_usable(&p)?;
             let size = enforced.unwrap_or(required);
-            if size > health.total_bytes {
-                return Err(Error::OutOfRange(format!(
-                    "requested {size} bytes but storage pool {} is only {} bytes",
-                    p.name, health.total_bytes
-                )));
+            // A retry of an existing volume is judged by its record (AlreadyExists when it does
+            // not satisfy the request), not by the pool's size or the budget.
+            let exists = volumes::exists(&p, &n)?;
+            if !exists {
+                if let Some(other) = held_elsewhere(&state, &n, &p) {
+                    return Err(Error::AlreadyExists(format!(
+                        "volume {n} already exists in storage pool {other}, not in the requested pool {}",
+                        p.name
+                    )));
+                }
+                if size > health.total_bytes {
+                    return Err(Error::OutOfRange(format!(
+                        "requested {size} bytes but storage pool {} is only {} bytes",
+                        p.name, health.total_bytes
+                    )));
+                }
             }
-            // A retry of an existing volume is judged by its record, not by the budget.
             let promised = match enforced {
-                Some(bytes) if !volumes::exists(&p, &n)? => Some(state.ledger.reserve(&p, &health, &n, bytes, 0)?),
+                Some(bytes) if !exists => Some(state.ledger.reserve(&p, &health, &n, bytes, 0)?),
                 _ => None,
             };
             let src_fd = match &source {
@@ -273,6 +294,8 @@ impl ControllerService {
             (Some(_), Some(have)) => have,
             (Some(size), None) => size,
             (None, _) if required > 0 => required,
+            // The pool's size stands for "any size", but never above what the caller allows.
+            (None, _) if limit > 0 => caps::listed_capacity(&health).min(limit),
             (None, _) => caps::listed_capacity(&health),
         };
         Ok(csi::CreateVolumeResponse {
@@ -733,8 +756,11 @@ impl csi::controller_server::Controller for ControllerService {
         if self.state.expansion == ExpansionMode::Controller {
             caps.extend([Cap::ExpandVolume, Cap::ModifyVolume]);
         }
+        // GetSnapshot is served but not advertised: csi-sanity fails a driver on any capability
+        // outside its list, which GET_SNAPSHOT (CSI 1.10, alpha) is not on, and no sidecar
+        // calls it yet.
         if self.state.pools.iter().any(|p| p.snapshot_path.is_some()) {
-            caps.extend([Cap::CreateDeleteSnapshot, Cap::ListSnapshots, Cap::GetSnapshot]);
+            caps.extend([Cap::CreateDeleteSnapshot, Cap::ListSnapshots]);
         }
         Ok(Response::new(csi::ControllerGetCapabilitiesResponse {
             capabilities: caps.into_iter().map(capability).collect(),

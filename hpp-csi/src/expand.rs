@@ -74,6 +74,13 @@ pub fn controller_expand(
     if let Some(have) = current
         && have >= range.required.max(1)
     {
+        // Volumes never shrink: a limit below the size it has cannot be met.
+        if range.limit > 0 && have > range.limit {
+            return Err(Error::OutOfRange(format!(
+                "volume {id} already has {have} bytes, more than the limit of {} bytes; volumes cannot shrink",
+                range.limit
+            )));
+        }
         // Already big enough (a retry, or a request to shrink): the size it has.
         return Ok(Expanded {
             capacity: have,

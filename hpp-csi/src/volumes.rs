@@ -80,8 +80,11 @@ impl Requested {
     }
 }
 
-/// Records `bytes` on the volume directory `dir`.
-fn record_capacity(dir: std::os::fd::BorrowedFd<'_>, bytes: u64) -> Result<()> {
+/// Whether the warning that a pool's filesystem keeps no capacity records was logged.
+static NO_RECORDS_WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Records `bytes` on the volume directory `dir` of `pool`.
+fn record_capacity(pool: &Pool, dir: std::os::fd::BorrowedFd<'_>, bytes: u64) -> Result<()> {
     match rustix::fs::fsetxattr(
         dir,
         CAPACITY_XATTR,
@@ -89,8 +92,16 @@ fn record_capacity(dir: std::os::fd::BorrowedFd<'_>, bytes: u64) -> Result<()> {
         rustix::fs::XattrFlags::empty(),
     ) {
         Ok(()) => Ok(()),
-        Err(Errno::OPNOTSUPP | Errno::PERM) => {
-            tracing::debug!("filesystem keeps no trusted xattrs; the volume's capacity is not recorded");
+        Err(e @ (Errno::OPNOTSUPP | Errno::PERM)) => {
+            // Once per process: every create on such a pool would say the same.
+            if !NO_RECORDS_WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!(
+                    pool = %pool.name,
+                    error = %e,
+                    "cannot record volume capacities (trusted xattrs need CAP_SYS_ADMIN and a filesystem that keeps them): \
+                     a CreateVolume retried with a different size is answered OK instead of AlreadyExists"
+                );
+            }
             Ok(())
         }
         Err(e) => Err(Error::io("recording the volume's capacity", e)),
@@ -188,7 +199,7 @@ pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>, requested: Reques
         }
     };
     // After the copy: the source's own record came along with its xattrs.
-    if let Err(e) = record_capacity(tmp_fd.as_fd(), requested.required) {
+    if let Err(e) = record_capacity(pool, tmp_fd.as_fd(), requested.required) {
         return abandon(tmp_fd, e);
     }
     if source.is_some() {

@@ -72,12 +72,65 @@ async fn same_name_with_another_capacity_is_already_exists() {
         code(h.controller.create_volume(sized("pvc-cap", 0, 1024)).await),
         Code::AlreadyExists
     );
+    // Larger than the whole pool: still AlreadyExists (the volume is judged first), as
+    // csi-sanity's "different capacity" case expects whatever the pool's size.
+    let huge = i64::try_from(fs_total(&h.pool_path()) * 4).unwrap();
+    assert_eq!(
+        code(h.controller.create_volume(sized("pvc-cap", huge, huge)).await),
+        Code::AlreadyExists
+    );
+    // A new volume that large is OutOfRange.
+    assert_eq!(
+        code(h.controller.create_volume(sized("pvc-huge", huge, huge)).await),
+        Code::OutOfRange
+    );
     // A directory KubeVirt made (no record) is still served whatever the request says.
     std::fs::create_dir(h.pool_path().join("pvc-kubevirt")).unwrap();
     h.controller
         .create_volume(sized("pvc-kubevirt", 8192, 8192))
         .await
         .unwrap();
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_name_taken_in_another_pool_is_already_exists() {
+    let mut h = Harness::with(|root, b| {
+        b.pool(legacy_pool(root))
+            .pool(PoolConfig::new("nfs", root.join("pools/nfs")).shared(true))
+    })
+    .await;
+    h.create("pvc-one").await;
+    let mut elsewhere = create_req("pvc-one");
+    elsewhere.parameters = params("nfs");
+    let err = h.controller.create_volume(elsewhere).await.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    assert!(err.message().contains("storage pool legacy"), "{}", err.message());
+    assert!(
+        !h.root.join("pools/nfs/pvc-one").exists(),
+        "one id must never name two volumes"
+    );
+    // The retry in its own pool is still fine.
+    h.create("pvc-one").await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn the_capacity_answered_without_a_size_never_exceeds_the_limit() {
+    let mut h = Harness::start().await;
+    let v = h
+        .controller
+        .create_volume(sized("pvc-lim", 0, 1 << 20))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert!(
+        fs_total(&h.pool_path()) > 1 << 20,
+        "the pool must be larger than the limit"
+    );
+    assert_eq!(v.capacity_bytes, 1 << 20);
     h.stop().await;
 }
 
@@ -497,7 +550,6 @@ async fn capabilities_advertise_only_what_is_implemented() {
         Cap::ModifyVolume as i32,
         Cap::CreateDeleteSnapshot as i32,
         Cap::ListSnapshots as i32,
-        Cap::GetSnapshot as i32,
     ];
     want.sort();
     assert_eq!(types, want);

@@ -127,6 +127,13 @@ async fn controller_expansion_raises_the_limit_then_the_record_and_never_shrinks
         assert_eq!(r.capacity_bytes, 2 * G as i64);
     }
     assert_eq!(q.limit("pvc-a"), Some(2 * G));
+    // A limit below the size it has cannot be met: OutOfRange, nothing changes.
+    let r = h
+        .controller
+        .controller_expand_volume(expand_req("pvc-a", 1, G as i64))
+        .await;
+    assert_eq!(code(r), Code::OutOfRange);
+    assert_eq!(q.limit("pvc-a"), Some(2 * G));
 
     // The backend fails: the record is not touched, so the ledger never counts a size the
     // volume does not have.
