@@ -78,6 +78,10 @@ pub struct Args {
     /// loop-mounted filesystem, against plain directories), then exit. Needs root.
     #[arg(long)]
     quota_backends: bool,
+    /// Only CreateVolume and DeleteVolume, in turns with the durable-floor server and the
+    /// floors, at c=1 and c=16 (no memory readings): a quick loop for profiling the durable path.
+    #[arg(long)]
+    durable_only: bool,
     /// Measure this `hpp-csi-driver` executable (e.g. `target/release/hpp-csi-driver`, built
     /// from the same tree) instead of the driver served from this binary. Same code and flags,
     /// but its resident memory is the shipped executable's, not this larger binary's.
@@ -256,6 +260,9 @@ async fn suite(dir: &Path, label: &str, args: &Args) -> anyhow::Result<()> {
         None => Server::spawn(Kind::Driver, &driver_dir).await?,
     };
     let mut memory = vec![("after start".to_owned(), ProcStatus::of(driver.pid())?)];
+    if args.durable_only {
+        return durable_only(&driver, dir, args.ops).await;
+    }
 
     let floor_dirs = FloorDirs {
         base: dir.join("floors"),
@@ -281,7 +288,8 @@ async fn suite(dir: &Path, label: &str, args: &Args) -> anyhow::Result<()> {
             driver: &driver,
             durable_floor: &durable_floor,
         };
-        rows.extend(driver_round(servers, dir, conc, args.ops, args.mount_ops, root).await?);
+        let counts = (args.ops, args.mount_ops);
+        rows.extend(driver_round(servers, dir, conc, counts, root, Scope::All).await?);
     }
     drop(durable_floor);
     print_driver(&rows, &empty, &floors);
@@ -317,6 +325,21 @@ async fn suite(dir: &Path, label: &str, args: &Args) -> anyhow::Result<()> {
         println!("where the resident pages are, {when} (/proc/PID/smaps):");
         bench_proc::print_breakdown(breakdown);
     }
+    Ok(())
+}
+
+/// `--durable-only`: CreateVolume and DeleteVolume against the durable-floor server.
+async fn durable_only(driver: &Server, dir: &Path, n: usize) -> anyhow::Result<()> {
+    let durable_floor = Server::spawn(Kind::DurableFloor, &dir.join("durable-floor")).await?;
+    let servers = Servers {
+        driver,
+        durable_floor: &durable_floor,
+    };
+    let mut rows = Vec::new();
+    for conc in CONCURRENCY {
+        rows.extend(driver_round(servers, dir, conc, (n, 0), false, Scope::Durable).await?);
+    }
+    print_durable_floor(&rows);
     Ok(())
 }
 
@@ -504,14 +527,23 @@ fn volume_source(src: csi::volume_content_source::Type) -> Option<csi::VolumeCon
     Some(csi::VolumeContentSource { r#type: Some(src) })
 }
 
-/// Every driver RPC at concurrency `conc`.
+/// What a driver round measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// Every RPC.
+    All,
+    /// CreateVolume and DeleteVolume only (`--durable-only`).
+    Durable,
+}
+
+/// Every driver RPC in `scope` at concurrency `conc`.
 async fn driver_round(
     servers: Servers<'_>,
     dir: &Path,
     conc: usize,
-    n: usize,
-    mount_n: usize,
+    (n, mount_n): (usize, usize),
     root: bool,
+    scope: Scope,
 ) -> anyhow::Result<Vec<DriverRow>> {
     use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
     let ch = &servers.driver.channel;
@@ -535,18 +567,21 @@ async fn driver_round(
         })
     };
 
-    let st = each("Probe", n, conc, id.clone(), |mut c, _| async move {
-        c.probe(csi::ProbeRequest {}).await.map(drop)
-    });
-    push("Probe", st.await?, None, None);
-    let st = each("GetPluginInfo", n, conc, id.clone(), |mut c, _| async move {
-        c.get_plugin_info(csi::GetPluginInfoRequest {}).await.map(drop)
-    });
-    push("GetPluginInfo", st.await?, None, None);
-    let st = each("GetCapacity", n, conc, ctl.clone(), |mut c, _| async move {
-        c.get_capacity(csi::GetCapacityRequest::default()).await.map(drop)
-    });
-    push("GetCapacity", st.await?, Some(floors::STATVFS), None);
+    let all = scope == Scope::All;
+    if all {
+        let st = each("Probe", n, conc, id.clone(), |mut c, _| async move {
+            c.probe(csi::ProbeRequest {}).await.map(drop)
+        });
+        push("Probe", st.await?, None, None);
+        let st = each("GetPluginInfo", n, conc, id.clone(), |mut c, _| async move {
+            c.get_plugin_info(csi::GetPluginInfoRequest {}).await.map(drop)
+        });
+        push("GetPluginInfo", st.await?, None, None);
+        let st = each("GetCapacity", n, conc, ctl.clone(), |mut c, _| async move {
+            c.get_capacity(csi::GetCapacityRequest::default()).await.map(drop)
+        });
+        push("GetCapacity", st.await?, Some(floors::STATVFS), None);
+    }
 
     let vol = move |i: usize| volume_name(conc, i);
     let paired = Paired::new(&dir.join("floors").join(format!("paired-c{conc}")))?;
@@ -565,76 +600,78 @@ async fn driver_round(
     })
     .await?;
     push("CreateVolume", turns.rpc, Some(floors::MKDIR_FSYNC), Some(turns));
-    let st = each(
-        "ControllerExpandVolume",
-        n,
-        conc,
-        ctl.clone(),
-        move |mut c, i| async move {
-            c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
-                volume_id: vol(i),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: 2 << 30,
-                    limit_bytes: 0,
-                }),
-                ..Default::default()
-            })
-            .await
-            .map(drop)
-        },
-    );
-    push("ExpandVolume", st.await?, Some(floors::XATTR_FSYNC), None);
-
     let snap = move |i: usize| snap_name(conc, i);
-    let st = each("CreateSnapshot", n, conc, ctl.clone(), move |mut c, i| async move {
-        c.create_snapshot(csi::CreateSnapshotRequest {
-            source_volume_id: vol(i),
-            name: snap(i),
-            ..Default::default()
-        })
-        .await
-        .map(drop)
-    });
-    push("CreateSnapshot", st.await?, Some(floors::MKDIR_FSYNC), None);
-    // A volume made from a source: the same request, only the name and the source differ.
-    let create_from = |name: fn(usize, usize) -> String, source: fn(usize, usize) -> Type| {
-        move |mut c: ControllerClient<Channel>, i| async move {
-            c.create_volume(csi::CreateVolumeRequest {
-                name: name(conc, i),
-                volume_capabilities: vec![mount_cap()],
-                volume_content_source: volume_source(source(conc, i)),
+    if all {
+        let st = each(
+            "ControllerExpandVolume",
+            n,
+            conc,
+            ctl.clone(),
+            move |mut c, i| async move {
+                c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
+                    volume_id: vol(i),
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: 2 << 30,
+                        limit_bytes: 0,
+                    }),
+                    ..Default::default()
+                })
+                .await
+                .map(drop)
+            },
+        );
+        push("ExpandVolume", st.await?, Some(floors::XATTR_FSYNC), None);
+
+        let st = each("CreateSnapshot", n, conc, ctl.clone(), move |mut c, i| async move {
+            c.create_snapshot(csi::CreateSnapshotRequest {
+                source_volume_id: vol(i),
+                name: snap(i),
                 ..Default::default()
             })
             .await
             .map(drop)
-        }
-    };
-    let from_snapshot = |c, i| {
-        Type::Snapshot(SnapshotSource {
-            snapshot_id: snap_name(c, i),
-        })
-    };
-    let st = each(
-        "CreateVolume from snapshot",
-        n,
-        conc,
-        ctl.clone(),
-        create_from(restored_name, from_snapshot),
-    );
-    push("CreateVolume (snapshot)", st.await?, Some(floors::MKDIR_FSYNC), None);
-    let from_volume = |c, i| {
-        Type::Volume(VolumeSource {
-            volume_id: volume_name(c, i),
-        })
-    };
-    let st = each(
-        "CreateVolume from volume",
-        n,
-        conc,
-        ctl.clone(),
-        create_from(cloned_name, from_volume),
-    );
-    push("CreateVolume (clone)", st.await?, Some(floors::MKDIR_FSYNC), None);
+        });
+        push("CreateSnapshot", st.await?, Some(floors::MKDIR_FSYNC), None);
+        // A volume made from a source: the same request, only the name and the source differ.
+        let create_from = |name: fn(usize, usize) -> String, source: fn(usize, usize) -> Type| {
+            move |mut c: ControllerClient<Channel>, i| async move {
+                c.create_volume(csi::CreateVolumeRequest {
+                    name: name(conc, i),
+                    volume_capabilities: vec![mount_cap()],
+                    volume_content_source: volume_source(source(conc, i)),
+                    ..Default::default()
+                })
+                .await
+                .map(drop)
+            }
+        };
+        let from_snapshot = |c, i| {
+            Type::Snapshot(SnapshotSource {
+                snapshot_id: snap_name(c, i),
+            })
+        };
+        let st = each(
+            "CreateVolume from snapshot",
+            n,
+            conc,
+            ctl.clone(),
+            create_from(restored_name, from_snapshot),
+        );
+        push("CreateVolume (snapshot)", st.await?, Some(floors::MKDIR_FSYNC), None);
+        let from_volume = |c, i| {
+            Type::Volume(VolumeSource {
+                volume_id: volume_name(c, i),
+            })
+        };
+        let st = each(
+            "CreateVolume from volume",
+            n,
+            conc,
+            ctl.clone(),
+            create_from(cloned_name, from_volume),
+        );
+        push("CreateVolume (clone)", st.await?, Some(floors::MKDIR_FSYNC), None);
+    }
 
     let delete = |name: fn(usize, usize) -> String| {
         move |mut c: ControllerClient<Channel>, i| async move {
@@ -653,20 +690,22 @@ async fn driver_round(
     .await?;
     paired.clear(n)?;
     push("DeleteVolume", turns.rpc, Some(floors::RENAME_FSYNC), Some(turns));
-    // The restored and cloned volumes go too; those deletions are not reported.
-    each("DeleteVolume", n, conc, ctl.clone(), delete(restored_name)).await?;
-    each("DeleteVolume", n, conc, ctl.clone(), delete(cloned_name)).await?;
-    let st = each("DeleteSnapshot", n, conc, ctl.clone(), move |mut c, i| async move {
-        c.delete_snapshot(csi::DeleteSnapshotRequest {
-            snapshot_id: snap(i),
-            ..Default::default()
-        })
-        .await
-        .map(drop)
-    });
-    push("DeleteSnapshot", st.await?, Some(floors::RENAME_FSYNC), None);
+    if all {
+        // The restored and cloned volumes go too; those deletions are not reported.
+        each("DeleteVolume", n, conc, ctl.clone(), delete(restored_name)).await?;
+        each("DeleteVolume", n, conc, ctl.clone(), delete(cloned_name)).await?;
+        let st = each("DeleteSnapshot", n, conc, ctl.clone(), move |mut c, i| async move {
+            c.delete_snapshot(csi::DeleteSnapshotRequest {
+                snapshot_id: snap(i),
+                ..Default::default()
+            })
+            .await
+            .map(drop)
+        });
+        push("DeleteSnapshot", st.await?, Some(floors::RENAME_FSYNC), None);
+    }
 
-    if root {
+    if root && all {
         let published = move |w: usize| format!("pvc-pub{conc}-{w}");
         each("CreateVolume", conc, conc, ctl.clone(), move |mut c, w| async move {
             c.create_volume(csi::CreateVolumeRequest {
