@@ -90,10 +90,12 @@ fn put_annotation<T: Serialize + Default + PartialEq>(
     Ok(())
 }
 
-/// v1beta1 → v1alpha1.
+/// v1beta1 → v1alpha1. Never fails on the annotation: this is how stored objects are read, and
+/// one failed conversion fails the API server's whole list or watch, so an annotation that does
+/// not parse (anyone may write annotations) is dropped as if absent.
 pub fn to_v1alpha1(obj: &v1beta1::HostPathProvisioner) -> Result<v1alpha1::HostPathProvisioner, ConversionError> {
     let mut metadata = obj.metadata.clone();
-    let alpha_only: Alpha1Only = take_annotation(&mut metadata.annotations)?;
+    let alpha_only: Alpha1Only = take_annotation(&mut metadata.annotations).unwrap_or_default();
     let spec = &obj.spec;
     let use_naming_prefix = spec
         .path_config

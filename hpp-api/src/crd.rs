@@ -30,9 +30,14 @@ pub const DEFAULT_MAX_ITEMS: i64 = 256;
 /// `maxProperties` of a spec map (node selectors, resource lists).
 pub const DEFAULT_MAX_PROPERTIES: i64 = 256;
 
-/// The merged CRD: `v1alpha1` served, `v1beta1` served and stored. Every string, list and map
-/// under `spec` has a `maxLength`/`maxItems`/`maxProperties`, so the API server's CEL cost
-/// estimator and etcd see a bounded object and reject an oversized one before the webhook.
+/// The merged CRD: `v1beta1` served and stored; `v1alpha1` listed but not served, as in
+/// KubeVirt's CRD. Without a conversion webhook the API server only relabels `apiVersion` and
+/// prunes to the other schema, so serving `v1alpha1` would drop pools and gates on a read and
+/// store a string where `v1beta1` has a boolean on a write; [`crd_with_conversion_webhook`]
+/// serves it. It stays listed so a cluster whose `storedVersions` still has it can apply this
+/// CRD. Every string, list and map under `spec` has a `maxLength`/`maxItems`/`maxProperties`,
+/// so the API server's CEL cost estimator and etcd see a bounded object and reject an oversized
+/// one before the webhook.
 pub fn crd() -> Result<CustomResourceDefinition, CrdError> {
     let mut crd = merge_crds(
         vec![
@@ -42,6 +47,7 @@ pub fn crd() -> Result<CustomResourceDefinition, CrdError> {
         "v1beta1",
     )?;
     for version in &mut crd.spec.versions {
+        version.served = version.name != "v1alpha1";
         if let Some(spec) = version
             .schema
             .as_mut()
@@ -110,11 +116,14 @@ pub struct ConversionService {
     pub path: String,
 }
 
-/// The merged CRD with `conversion.strategy: Webhook`, so `v1alpha1` reads and writes are
-/// converted losslessly by the webhook instead of only relabelled. `caBundle` is left empty for
-/// cert-manager's CA injector (or the installer) to fill.
+/// The merged CRD with `conversion.strategy: Webhook` and `v1alpha1` served: its reads and
+/// writes are converted losslessly by the webhook instead of only relabelled. `caBundle` is
+/// left empty for cert-manager's CA injector (or the installer) to fill.
 pub fn crd_with_conversion_webhook(service: &ConversionService) -> Result<CustomResourceDefinition, CrdError> {
     let mut crd = crd()?;
+    for version in &mut crd.spec.versions {
+        version.served = true;
+    }
     crd.spec.conversion = Some(CustomResourceConversion {
         strategy: "Webhook".to_string(),
         webhook: Some(WebhookConversion {

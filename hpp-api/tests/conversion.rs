@@ -129,3 +129,24 @@ fn corrupt_conversion_annotation_is_an_error_not_a_panic() {
     obj.metadata.annotations = Some(annotations);
     assert!(to_v1beta1(&obj).is_err());
 }
+
+#[test]
+fn a_stored_object_with_a_corrupt_annotation_still_reads_as_v1alpha1() {
+    // Reads convert stored v1beta1 objects; a failure there fails every v1alpha1 list and
+    // watch, so the unreadable annotation is dropped instead.
+    let mut obj =
+        beta(json!({"metadata": {"name": "x"}, "spec": {"pathConfig": {"path": "/p", "useNamingPrefix": true}}}));
+    obj.metadata.annotations = Some(BTreeMap::from([
+        (
+            hpp_api::constants::ANNOTATION_CONVERSION_DATA.to_string(),
+            "oops".to_string(),
+        ),
+        ("team".to_string(), "storage".to_string()),
+    ]));
+    let alpha = to_v1alpha1(&obj).unwrap();
+    assert_eq!(alpha.spec.path_config.path, "/p");
+    assert_eq!(alpha.spec.path_config.use_naming_prefix.as_deref(), Some("true"));
+    let annotations = alpha.metadata.annotations.unwrap();
+    assert_eq!(annotations.get("team").map(String::as_str), Some("storage"));
+    assert!(!annotations.contains_key(hpp_api::constants::ANNOTATION_CONVERSION_DATA));
+}

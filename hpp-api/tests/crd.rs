@@ -38,9 +38,10 @@ fn crd_shape() {
     let versions = spec["versions"].as_array().unwrap();
     let by_name = |n: &str| versions.iter().find(|v| v["name"] == n).unwrap().clone();
     let (alpha, beta) = (by_name("v1alpha1"), by_name("v1beta1"));
+    // Not served without the conversion webhook: relabelling alone would lose pools and gates.
     assert_eq!(
         (alpha["served"].clone(), alpha["storage"].clone()),
-        (true.into(), false.into())
+        (false.into(), false.into())
     );
     assert_eq!(
         (beta["served"].clone(), beta["storage"].clone()),

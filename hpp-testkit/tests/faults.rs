@@ -195,6 +195,7 @@ async fn creating_a_crd_serves_its_kinds_and_deleting_it_stops_them() {
         ))
         .unwrap();
     assert_eq!(caps.scope, Scope::Cluster);
+    // The plain CRD lists v1alpha1 unserved (only the conversion CRD serves it).
     assert!(
         discovery
             .resolve_gvk(&GroupVersionKind::gvk(
@@ -202,7 +203,7 @@ async fn creating_a_crd_serves_its_kinds_and_deleting_it_stops_them() {
                 "v1alpha1",
                 "HostPathProvisioner"
             ))
-            .is_some()
+            .is_none()
     );
 
     crds.delete(

@@ -126,9 +126,19 @@ impl Webhook {
     }
 }
 
+/// A review's answer, closing the connection after it. Reviews are rare (HostPathProvisioner
+/// writes and v1alpha1 conversions), and a kept-alive connection eventually times out on this
+/// side: if the API server sends its next review just as the server closes it, Go's client
+/// does not resend the POST and the review fails with EOF, which `failurePolicy: Fail` turns
+/// into a refused write. A new connection per review costs one TLS handshake and has no such
+/// race.
 fn respond(reply: Reply) -> Response {
     let body = serde_json::to_vec(&reply.body).unwrap_or_default();
-    (reply.status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+    let headers = [
+        (header::CONTENT_TYPE, "application/json"),
+        (header::CONNECTION, "close"),
+    ];
+    (reply.status, headers, body).into_response()
 }
 
 fn body_error(rejection: &BytesRejection) -> Reply {

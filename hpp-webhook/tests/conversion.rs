@@ -144,3 +144,29 @@ async fn failures_name_the_object() {
     assert_eq!(server.metrics.request_count("convert", "rejected"), 3);
     server.stop().await;
 }
+
+#[tokio::test]
+async fn reviews_close_their_connection() {
+    // The API server's client does not resend a POST on a connection the server closed under
+    // it, so the server never keeps one open for a later review.
+    let server = Server::builder().start().await;
+    let mut sender = common::connect_http(server.addr, server.client()).await.unwrap();
+    let body = conversion_review("apiextensions.k8s.io/v1", BETA, vec![alpha_legacy()]);
+    let req = http::Request::post(CONVERT_PATH)
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(axum::body::Bytes::from(
+            serde_json::to_vec(&body).unwrap(),
+        )))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["connection"], "close");
+    drop(resp);
+    // hyper's client sees the close and refuses to reuse the connection.
+    tokio::time::timeout(std::time::Duration::from_secs(10), sender.ready())
+        .await
+        .unwrap()
+        .unwrap_err();
+    server.stop().await;
+}

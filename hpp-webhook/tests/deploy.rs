@@ -125,9 +125,15 @@ fn conversion_crd_is_up_to_date_and_matches_the_plain_crd() {
         ),
         (SERVICE_NAME, NAMESPACE, Some(CONVERT_PATH), Some(443))
     );
+    // v1alpha1 is served only here, where reads and writes of it are converted.
+    let served: Vec<(&str, bool)> = crd.spec.versions.iter().map(|v| (v.name.as_str(), v.served)).collect();
+    assert_eq!(served, [("v1beta1", true), ("v1alpha1", true)]);
     // Everything else is exactly the plain CRD from deploy/crds.
     let mut stripped = crd;
     stripped.spec.conversion = None;
     stripped.metadata.annotations = None;
+    for version in &mut stripped.spec.versions {
+        version.served = version.name != "v1alpha1";
+    }
     assert_eq!(stripped, hpp_api::crd::crd().unwrap());
 }
