@@ -2,9 +2,15 @@
 //! server uses, and rendered to the YAML committed under `deploy/webhook/` (a test keeps the
 //! files in sync). The operator can also apply them itself.
 //!
-//! cert-manager issues the serving certificate (a self-signed Issuer, as KubeVirt's
-//! `deploy/webhook.yaml` does) and injects its CA into the ValidatingWebhookConfiguration and the
-//! CRD's conversion webhook through the `cert-manager.io/inject-ca-from` annotation.
+//! cert-manager issues the serving certificate and injects its CA into the
+//! ValidatingWebhookConfiguration and the CRD's conversion webhook through the
+//! `cert-manager.io/inject-ca-from` annotation. KubeVirt's `deploy/webhook.yaml` issues the
+//! serving certificate from a self-signed Issuer, so every renewal (with a new key) changes the
+//! trust anchor: the injected `caBundle` changes at once, the Secret the pod mounts only a
+//! kubelet sync later (up to a minute or two), and in between the API server rejects the
+//! webhook's certificate, which `failurePolicy: Fail` turns into refused writes. Here the
+//! self-signed Issuer only signs a long-lived CA, a CA Issuer signs the serving certificate, and
+//! `caBundle` (that CA) stays the same across serving renewals.
 
 use std::collections::BTreeMap;
 
@@ -29,8 +35,15 @@ pub const WEBHOOK_FILE: &str = "deploy/webhook/webhook.yaml";
 /// Path of the generated CRD with the conversion webhook inside the repository.
 pub const CONVERSION_CRD_FILE: &str = "deploy/webhook/hostpathprovisioner.kubevirt.io_hostpathprovisioners.yaml";
 
-/// The self-signed cert-manager Issuer.
+/// The self-signed cert-manager Issuer (it signs only the CA certificate).
 pub const ISSUER_NAME: &str = "selfsigned-issuer";
+/// The CA certificate and its Secret.
+pub const CA_NAME: &str = "hostpath-provisioner-webhook-ca";
+/// The CA Issuer that signs the serving certificate.
+pub const CA_ISSUER_NAME: &str = "hostpath-provisioner-webhook-ca-issuer";
+/// Lifetime of the CA: ten years. Its renewal changes `caBundle`, so it should be rare; the
+/// serving certificate keeps cert-manager's default (90 days).
+pub const CA_DURATION: &str = "87600h";
 /// cert-manager's CA injection annotation.
 pub const INJECT_CA_ANNOTATION: &str = "cert-manager.io/inject-ca-from";
 /// Label selecting the operator pods (which serve the webhook in-process), as in KubeVirt.
@@ -141,6 +154,33 @@ pub fn issuer() -> Value {
     })
 }
 
+/// The CA certificate, self-signed; its key is kept across renewals.
+pub fn ca_certificate() -> Value {
+    json!({
+        "apiVersion": "cert-manager.io/v1",
+        "kind": "Certificate",
+        "metadata": {"name": CA_NAME, "namespace": NAMESPACE},
+        "spec": {
+            "isCA": true,
+            "commonName": CA_NAME,
+            "secretName": CA_NAME,
+            "duration": CA_DURATION,
+            "issuerRef": {"kind": "Issuer", "name": ISSUER_NAME},
+            "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Never"},
+        },
+    })
+}
+
+/// The CA Issuer that signs the serving certificate with [`ca_certificate`]'s key.
+pub fn ca_issuer() -> Value {
+    json!({
+        "apiVersion": "cert-manager.io/v1",
+        "kind": "Issuer",
+        "metadata": {"name": CA_ISSUER_NAME, "namespace": NAMESPACE},
+        "spec": {"ca": {"secretName": CA_NAME}},
+    })
+}
+
 /// The cert-manager Certificate whose Secret the operator pod mounts at the cert directory.
 pub fn certificate() -> Value {
     json!({
@@ -153,7 +193,7 @@ pub fn certificate() -> Value {
                 format!("{SERVICE_NAME}.{NAMESPACE}.svc"),
                 format!("{SERVICE_NAME}.{NAMESPACE}.svc.cluster.local"),
             ],
-            "issuerRef": {"kind": "Issuer", "name": ISSUER_NAME},
+            "issuerRef": {"kind": "Issuer", "name": CA_ISSUER_NAME},
             "privateKey": {"rotationPolicy": "Always"},
         },
     })
@@ -195,7 +235,7 @@ pub fn webhook_yaml() -> Result<String, ManifestError> {
             map.insert("kind".into(), kind.into());
         }
     }
-    yaml_documents(&[issuer(), certificate(), service, vwc])
+    yaml_documents(&[issuer(), ca_certificate(), ca_issuer(), certificate(), service, vwc])
 }
 
 /// The CRD with the conversion webhook as YAML.

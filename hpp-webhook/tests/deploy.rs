@@ -45,21 +45,36 @@ fn webhook_objects_are_up_to_date_and_consistent() {
     let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
     assert_eq!(
         kinds,
-        ["Issuer", "Certificate", "Service", "ValidatingWebhookConfiguration"]
+        [
+            "Issuer",
+            "Certificate",
+            "Issuer",
+            "Certificate",
+            "Service",
+            "ValidatingWebhookConfiguration"
+        ]
     );
     let inject = format!("{NAMESPACE}/{CERT_SECRET_NAME}");
 
-    let (issuer, certificate) = (&docs[0], &docs[1]);
+    // self-signed Issuer → CA certificate → CA Issuer → serving certificate: the injected CA
+    // is the long-lived one, so a serving renewal does not change caBundle.
+    let (issuer, ca, ca_issuer, certificate) = (&docs[0], &docs[1], &docs[2], &docs[3]);
     assert_eq!(issuer["metadata"]["name"], ISSUER_NAME);
+    assert!(issuer["spec"]["selfSigned"].is_object());
+    assert_eq!(ca["spec"]["isCA"], true);
+    assert_eq!(ca["spec"]["issuerRef"]["name"], ISSUER_NAME);
+    assert_eq!(ca["spec"]["privateKey"]["rotationPolicy"], "Never");
+    assert_eq!(ca_issuer["spec"]["ca"]["secretName"], ca["spec"]["secretName"]);
     assert_eq!(certificate["metadata"]["namespace"], NAMESPACE);
     assert_eq!(certificate["spec"]["secretName"], CERT_SECRET_NAME);
-    assert_eq!(certificate["spec"]["issuerRef"]["name"], ISSUER_NAME);
+    assert_eq!(certificate["spec"]["issuerRef"]["name"], ca_issuer["metadata"]["name"]);
+    assert!(certificate["spec"].get("isCA").is_none());
     assert_eq!(
         certificate["spec"]["dnsNames"][0],
         format!("{SERVICE_NAME}.{NAMESPACE}.svc").as_str()
     );
 
-    let service: Service = serde_json::from_value(docs[2].clone()).unwrap();
+    let service: Service = serde_json::from_value(docs[4].clone()).unwrap();
     assert_eq!(service.metadata.name.as_deref(), Some(SERVICE_NAME));
     assert_eq!(service.metadata.namespace.as_deref(), Some(NAMESPACE));
     let port = &service.spec.as_ref().unwrap().ports.as_ref().unwrap()[0];
@@ -75,7 +90,7 @@ fn webhook_objects_are_up_to_date_and_consistent() {
         "hostpath-provisioner-operator"
     );
 
-    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(docs[3].clone()).unwrap();
+    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(docs[5].clone()).unwrap();
     assert_eq!(vwc.metadata.name.as_deref(), Some(WEBHOOK_CONFIGURATION_NAME));
     assert_eq!(vwc.metadata.annotations.unwrap()[INJECT_CA_ANNOTATION], inject);
     let hook = &vwc.webhooks.unwrap()[0];
