@@ -107,6 +107,26 @@ pub fn bind(source: &OwnedFd, target: &OwnedFd, target_path: &Path, opts: BindOp
     }
 }
 
+/// Whether this kernel has `mount_setattr` (5.12), so [`bind`] builds every mount detached
+/// with its final flags. Asked once: an empty attribute change on a directory is a no-op where
+/// the call exists and `ENOSYS` where it does not.
+pub fn binds_are_atomic() -> bool {
+    static ATOMIC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ATOMIC.get_or_init(|| {
+        let Ok(root) = rustix::fs::open(
+            "/",
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        ) else {
+            return false;
+        };
+        match hpp_sys::mount::mount_setattr(root.as_fd(), MountAttr::default(), false) {
+            Err(e) => Errno::from_io_error(&e) != Some(Errno::NOSYS),
+            Ok(()) => true,
+        }
+    })
+}
+
 /// How [`bind`] made the mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BindMethod {

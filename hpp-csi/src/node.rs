@@ -160,12 +160,23 @@ fn publish(p: &Publish, cache: &MountTableCache) -> Result<()> {
         if same && existing.read_only() == opts.read_only() {
             return Ok(());
         }
-        if same && opts.read_only() {
-            // Our bind, left writable by a publish interrupted before its remount (or published
-            // writable earlier): a read-only request must never leave it writable.
+        if same && opts.read_only() && !mount::binds_are_atomic() {
+            // Before 5.12 a read-only publish binds, then remounts: a crash in between leaves
+            // our bind writable, and the retry must not leave it so.
             mount::remount(&p.target, opts)?;
             tracing::info!(volume_id = %p.id, target = %p.target.display(), "corrected our bind mount to read-only");
             return Ok(());
+        }
+        if same {
+            // With atomic binds a writable bind of this volume was published writable: a
+            // read-only publish at the same target is incompatible (CSI: ALREADY_EXISTS).
+            return Err(Error::AlreadyExists(format!(
+                "volume {} is already published at {} {}; a publish with readonly={} there is incompatible",
+                p.id,
+                p.target.display(),
+                if existing.read_only() { "read-only" } else { "writable" },
+                opts.read_only()
+            )));
         }
         return Err(Error::AlreadyExists(format!(
             "target {} is already a mount point of something else (or with a different read-only mode)",

@@ -23,8 +23,15 @@ async fn publish_bind_mounts_and_unpublish_removes_only_the_empty_target() {
     );
     // Idempotent: same volume, same mode.
     h.publish("pvc-n1", &target, false).await.unwrap();
-    // Same target asked read-only: our bind is corrected to read-only, never left writable.
-    h.publish("pvc-n1", &target, true).await.unwrap();
+    // Same target asked read-only: incompatible with the writable publish (CSI: ALREADY_EXISTS;
+    // before 5.12 the bind is corrected instead, see the crash test below).
+    if hpp_csi::mount::binds_are_atomic() {
+        assert_eq!(code(h.publish("pvc-n1", &target, true).await), Code::AlreadyExists);
+        h.unpublish("pvc-n1", &target).await.unwrap();
+        h.publish("pvc-n1", &target, true).await.unwrap();
+    } else {
+        h.publish("pvc-n1", &target, true).await.unwrap();
+    }
     assert!(
         hpp_csi::mountinfo::MountTable::read()
             .unwrap()
@@ -317,18 +324,29 @@ async fn read_only_publish_keeps_the_pools_nosuid_nodev_noexec() {
 }
 
 #[tokio::test]
-async fn a_writable_bind_left_by_a_crash_is_corrected_by_the_retry() {
+async fn a_read_only_publish_over_a_writable_bind_is_incompatible_or_corrected_before_5_12() {
     let mut h = Harness::start().await;
     h.create("pvc-crash-ro").await;
     let target = h.target("crash-ro");
     std::fs::create_dir_all(&target).unwrap();
-    // The first attempt bound the volume and crashed before the read-only remount.
+    // The volume bound writable at the target: published writable, or (before 5.12 only) a
+    // read-only publish that crashed between its bind and its remount.
     rustix::mount::mount_bind(h.pool_path().join("pvc-crash-ro"), &target).unwrap();
     assert!(!mount_flags_at(&target).read_only);
-    h.publish("pvc-crash-ro", &target, true).await.unwrap();
-    assert!(mount_flags_at(&target).read_only, "the retry made it read-only");
-    let err = std::fs::write(target.join("g"), b"nope").unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(30));
+    if hpp_csi::mount::binds_are_atomic() {
+        // Binds are built with their flags, so this one was published writable: CSI's
+        // ALREADY_EXISTS for an incompatible readonly flag, and the mount is left as it is.
+        let err = h.publish("pvc-crash-ro", &target, true).await.unwrap_err();
+        assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+        assert!(!mount_flags_at(&target).read_only);
+        // The writable publish it matches is still idempotent.
+        h.publish("pvc-crash-ro", &target, false).await.unwrap();
+    } else {
+        h.publish("pvc-crash-ro", &target, true).await.unwrap();
+        assert!(mount_flags_at(&target).read_only, "the retry made it read-only");
+        let err = std::fs::write(target.join("g"), b"nope").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(30));
+    }
     h.unpublish("pvc-crash-ro", &target).await.unwrap();
     h.stop().await;
 }
