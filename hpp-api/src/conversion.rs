@@ -38,6 +38,14 @@ pub enum ConversionError {
     Annotation(serde_json::Error),
 }
 
+/// Largest conversion annotation that still carries the pool statuses. The API server limits
+/// all of an object's annotations together to 256 KiB and fails a conversion whose result is
+/// over it, which would fail every v1alpha1 read; a cluster with thousands of per-node pool
+/// PVCs gets there through `claimStatuses`. Above this the statuses are left out: only the
+/// operator writes status, in v1beta1, and a v1alpha1 write of the main resource keeps the
+/// stored status anyway (the status subresource).
+pub const MAX_STATUS_ANNOTATION_BYTES: usize = 64 * 1024;
+
 /// The v1beta1 fields a v1alpha1 object cannot hold.
 #[derive(Serialize, Deserialize, Default, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -112,7 +120,7 @@ pub fn to_v1alpha1(obj: &v1beta1::HostPathProvisioner) -> Result<v1alpha1::HostP
         path: spec.path_config.as_ref().map(|pc| pc.path.clone()).unwrap_or_default(),
         use_naming_prefix,
     };
-    let beta_only = Beta1Only {
+    let mut beta_only = Beta1Only {
         path_config_absent: spec.path_config.is_none(),
         storage_pools: spec.storage_pools.clone(),
         feature_gates: spec.feature_gates.clone(),
@@ -122,6 +130,9 @@ pub fn to_v1alpha1(obj: &v1beta1::HostPathProvisioner) -> Result<v1alpha1::HostP
             .map(|s| s.storage_pool_statuses.clone())
             .unwrap_or_default(),
     };
+    if serde_json::to_vec(&beta_only).map_or(0, |v| v.len()) > MAX_STATUS_ANNOTATION_BYTES {
+        beta_only.storage_pool_statuses.clear();
+    }
     put_annotation(&mut metadata.annotations, &beta_only)?;
     Ok(v1alpha1::HostPathProvisioner {
         metadata,

@@ -150,3 +150,27 @@ fn a_stored_object_with_a_corrupt_annotation_still_reads_as_v1alpha1() {
     assert_eq!(annotations.get("team").map(String::as_str), Some("storage"));
     assert!(!annotations.contains_key(hpp_api::constants::ANNOTATION_CONVERSION_DATA));
 }
+
+#[test]
+fn statuses_too_large_for_an_annotation_are_left_out_of_it() {
+    // One claim status per node of a pvcTemplate pool: thousands on a large cluster.
+    let claims: Vec<serde_json::Value> = (0..5000)
+        .map(|i| json!({"name": format!("hpp-pool-local-node-{i:05}"), "status": {"phase": "Bound", "capacity": {"storage": "100Gi"}}}))
+        .collect();
+    let obj = beta(json!({
+        "metadata": {"name": "x"},
+        "spec": {"storagePools": [{"name": "local", "path": "/p"}]},
+        "status": {"storagePoolStatuses": [{"name": "local", "phase": "Ready", "claimStatuses": claims}]},
+    }));
+    let alpha = to_v1alpha1(&obj).unwrap();
+    let annotation = &alpha.metadata.annotations.as_ref().unwrap()[hpp_api::constants::ANNOTATION_CONVERSION_DATA];
+    assert!(
+        annotation.len() <= hpp_api::conversion::MAX_STATUS_ANNOTATION_BYTES,
+        "{}",
+        annotation.len()
+    );
+    // The spec still round-trips; only the statuses were dropped.
+    let back = to_v1beta1(&alpha).unwrap();
+    assert_eq!(back.spec, obj.spec);
+    assert!(back.status.is_none_or(|s| s.storage_pool_statuses.is_empty()));
+}
