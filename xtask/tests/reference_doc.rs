@@ -465,6 +465,7 @@ fn troubleshooting_covers_every_warning_the_operator_reports() {
         pool_mounts::CONDITION_POOL_MOUNTS_SHARED,
         pool_mounts::REASON_POOL_MOUNT_NOT_SHARED,
         csi_daemonset::REASON_SNAPSHOTS_DISABLED,
+        hpp_reconcile::apply::REASON_DELETE_FORBIDDEN,
         REASON_CLEANUP_PENDING,
         REASON_CLEANUP_SKIPPED,
         "kubevirt_hpp_storageclass_unknown_pool",
