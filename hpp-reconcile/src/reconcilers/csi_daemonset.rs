@@ -138,10 +138,7 @@ pub fn pool_mounts(hpp: &HostPathProvisioner) -> Result<Vec<PoolMount>> {
                 entry: DataDirEntry {
                     name: p.name.clone(),
                     path: format!("{mount_name}/csi"),
-                    snapshot_path: p
-                        .snapshot_provider
-                        .as_ref()
-                        .map(|_| format!("{mount_name}/csi/snapshots")),
+                    snapshot_path: p.takes_snapshots().then(|| format!("{mount_name}/csi/snapshots")),
                     snapshot_provider: p.snapshot_provider.clone(),
                     shared: p.is_shared(),
                     require_mount_point: p.pvc_template.is_some(),
@@ -172,12 +169,8 @@ pub fn runs_snapshotter(hpp: &HostPathProvisioner) -> Result<bool> {
 /// `snapshotProvider`), or `None` when they are on or the gate is off.
 pub fn snapshots_off_reason(hpp: &HostPathProvisioner) -> Option<String> {
     let off = common::snapshotting(hpp) && pool_mounts(hpp).is_ok_and(|m| !any_snapshot_path(&m));
-    off.then(|| {
-        "the Snapshotting feature gate is set but no storage pool has a snapshotProvider, so snapshots \
-         are off and the csi-snapshotter is not deployed; set snapshotProvider (reflink or btrfs) on a \
-         pool in spec.storagePools to enable them"
-            .to_owned()
-    })
+    // The webhook's admission warning, so the user reads the same words in both places.
+    off.then(|| hpp_api::validation::WARNING_SNAPSHOTS_OFF.to_owned())
 }
 
 /// The `--datadir` / `PV_DIR` JSON.
