@@ -140,6 +140,13 @@ impl EphemeralVolumes {
 }
 
 impl StoragePool {
+    /// Whether the driver keeps snapshots in this pool: it has a `snapshotProvider`, so the
+    /// operator gives it a snapshot path in the driver's `--datadir`. The driver offers snapshots
+    /// only when some pool does, whatever the `Snapshotting` gate says.
+    pub fn takes_snapshots(&self) -> bool {
+        self.snapshot_provider.is_some()
+    }
+
     /// Whether the pool is backed by one ReadWriteMany PVC shared by every node.
     pub fn is_shared(&self) -> bool {
         self.pvc_template

@@ -180,6 +180,29 @@ fn feature_gates_must_be_known() {
     rejected(spec.validate_create(), "spec.featureGates[1]", "Snapshotting");
 }
 
+/// The gate without a pool that takes snapshots is accepted (as KubeVirt does) with a warning.
+#[test]
+fn snapshotting_without_a_snapshot_provider_is_accepted_with_a_warning() {
+    use hpp_api::validation::{WARNING_SNAPSHOTS_OFF, warnings};
+    let mut spec = pools(&[("a", "/x")]);
+    assert!(warnings(&spec).is_empty());
+    spec.feature_gates = Some(vec!["Snapshotting".into()]);
+    spec.validate_create().unwrap();
+    assert_eq!(warnings(&spec), [WARNING_SNAPSHOTS_OFF]);
+    spec.storage_pools.as_mut().unwrap()[0].snapshot_provider = Some("reflink".into());
+    assert!(warnings(&spec).is_empty());
+    let legacy = HostPathProvisionerSpec {
+        path_config: Some(PathConfig {
+            path: "/var/hpvolumes".into(),
+            ..Default::default()
+        }),
+        feature_gates: Some(vec!["Snapshotting".into()]),
+        ..Default::default()
+    };
+    legacy.validate_create().unwrap();
+    assert_eq!(warnings(&legacy), [WARNING_SNAPSHOTS_OFF]);
+}
+
 #[test]
 fn image_pull_policy_and_overlay_class_name() {
     let mut spec = pools(&[("a", "/x")]);

@@ -1,20 +1,72 @@
 //! The only place owned objects are written: server-side apply with a per-sub-reconciler field
 //! manager, skipped when the live object already matches, plus create-only and delete helpers.
 
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Client;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::cache::Cache;
 use crate::error::{Error, Result};
 use crate::names::managed_selector;
 use crate::object::{ApplyStrategy, DesiredObject, Kind, ObjectKey, key_of, live_matches};
+use crate::subreconciler::ObjectWarning;
 
-/// Writes desired objects to the cluster. Cheap to clone.
+/// What [`Applier::delete`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deleted {
+    /// The API server accepted the delete of an existing object.
+    Requested,
+    /// The object was already gone.
+    Missing,
+    /// RBAC forbids the delete and the kind may stay behind (see
+    /// [`may_stay_when_delete_is_forbidden`]): logged, recorded for
+    /// [`Applier::take_left_behind`], and left in place.
+    LeftForbidden,
+}
+
+/// Whether a 403 on deleting an object of this kind leaves the object in place instead of
+/// failing: only StorageClasses. The shipped RBAC grants delete on the default overlay class
+/// `hpp-overlay` alone, so a pool's custom `overlayClassName` class cannot be deleted unless the
+/// admin granted it; failing would fail every pass (the sweep) and hold the CR's finalizer
+/// forever (cleanup). Everything else the operator creates it may delete, so a 403 there is a
+/// real misconfiguration and stays an error.
+pub fn may_stay_when_delete_is_forbidden(kind: &Kind) -> bool {
+    *kind == Kind::of::<StorageClass>()
+}
+
+/// Warning Event reason: RBAC forbids the operator to delete an object it created (a
+/// StorageClass of a custom `overlayClassName`), so it is left in place.
+pub const REASON_DELETE_FORBIDDEN: &str = "DeleteForbidden";
+
+/// The warning about an object the operator had to leave because RBAC forbids deleting it.
+pub fn left_behind_warning(regarding: ObjectReference) -> ObjectWarning {
+    let what = format!(
+        "{} {}",
+        regarding.kind.as_deref().unwrap_or_default(),
+        regarding.name.as_deref().unwrap_or_default()
+    );
+    ObjectWarning {
+        message: format!(
+            "{what} is no longer needed, but the operator's RBAC does not allow deleting it, so it \
+             is left in place: delete it yourself, or add its name to the resourceNames of the \
+             operator ClusterRole's delete rule for it"
+        ),
+        reason: REASON_DELETE_FORBIDDEN.into(),
+        regarding,
+    }
+}
+
+/// Writes desired objects to the cluster. Cheap to clone (clones share the watch caches and
+/// the record of objects left behind).
 #[derive(Clone)]
 pub struct Applier {
     client: Client,
     cache: Cache,
+    left_behind: Arc<Mutex<Vec<ObjectReference>>>,
 }
 
 impl Applier {
@@ -23,6 +75,7 @@ impl Applier {
         Applier {
             client,
             cache: Cache::new(),
+            left_behind: Arc::default(),
         }
     }
 
@@ -127,19 +180,47 @@ impl Applier {
         Ok(live)
     }
 
-    /// Deletes an object (background propagation); an already missing object is success.
-    /// Returns whether a delete request was sent for an existing object.
-    pub async fn delete(&self, kind: &Kind, namespace: Option<&str>, name: &str) -> Result<bool> {
+    /// Deletes an object (background propagation); an already missing object is success, and
+    /// so is a forbidden delete of a kind that may stay behind
+    /// ([`may_stay_when_delete_is_forbidden`]), which is logged and recorded for
+    /// [`take_left_behind`](Self::take_left_behind).
+    pub async fn delete(&self, kind: &Kind, namespace: Option<&str>, name: &str) -> Result<Deleted> {
         let api = self.api(kind, namespace);
         let what = || format!("{}/{} {name}", kind.group, kind.kind);
         match api.delete(name, &DeleteParams::background()).await {
             Ok(_) => {
                 info!(object = %what(), "deleted");
-                Ok(true)
+                Ok(Deleted::Requested)
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Deleted::Missing),
+            Err(kube::Error::Api(s)) if s.code == 403 && may_stay_when_delete_is_forbidden(kind) => {
+                warn!(
+                    object = %what(),
+                    "deleting is forbidden by the operator's RBAC; leaving it in place ({})",
+                    s.message
+                );
+                if let Ok(mut left) = self.left_behind.lock() {
+                    left.push(ObjectReference {
+                        api_version: Some(kind.api_version()),
+                        kind: Some(kind.kind.clone()),
+                        namespace: namespace.filter(|_| kind.namespaced).map(str::to_owned),
+                        name: Some(name.to_owned()),
+                        ..Default::default()
+                    });
+                }
+                Ok(Deleted::LeftForbidden)
+            }
             Err(e) => Err(Error::kube("delete", what(), e)),
         }
+    }
+
+    /// The objects [`delete`](Self::delete) left in place because RBAC forbids deleting them,
+    /// since the last call; the operator reports each as a Warning Event.
+    pub fn take_left_behind(&self) -> Vec<ObjectReference> {
+        self.left_behind
+            .lock()
+            .map(|mut l| std::mem::take(&mut *l))
+            .unwrap_or_default()
     }
 
     /// Deletes every desired object that exists, in reverse order.

@@ -377,7 +377,15 @@ async fn cleanup(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action>
     } else {
         Vec::new()
     };
-    match ctx.pipeline.cleanup(&applier, &hpp, cfg, &facts).await {
+    let result = ctx.pipeline.cleanup(&applier, &hpp, cfg, &facts).await;
+    // Objects RBAC forbids deleting stay; the deletion goes on without them (once each).
+    for regarding in applier.take_left_behind() {
+        let w = crate::apply::left_behind_warning(regarding);
+        if ctx.first_time(&hpp, &w.reason, &w.message) {
+            publish_warning(ctx, &w).await;
+        }
+    }
+    match result {
         Err(Error::CleanupPending(what)) => {
             let note = format!(
                 "Deletion is {what}. If they cannot run (a node is down or cannot pull the image), \
@@ -519,19 +527,24 @@ async fn publish_warnings(ctx: &Context, warnings: &[ObjectWarning]) {
         *warned = current;
         new
     };
-    let Some(recorder) = &ctx.recorder else { return };
     for w in new {
-        warn!(object = ?w.regarding.name, reason = %w.reason, "{}", w.message);
-        let event = Event {
-            type_: EventType::Warning,
-            reason: w.reason.clone(),
-            note: Some(w.message.clone()),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = recorder.publish(&event, &w.regarding).await {
-            warn!(error = %e, "could not publish event");
-        }
+        publish_warning(ctx, w).await;
+    }
+}
+
+/// Logs a warning and publishes it as a Warning Event on its object; failures are logged.
+async fn publish_warning(ctx: &Context, w: &ObjectWarning) {
+    warn!(object = ?w.regarding.name, reason = %w.reason, "{}", w.message);
+    let Some(recorder) = &ctx.recorder else { return };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: w.reason.clone(),
+        note: Some(w.message.clone()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &w.regarding).await {
+        warn!(error = %e, "could not publish event");
     }
 }
 

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use hpp_api::HostPathProvisioner;
 use tracing::{info, instrument};
 
-use crate::apply::Applier;
+use crate::apply::{Applier, Deleted, left_behind_warning};
 use crate::config::OperatorConfig;
 use crate::error::Result;
 use crate::facts::ClusterFacts;
@@ -161,11 +161,16 @@ impl Pipeline {
             for (key, _) in applier.list_managed(&kind, &cfg.namespace).await? {
                 if !claimed.contains(&key) {
                     info!(object = %key, "sweeping leftover");
-                    applier.delete(&kind, key.namespace.as_deref(), &key.name).await?;
-                    report.swept.push(key);
+                    if applier.delete(&kind, key.namespace.as_deref(), &key.name).await? != Deleted::LeftForbidden {
+                        report.swept.push(key);
+                    }
                 }
             }
         }
+        report
+            .readiness
+            .warnings
+            .extend(applier.take_left_behind().into_iter().map(left_behind_warning));
         report.readiness.pool_statuses.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(report)
     }

@@ -262,6 +262,82 @@ fn snapshotting_and_overlay_pools_shape_the_datadir() {
     );
 }
 
+/// Names of the containers of a built CSI DaemonSet.
+fn container_names(ds: &Value) -> Vec<String> {
+    ds["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Whether the CSI ClusterRole built for `hpp` grants anything on snapshot.storage.k8s.io.
+fn snapshot_rbac(hpp: &HostPathProvisioner) -> bool {
+    rbac::desired_rbac(hpp, &cfg())
+        .unwrap()
+        .iter()
+        .map(value)
+        .filter(|v| v["kind"] == "ClusterRole" && v["metadata"]["name"] == "hostpath-provisioner-admin-csi")
+        .flat_map(|v| v["rules"].as_array().cloned().unwrap_or_default())
+        .any(|r| r["apiGroups"][0] == "snapshot.storage.k8s.io")
+}
+
+/// csi-snapshotter exits at startup against a driver without CREATE_DELETE_SNAPSHOT, which the
+/// driver advertises only when some pool has a snapshot path: with the gate but no
+/// snapshotProvider the sidecar used to crash-loop and keep every CSI pod NotReady.
+#[test]
+fn snapshotter_only_with_the_gate_and_a_pool_with_a_snapshot_provider() {
+    let gated = |name: &str| {
+        let mut hpp = example(name);
+        hpp.spec.feature_gates = Some(vec!["Snapshotting".into()]);
+        hpp
+    };
+    for no_provider in [gated("hostpathprovisioner_cr"), gated("hostpathprovisioner_legacy_cr")] {
+        let ds = value(&csi_daemonset::desired_csi_daemonset(&no_provider, &cfg()).unwrap());
+        assert!(
+            !container_names(&ds).iter().any(|c| c == "csi-snapshotter"),
+            "{:?}",
+            container_names(&ds)
+        );
+        assert!(!snapshot_rbac(&no_provider), "no snapshotter, no snapshot RBAC");
+        assert!(!csi_daemonset::runs_snapshotter(&no_provider).unwrap());
+        let why = csi_daemonset::snapshots_off_reason(&no_provider).unwrap();
+        assert!(why.contains("snapshotProvider"), "{why}");
+    }
+
+    let mut with_provider = gated("hostpathprovisioner_cr");
+    with_provider.spec.storage_pools.as_mut().unwrap()[0].snapshot_provider = Some("reflink".into());
+    let ds = value(&csi_daemonset::desired_csi_daemonset(&with_provider, &cfg()).unwrap());
+    assert!(container_names(&ds).iter().any(|c| c == "csi-snapshotter"));
+    assert!(snapshot_rbac(&with_provider));
+    assert_eq!(csi_daemonset::snapshots_off_reason(&with_provider), None);
+
+    // A provider without the gate: no snapshotter, nothing to warn about.
+    let mut ungated = example("hostpathprovisioner_cr");
+    ungated.spec.storage_pools.as_mut().unwrap()[0].snapshot_provider = Some("reflink".into());
+    let ds = value(&csi_daemonset::desired_csi_daemonset(&ungated, &cfg()).unwrap());
+    assert!(!container_names(&ds).iter().any(|c| c == "csi-snapshotter"));
+    assert!(!snapshot_rbac(&ungated));
+    assert_eq!(csi_daemonset::snapshots_off_reason(&ungated), None);
+}
+
+/// The CSI step warns on the CR (a Warning Event) when the gate is on but snapshots are off.
+#[test]
+fn csi_step_warns_when_the_gate_is_on_without_a_snapshot_provider() {
+    use hpp_reconcile::SubReconciler;
+    let mut hpp = example("hostpathprovisioner_cr");
+    hpp.metadata.name = Some("hostpath-provisioner".into());
+    let step = hpp_reconcile::reconcilers::CsiDaemonSet;
+    assert!(step.readiness(&hpp, &ClusterFacts::default(), &[]).warnings.is_empty());
+    hpp.spec.feature_gates = Some(vec!["Snapshotting".into()]);
+    let warnings = step.readiness(&hpp, &ClusterFacts::default(), &[]).warnings;
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].reason, csi_daemonset::REASON_SNAPSHOTS_DISABLED);
+    assert_eq!(warnings[0].regarding.kind.as_deref(), Some("HostPathProvisioner"));
+    assert_eq!(warnings[0].regarding.name.as_deref(), Some("hostpath-provisioner"));
+}
+
 #[test]
 fn legacy_daemonset_only_with_path_config() {
     let legacy = example("hostpathprovisioner_legacy_cr");
@@ -401,7 +477,12 @@ fn scc_and_prometheus_only_when_discovered() {
         "https://kubevirt.io/monitoring/runbooks/HPPNotReady"
     );
     assert_eq!(mon[2]["subjects"][0]["namespace"], "monitoring");
-    assert_eq!(mon[4]["spec"]["endpoints"][0]["tlsConfig"]["minVersion"], "TLS13");
+    // Older ServiceMonitor CRDs do not declare tlsConfig.minVersion: server-side apply of an
+    // undeclared field fails the whole pass, so the operator sends only what every CRD knows.
+    assert_eq!(
+        mon[4]["spec"]["endpoints"][0]["tlsConfig"],
+        serde_json::json!({ "insecureSkipVerify": true })
+    );
 }
 
 fn pool_objs(hpp: &HostPathProvisioner, facts: &ClusterFacts) -> Vec<(String, String, ApplyStrategy)> {

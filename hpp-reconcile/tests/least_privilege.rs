@@ -295,8 +295,11 @@ fn rendered_roles() -> Vec<(String, Vec<Value>)> {
         "hostpathprovisioner_overlay_csi_cr",
     ] {
         let mut hpp = example(ex);
-        // Snapshotting adds the snapshotter's rules.
+        // Snapshotting with a snapshot provider adds the snapshotter's rules.
         hpp.spec.feature_gates = Some(vec!["Snapshotting".into()]);
+        for pool in hpp.spec.storage_pools.iter_mut().flatten() {
+            pool.snapshot_provider = Some("reflink".into());
+        }
         let objs = rbac::desired_rbac(&hpp, &cfg())
             .unwrap()
             .into_iter()
@@ -368,6 +371,7 @@ fn pod_spec(ds: &Value) -> &Value {
 fn only_the_driver_and_registrar_are_privileged() {
     let mut hpp = example("hostpathprovisioner_cr");
     hpp.spec.feature_gates = Some(vec!["Snapshotting".into()]);
+    hpp.spec.storage_pools.as_mut().unwrap()[0].snapshot_provider = Some("reflink".into());
     let ds = csi_daemonset::desired_csi_daemonset(&hpp, &cfg())
         .unwrap()
         .to_value()

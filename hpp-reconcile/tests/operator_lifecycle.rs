@@ -313,3 +313,99 @@ async fn steady_state_costs_only_reads() {
     eprintln!("steady-state pass with 3 nodes: {per_pass} read requests, 0 writes");
     assert!(per_pass < 60, "{per_pass} reads per pass");
 }
+
+/// The RWX pool of the overlay example with a custom `overlayClassName`, and a 403 on deleting
+/// that class, as the shipped RBAC (delete on `hpp-overlay` only) answers.
+async fn custom_overlay_class_whose_delete_is_forbidden() -> Env {
+    let env = Env::new("hostpathprovisioner_overlay_csi_cr", &["node01"]);
+    let pools = json!({ "spec": { "storagePools": [{
+        "name": "nfs-backend", "path": "/nfs-vol", "overlayClassName": "nfs-overlay",
+        "pvcTemplate": { "accessModes": ["ReadWriteMany"], "storageClassName": "nfs-csi",
+                         "resources": { "requests": { "storage": "10Gi" } } },
+    }] } });
+    Api::<HostPathProvisioner>::all(env.fake.client())
+        .patch(CR, &PatchParams::default(), &Patch::Merge(&pools))
+        .await
+        .unwrap();
+    env.converge().await;
+    assert_eq!(env.names::<StorageClass>(), ["nfs-overlay"]);
+    env.fake.fail_requests(
+        hpp_reconcile::testkit::FailureRule::new(403)
+            .method(http::Method::DELETE)
+            .path_contains("/storageclasses/nfs-overlay"),
+    );
+    env
+}
+
+/// Warning Events (either API) with this reason about this object.
+fn warning_events(env: &Env, reason: &str, name: &str) -> usize {
+    let new = env
+        .fake
+        .list::<k8s_openapi::api::events::v1::Event>()
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason) && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        })
+        .count();
+    let core = env
+        .fake
+        .list::<k8s_openapi::api::core::v1::Event>()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason) && e.involved_object.name.as_deref() == Some(name))
+        .count();
+    new + core
+}
+
+/// Removing a pool whose custom overlay class the operator may not delete: the sweep logs the
+/// 403, leaves the class and warns once, instead of failing every pass.
+#[tokio::test]
+async fn a_forbidden_overlay_class_delete_leaves_the_class_and_the_pass_succeeds() {
+    let env = custom_overlay_class_whose_delete_is_forbidden().await;
+    let local = json!({ "spec": { "storagePools": [{ "name": "local", "path": "/var/hpvolumes" }] } });
+    Api::<HostPathProvisioner>::all(env.fake.client())
+        .patch(CR, &PatchParams::default(), &Patch::Merge(&local))
+        .await
+        .unwrap();
+    env.pass().await.unwrap();
+    env.pass().await.unwrap();
+    assert_eq!(env.names::<StorageClass>(), ["nfs-overlay"], "left in place");
+    assert_eq!(
+        warning_events(&env, hpp_reconcile::apply::REASON_DELETE_FORBIDDEN, "nfs-overlay"),
+        1,
+        "one Warning Event on the class, not one per pass"
+    );
+}
+
+/// Deleting the CR with such a class: cleanup leaves the class and the finalizer goes.
+#[tokio::test]
+async fn a_forbidden_overlay_class_delete_does_not_hold_the_finalizer() {
+    let env = custom_overlay_class_whose_delete_is_forbidden().await;
+    env.fake.remove::<HostPathProvisioner>(None, CR);
+    assert_eq!(env.pass().await.unwrap_err().category(), "cleanup_pending");
+    job_succeeded(&env, "cleanup-pool-nfs-backend-node01");
+    env.pass().await.unwrap();
+    assert!(
+        env.fake.get::<HostPathProvisioner>(None, CR).is_none(),
+        "finalizer removed, CR gone"
+    );
+    assert_eq!(env.names::<StorageClass>(), ["nfs-overlay"], "left in place");
+    assert_eq!(
+        warning_events(&env, hpp_reconcile::apply::REASON_DELETE_FORBIDDEN, "nfs-overlay"),
+        1
+    );
+}
+
+/// Only StorageClasses may stay: a 403 on deleting anything else still fails the pass.
+#[tokio::test]
+async fn a_forbidden_delete_of_another_kind_still_fails() {
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &["node01"]);
+    env.converge().await;
+    env.fake.fail_requests(
+        hpp_reconcile::testkit::FailureRule::new(403)
+            .method(http::Method::DELETE)
+            .path_contains("/deployments/"),
+    );
+    env.fake.remove::<HostPathProvisioner>(None, CR);
+    assert!(env.pass().await.is_err());
+    assert!(env.fake.get::<HostPathProvisioner>(None, CR).is_some(), "still held");
+}

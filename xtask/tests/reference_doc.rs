@@ -451,7 +451,7 @@ fn owned_object_names_in_the_migration_guide_are_the_rendered_ones() {
 fn troubleshooting_covers_every_warning_the_operator_reports() {
     use hpp_api::condition as cond;
     use hpp_reconcile::operator::{REASON_CLEANUP_PENDING, REASON_CLEANUP_SKIPPED};
-    use hpp_reconcile::reconcilers::{pool_mounts, storage_class_pools};
+    use hpp_reconcile::reconcilers::{csi_daemonset, pool_mounts, storage_class_pools};
     let guide = read("docs/user-guide.md");
     let table = section(&guide, "## Troubleshooting by symptom");
     for name in [
@@ -464,6 +464,8 @@ fn troubleshooting_covers_every_warning_the_operator_reports() {
         storage_class_pools::REASON_UNKNOWN_STORAGE_POOL,
         pool_mounts::CONDITION_POOL_MOUNTS_SHARED,
         pool_mounts::REASON_POOL_MOUNT_NOT_SHARED,
+        csi_daemonset::REASON_SNAPSHOTS_DISABLED,
+        hpp_reconcile::apply::REASON_DELETE_FORBIDDEN,
         REASON_CLEANUP_PENDING,
         REASON_CLEANUP_SKIPPED,
         "kubevirt_hpp_storageclass_unknown_pool",

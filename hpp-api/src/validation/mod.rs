@@ -338,6 +338,28 @@ fn immutability_errors(new: &HostPathProvisionerSpec, old: &HostPathProvisionerS
     errors
 }
 
+/// Warning of [`warnings`]: the `Snapshotting` gate without a pool that takes snapshots.
+pub const WARNING_SNAPSHOTS_OFF: &str = "spec.featureGates: Snapshotting is set but no storage pool has a \
+     snapshotProvider, so snapshots stay off and the csi-snapshotter is not deployed; set \
+     snapshotProvider (reflink or btrfs) on a pool in spec.storagePools to enable them";
+
+/// What an accepted spec does not do as it reads, for admission warnings. Never a reason to
+/// reject: KubeVirt accepts such CRs.
+pub fn warnings(spec: &HostPathProvisionerSpec) -> Vec<String> {
+    let mut out = Vec::new();
+    // A pathConfig CR serves one legacy pool, which never takes snapshots.
+    let snapshot_pool = spec.path_config.is_none()
+        && spec
+            .storage_pools
+            .iter()
+            .flatten()
+            .any(crate::v1beta1::StoragePool::takes_snapshots);
+    if snapshotting_enabled(spec) && !snapshot_pool {
+        out.push(WARNING_SNAPSHOTS_OFF.to_owned());
+    }
+    out
+}
+
 /// Whether the `Snapshotting` feature gate is set.
 pub fn snapshotting_enabled(spec: &HostPathProvisionerSpec) -> bool {
     spec.feature_gates

@@ -1,11 +1,12 @@
 //! The CSI DaemonSet `hostpath-provisioner-csi`: driver, registrar, liveness probe, external
-//! provisioner, resizer and (with `Snapshotting`) snapshotter, with one host mount per storage
-//! pool.
+//! provisioner, resizer and (with `Snapshotting` and a pool with a `snapshotProvider`)
+//! snapshotter, with one host mount per storage pool.
 
 use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
 use hpp_api::quota::QuotaMode;
+use kube::Resource;
 use kube::api::DynamicObject;
 
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
@@ -22,7 +23,10 @@ use crate::error::{Error, Result};
 use crate::facts::ClusterFacts;
 use crate::names;
 use crate::object::{DesiredObject, Kind};
-use crate::subreconciler::{Readiness, SubReconciler};
+use crate::subreconciler::{ObjectWarning, Readiness, SubReconciler};
+
+/// Event reason when the `Snapshotting` gate is on but no pool has a snapshot provider.
+pub const REASON_SNAPSHOTS_DISABLED: &str = "SnapshotsDisabled";
 
 /// Socket path inside the pods.
 const CSI_SOCKET: &str = "/csi/csi.sock";
@@ -134,10 +138,7 @@ pub fn pool_mounts(hpp: &HostPathProvisioner) -> Result<Vec<PoolMount>> {
                 entry: DataDirEntry {
                     name: p.name.clone(),
                     path: format!("{mount_name}/csi"),
-                    snapshot_path: p
-                        .snapshot_provider
-                        .as_ref()
-                        .map(|_| format!("{mount_name}/csi/snapshots")),
+                    snapshot_path: p.takes_snapshots().then(|| format!("{mount_name}/csi/snapshots")),
                     snapshot_provider: p.snapshot_provider.clone(),
                     shared: p.is_shared(),
                     require_mount_point: p.pvc_template.is_some(),
@@ -150,6 +151,26 @@ pub fn pool_mounts(hpp: &HostPathProvisioner) -> Result<Vec<PoolMount>> {
             })
         })
         .collect()
+}
+
+/// Whether the driver snapshots in some pool: only then does it advertise
+/// CREATE_DELETE_SNAPSHOT, and csi-snapshotter exits at startup against a driver without it.
+fn any_snapshot_path(mounts: &[PoolMount]) -> bool {
+    mounts.iter().any(|m| m.entry.snapshot_path.is_some())
+}
+
+/// Whether the csi-snapshotter sidecar and its RBAC are deployed: the `Snapshotting` gate is
+/// on and some pool's `--datadir` entry has a snapshot path (a `snapshotProvider`).
+pub fn runs_snapshotter(hpp: &HostPathProvisioner) -> Result<bool> {
+    Ok(common::snapshotting(hpp) && any_snapshot_path(&pool_mounts(hpp)?))
+}
+
+/// Why snapshots are off although the `Snapshotting` gate is on (no pool has a
+/// `snapshotProvider`), or `None` when they are on or the gate is off.
+pub fn snapshots_off_reason(hpp: &HostPathProvisioner) -> Option<String> {
+    let off = common::snapshotting(hpp) && pool_mounts(hpp).is_ok_and(|m| !any_snapshot_path(&m));
+    // The webhook's admission warning, so the user reads the same words in both places.
+    off.then(|| hpp_api::validation::WARNING_SNAPSHOTS_OFF.to_owned())
 }
 
 /// The `--datadir` / `PV_DIR` JSON.
@@ -363,7 +384,7 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
         )
     };
     let mut containers = vec![driver, registrar, liveness, provisioner, resizer];
-    if common::snapshotting(hpp) {
+    if runs_snapshotter(hpp)? {
         containers.push(Container {
             resources: None,
             security_context: sidecar_security_context(),
@@ -442,7 +463,16 @@ impl SubReconciler for CsiDaemonSet {
         Ok(vec![desired_csi_daemonset(hpp, cfg)?])
     }
 
-    fn readiness(&self, _hpp: &HostPathProvisioner, _facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
-        super::rollout::daemonsets_readiness(live)
+    /// The rollout, and a warning on the CR when the `Snapshotting` gate is on but no pool
+    /// has a snapshot provider.
+    fn readiness(&self, hpp: &HostPathProvisioner, _facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
+        let mut r = super::rollout::daemonsets_readiness(live);
+        r.warnings
+            .extend(snapshots_off_reason(hpp).map(|message| ObjectWarning {
+                regarding: hpp.object_ref(&()),
+                reason: REASON_SNAPSHOTS_DISABLED.into(),
+                message,
+            }));
+        r
     }
 }

@@ -134,10 +134,14 @@ pub fn desired_monitoring(
                 "spec": {
                     "namespaceSelector": { "matchNames": [ns] },
                     "selector": { "matchLabels": { c::LABEL_PROMETHEUS: "true" } },
+                    // No `tlsConfig.minVersion`: ServiceMonitor CRDs of older prometheus-operators
+                    // do not declare it, and server-side apply then fails the whole pass
+                    // ("field not declared in schema"). The driver enforces its own minimum
+                    // (`--metrics-tls-version`, which may be TLS 1.2 under the cluster policy).
                     "endpoints": [{
                         "port": "metrics",
                         "scheme": "https",
-                        "tlsConfig": { "insecureSkipVerify": true, "minVersion": "TLS13" },
+                        "tlsConfig": { "insecureSkipVerify": true },
                     }],
                 },
             }),

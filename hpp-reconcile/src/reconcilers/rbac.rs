@@ -32,8 +32,9 @@ pub fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
 
 const READ: &[&str] = &["get", "list", "watch"];
 
-/// Rules of the CSI driver's ClusterRole.
-pub fn csi_cluster_rules(snapshotting: bool) -> Vec<PolicyRule> {
+/// Rules of the CSI driver's ClusterRole; `snapshotter` adds the csi-snapshotter's (see
+/// [`runs_snapshotter`](super::csi_daemonset::runs_snapshotter)).
+pub fn csi_cluster_rules(snapshotter: bool) -> Vec<PolicyRule> {
     let mut rules = vec![
         rule(
             &[""],
@@ -60,7 +61,7 @@ pub fn csi_cluster_rules(snapshotting: bool) -> Vec<PolicyRule> {
         rule(&[""], &["persistentvolumeclaims/status"], &["patch"]),
         rule(&["storage.k8s.io"], &["volumeattributesclasses"], READ),
     ];
-    if snapshotting {
+    if snapshotter {
         rules.extend([
             rule(&["snapshot.storage.k8s.io"], &["volumesnapshotclasses"], READ),
             rule(&["snapshot.storage.k8s.io"], &["volumesnapshots"], &["get"]),
@@ -158,7 +159,7 @@ pub fn desired_rbac(hpp: &HostPathProvisioner, cfg: &OperatorConfig) -> Result<V
     let mut out = vec![
         common::typed_ssa(&ClusterRole {
             metadata: cluster_meta(csi),
-            rules: Some(csi_cluster_rules(common::snapshotting(hpp))),
+            rules: Some(csi_cluster_rules(super::csi_daemonset::runs_snapshotter(hpp)?)),
             ..Default::default()
         })?,
         common::typed_ssa(&ClusterRoleBinding {

@@ -460,6 +460,8 @@ impl SubReconciler for StoragePools {
                 .overlay_class_name
                 .as_deref()
                 .unwrap_or(names::DEFAULT_OVERLAY_CLASS);
+            // A custom class RBAC does not let us delete is logged and left (see
+            // `apply::may_stay_when_delete_is_forbidden`), so it never holds the finalizer.
             applier.delete(&storage_class_kind(), None, name).await?;
         }
         Ok(())
