@@ -32,7 +32,8 @@ pub const SNAPSHOT_PROVIDER_BTRFS: &str = "btrfs";
 /// Every snapshot provider hpp implements.
 pub const KNOWN_SNAPSHOT_PROVIDERS: &[&str] = &[SNAPSHOT_PROVIDER_REFLINK, SNAPSHOT_PROVIDER_BTRFS];
 
-/// Feature gate that deploys the csi-snapshotter sidecar and its RBAC.
+/// Feature gate that deploys the csi-snapshotter sidecar and its RBAC (when a pool has a
+/// `snapshotProvider`).
 pub const FEATURE_GATE_SNAPSHOTTING: &str = "Snapshotting";
 /// Every feature gate hpp understands.
 pub const KNOWN_FEATURE_GATES: &[&str] = &[FEATURE_GATE_SNAPSHOTTING];

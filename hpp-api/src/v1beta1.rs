@@ -47,7 +47,8 @@ pub struct HostPathProvisionerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[garde(skip)]
     pub workload: Option<NodePlacement>,
-    /// Optional features: `Snapshotting` deploys the csi-snapshotter sidecar.
+    /// Optional features: `Snapshotting` deploys the csi-snapshotter sidecar (when a pool has a
+    /// `snapshotProvider`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-list-type" = "set"), length(max = 16), inner(length(max = 64)))]
     #[garde(skip)]

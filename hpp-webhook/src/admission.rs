@@ -269,8 +269,10 @@ async fn admit_create(req: &AdmissionRequest<DynamicObject>, cluster: Option<&dy
         Ok(Err(errors)) => return Verdict::Deny(invalid(req, &obj, &errors)),
         Ok(Ok(())) => {}
     }
+    // Settings that are valid but probably not what the user meant (never a rejection).
+    let advice = hpp_api::validation::warnings(&obj.spec);
     let Some(cluster) = cluster else {
-        return Verdict::Allow(Vec::new());
+        return Verdict::Allow(advice);
     };
     let name = obj.metadata.name.clone().unwrap_or_else(|| req.name.clone());
     match cluster.hostpath_provisioners().await {
@@ -278,7 +280,7 @@ async fn admit_create(req: &AdmissionRequest<DynamicObject>, cluster: Option<&dy
         Ok(existing) => {
             let others: Vec<String> = existing.into_iter().filter(|n| *n != name).collect();
             match others.first() {
-                None => Verdict::Allow(Vec::new()),
+                None => Verdict::Allow(advice),
                 Some(first) => Verdict::Deny(forbidden(
                     &name,
                     format!(
@@ -333,7 +335,7 @@ async fn admit_update(req: &AdmissionRequest<DynamicObject>) -> Verdict {
         Ok((Ok(()), tolerated)) => tolerated,
     };
     // Problems the stored object already had are tolerated; say so instead of staying silent.
-    let warnings = tolerated
+    let mut warnings = tolerated
         .map(|e| {
             let mut w: Vec<String> = e
                 .errors()
@@ -346,6 +348,7 @@ async fn admit_update(req: &AdmissionRequest<DynamicObject>) -> Verdict {
             w
         })
         .unwrap_or_default();
+    warnings.extend(hpp_api::validation::warnings(&new.spec));
     Verdict::Allow(warnings)
 }
 

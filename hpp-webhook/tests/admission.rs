@@ -629,3 +629,33 @@ async fn malformed_reviews_get_clear_errors() {
     assert_eq!(server.get("/readyz").await, (200, "ok".to_string()));
     server.stop().await;
 }
+
+#[tokio::test]
+async fn snapshotting_without_a_snapshot_provider_is_admitted_with_a_warning() {
+    let server = Server::builder().start().await;
+    let mut spec = pools(&[("local", "/var/hpvolumes")]);
+    spec["featureGates"] = json!(["Snapshotting"]);
+    for (operation, old) in [("CREATE", None), ("UPDATE", Some(hpp("hpp", spec.clone())))] {
+        let response = send(
+            &server,
+            &review(VERSIONS[0], operation, "hpp", Some(hpp("hpp", spec.clone())), old),
+        )
+        .await;
+        assert_allowed(&response);
+        assert_eq!(
+            response["warnings"],
+            json!([hpp_api::validation::WARNING_SNAPSHOTS_OFF]),
+            "{operation}"
+        );
+    }
+    // With a provider on the pool there is nothing to say.
+    spec["storagePools"][0]["snapshotProvider"] = "reflink".into();
+    let response = send(
+        &server,
+        &review(VERSIONS[0], "CREATE", "hpp", Some(hpp("hpp", spec)), None),
+    )
+    .await;
+    assert_allowed(&response);
+    assert!(response.get("warnings").is_none_or(Value::is_null), "{response}");
+    server.stop().await;
+}
