@@ -249,7 +249,7 @@ mod tests {
         })
         .await
         .unwrap();
-        // As the ServiceMonitor scrapes: insecureSkipVerify, minVersion TLS13.
+        // As the ServiceMonitor scrapes (insecureSkipVerify), here over TLS 1.3.
         let scrape = https_get(addr, "/metrics", Trust::Any, &[&rustls::version::TLS13])
             .await
             .unwrap();
@@ -312,7 +312,9 @@ mod tests {
         assert_eq!(endpoint["port"], port["name"]);
         assert_eq!(endpoint["scheme"], "https");
         assert_eq!(endpoint["tlsConfig"]["insecureSkipVerify"], true);
-        assert_eq!(endpoint["tlsConfig"]["minVersion"], "TLS13");
+        // No minVersion: older ServiceMonitor CRDs do not declare it, and server-side apply
+        // would fail the whole pass; the driver enforces its own TLS minimum.
+        assert!(endpoint["tlsConfig"].get("minVersion").is_none());
         let selector = service["spec"]["selector"].as_object().unwrap();
         let daemonset = rendered
             .iter()
