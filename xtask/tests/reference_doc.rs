@@ -182,6 +182,8 @@ fn flags_and_env_names_in_prose_exist() {
         "--immediate-topology",
         "--strict-topology",
         "--node-deployment",
+        // The snapshot controller, named where snapshots of node-local pools are explained.
+        "--enable-distributed-snapshotting",
         "--default-fstype",
         "--leader-election",
         "--for",
