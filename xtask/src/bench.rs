@@ -969,6 +969,38 @@ fn print_goal(rows: &[DriverRow], empty: &EmptyCalls, floors: &Floors) {
             _ => println!("  {rpc} against {floor}: not measured"),
         }
     }
+    // The same sum for the durable floor served by bare tonic: what the two thread hops and
+    // wake-ups of any server that syncs on a blocking thread cost before the driver's own work.
+    println!("  The durable floor served by bare tonic, held to the same sums, and the driver against it:");
+    for (rpc, floor) in [
+        ("CreateVolume", floors::MKDIR_FSYNC),
+        ("DeleteVolume", floors::RENAME_FSYNC),
+    ] {
+        let row = rows.iter().find(|r| r.rpc == rpc && r.conc == 1);
+        match (row, empty.floor_for(rpc, 1)) {
+            (
+                Some(DriverRow {
+                    stats,
+                    paired: Some(f),
+                    served_floor: Some(served),
+                    ..
+                }),
+                Some(e),
+            ) => {
+                println!(
+                    "  {}",
+                    goal_line(&format!("{rpc} on the floor server"), served.p50, e.p50, floor, f.p50)
+                );
+                println!(
+                    "  {rpc}: driver p50 {} / floor server p50 {} = {}",
+                    fmt_d(stats.p50),
+                    fmt_d(served.p50),
+                    ratio_d(stats.p50, served.p50)
+                );
+            }
+            _ => println!("  {rpc} on the floor server: not measured"),
+        }
+    }
 }
 
 /// `CreateVolume: p50 1.20ms / (empty 50.0µs + mkdir+fsync(parent) 1.00ms = 1.05ms) = 1.14x (goal 1.2x: met)`.
