@@ -52,7 +52,7 @@ pub fn volume_action(outcome: &VolumeOutcome) -> Action {
 pub fn claims_of_class(claims: &[Arc<PersistentVolumeClaim>], class: &str) -> Vec<ObjectRef<PersistentVolumeClaim>> {
     claims
         .iter()
-        .filter(|c| c.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()) == Some(class))
+        .filter(|c| crate::provisioner::claim_class(c).as_deref() == Some(class))
         .filter(|c| c.spec.as_ref().is_none_or(|s| s.volume_name.is_none()))
         .map(|c| ObjectRef::from_obj(c.as_ref()))
         .collect()
@@ -191,6 +191,13 @@ mod tests {
         assert_eq!(refs.len(), 1);
         assert_eq!(refs[0].name, "a");
         assert!(claims_of_class(&all, "none").is_empty());
+        // The beta annotation wins over the spec, as in Kubernetes' GetPersistentVolumeClaimClass.
+        let mut annotated = (*claim("d", "slow", false)).clone();
+        annotated.metadata.annotations =
+            Some([("volume.beta.kubernetes.io/storage-class".to_owned(), "fast".to_owned())].into());
+        assert_eq!(crate::provisioner::claim_class(&annotated).as_deref(), Some("fast"));
+        let refs = claims_of_class(&[Arc::new(annotated)], "fast");
+        assert_eq!(refs.len(), 1);
     }
 
     #[test]

@@ -129,7 +129,7 @@ impl ClassParams {
                     let id: u32 = value
                         .parse()
                         .map_err(|_| bad(key, format!("{value:?} is not a numeric id")))?;
-                    if key == PARAM_UID {
+                    if canonical == PARAM_UID {
                         out.uid = Some(id);
                     } else {
                         out.gid = Some(id);
@@ -194,6 +194,10 @@ mod tests {
         let p = ClassParams::parse(Some(&old)).unwrap();
         assert_eq!(p.pv_dir, Some(PathBuf::from("/mnt/ceph")));
         assert!(p.cephfs_quota);
+        // Owner ids too: `UID` is the uid, not the gid.
+        let ids = map(&[("UID", "107"), ("Gid", "108")]);
+        let p = ClassParams::parse(Some(&ids)).unwrap();
+        assert_eq!((p.uid, p.gid), (Some(107), Some(108)));
     }
 
     #[test]

@@ -29,6 +29,18 @@ use crate::{Error, Result};
 /// Legacy beta annotation naming the claim's class (still honoured by the PV controller).
 const ANNOTATION_BETA_STORAGE_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
 
+/// The StorageClass of a claim as Kubernetes reads it (`GetPersistentVolumeClaimClass`): the
+/// beta annotation wins over `spec.storageClassName`, so the PV gets the class the binder
+/// matches it against.
+pub fn claim_class(claim: &PersistentVolumeClaim) -> Option<String> {
+    claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_BETA_STORAGE_CLASS).cloned())
+        .or_else(|| claim.spec.as_ref().and_then(|s| s.storage_class_name.clone()))
+}
+
 /// What happened to a claim.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClaimOutcome {
@@ -217,17 +229,7 @@ impl Provisioner {
     }
 
     async fn reconcile_claim_inner(&self, claim: &PersistentVolumeClaim) -> Result<ClaimOutcome> {
-        let class_name = claim
-            .spec
-            .as_ref()
-            .and_then(|s| s.storage_class_name.clone())
-            .or_else(|| {
-                claim
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(ANNOTATION_BETA_STORAGE_CLASS).cloned())
-            });
+        let class_name = claim_class(claim);
         let plan = match self.decide(claim, class_name.as_deref()).await? {
             ClaimDecision::Ignore(reason) => {
                 debug!(?reason, "ignoring claim");
@@ -273,7 +275,12 @@ impl Provisioner {
                 return Ok(ClaimOutcome::AlreadyExists(plan.pv_name));
             }
             Err(e) => {
-                if created.newly_created {
+                // Only a definite rejection proves the PV was not stored. After a timeout, a 5xx
+                // or a dropped connection it may well have been, and removing the directory would
+                // leave a PV whose hostPath (type Directory) no pod can ever mount; the retry
+                // then finds the directory (creating it is idempotent) or the PV.
+                let rejected = [400, 403, 422].iter().any(|code| is_status(&e, *code));
+                if created.newly_created && rejected {
                     let (base, rel) = (plan.base_dir.clone(), plan.rel_dir.clone());
                     if let Err(undo) = blocking(move || fsops::remove_if_empty(&base, &rel)).await? {
                         warn!(error = %undo, "cannot undo directory creation");

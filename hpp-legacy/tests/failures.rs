@@ -21,7 +21,33 @@ fn entries(dir: &std::path::Path) -> usize {
 }
 
 #[tokio::test]
-async fn failed_pv_create_removes_the_new_directory_and_retry_succeeds() {
+async fn a_rejected_pv_create_removes_the_new_directory_and_retry_succeeds() {
+    let fake = FakeApiServer::new();
+    fake.seed(&storage_class("local", NAME, false, "Delete", &[]));
+    let base = tempfile::tempdir().unwrap();
+    let p = provisioner(&fake, config(Mode::SingleNode, None, Some(base.path())), base.path());
+    let c = seed_claim(&fake, &claim("ns", "c", "local", NAME, "1Mi", &["ReadWriteOnce"], &[]));
+    fake.fail_requests(
+        FailureRule::new(422)
+            .method(http::Method::POST)
+            .path_contains("/persistentvolumes")
+            .times(1),
+    );
+    let err = p.reconcile_claim(&c).await.unwrap_err();
+    assert_eq!(err.category(), "kube");
+    assert_eq!(entries(base.path()), 0, "the directory of the rejected attempt is gone");
+    assert!(fake.list::<PersistentVolume>().is_empty());
+    assert_eq!(
+        p.reconcile_claim(&c).await.unwrap(),
+        ClaimOutcome::Provisioned(pv_name(&c))
+    );
+    assert!(host_path(&pv(&fake, &pv_name(&c))).is_dir());
+}
+
+#[tokio::test]
+async fn a_pv_create_that_may_have_been_stored_keeps_the_directory() {
+    // A 5xx (or a timeout) does not say the PV was not stored: removing the directory could
+    // leave a PV pointing at nothing, which no pod could ever mount.
     let fake = FakeApiServer::new();
     fake.seed(&storage_class("local", NAME, false, "Delete", &[]));
     let base = tempfile::tempdir().unwrap();
@@ -35,7 +61,7 @@ async fn failed_pv_create_removes_the_new_directory_and_retry_succeeds() {
     );
     let err = p.reconcile_claim(&c).await.unwrap_err();
     assert_eq!(err.category(), "kube");
-    assert_eq!(entries(base.path()), 0, "the directory of the failed attempt is gone");
+    assert_eq!(entries(base.path()), 1, "the directory stays for the PV that may exist");
     assert!(fake.list::<PersistentVolume>().is_empty());
     assert_eq!(
         p.reconcile_claim(&c).await.unwrap(),
