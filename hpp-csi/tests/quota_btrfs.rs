@@ -56,6 +56,9 @@ fn a_btrfs_pool_builds_limited_subvolumes_snapshots_and_clones_and_removes_them(
     assert!(is_subvol(&vol));
     assert!(write_mib(&vol.join("big"), 16).is_err(), "the 8 MiB limit holds");
     std::fs::remove_file(vol.join("big")).unwrap();
+    // btrfs gives freed extents back to the qgroup when the transaction commits: commit it, or
+    // the next write can still see the limit reached (EDQUOT), depending on timing.
+    rustix::fs::syncfs(std::fs::File::open(&vol).unwrap()).unwrap();
     std::fs::write(vol.join("hello"), b"world").unwrap();
     // Idempotent retry.
     assert_eq!(
