@@ -162,7 +162,12 @@ fn any_snapshot_path(mounts: &[PoolMount]) -> bool {
 /// Whether the csi-snapshotter sidecar and its RBAC are deployed: the `Snapshotting` gate is
 /// on and some pool's `--datadir` entry has a snapshot path (a `snapshotProvider`).
 pub fn runs_snapshotter(hpp: &HostPathProvisioner) -> Result<bool> {
-    Ok(common::snapshotting(hpp) && any_snapshot_path(&pool_mounts(hpp)?))
+    Ok(runs_snapshotter_with(hpp, &pool_mounts(hpp)?))
+}
+
+/// [`runs_snapshotter`] for pool mounts already built.
+fn runs_snapshotter_with(hpp: &HostPathProvisioner, mounts: &[PoolMount]) -> bool {
+    common::snapshotting(hpp) && any_snapshot_path(mounts)
 }
 
 /// Why snapshots are off although the `Snapshotting` gate is on (no pool has a
@@ -384,7 +389,7 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
         )
     };
     let mut containers = vec![driver, registrar, liveness, provisioner, resizer];
-    if runs_snapshotter(hpp)? {
+    if runs_snapshotter_with(hpp, &mounts) {
         containers.push(Container {
             resources: None,
             security_context: sidecar_security_context(),
