@@ -179,7 +179,7 @@ fn publish(p: &Publish, cache: &MountTableCache) -> Result<()> {
             )));
         }
         return Err(Error::AlreadyExists(format!(
-            "target {} is already a mount point of something else (or with a different read-only mode)",
+            "target {} is already a mount point of something else",
             p.target.display()
         )));
     }
