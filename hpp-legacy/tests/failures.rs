@@ -20,22 +20,23 @@ fn entries(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir).unwrap().count()
 }
 
-#[tokio::test]
-async fn a_rejected_pv_create_removes_the_new_directory_and_retry_succeeds() {
+/// The first PV create fails with `status`; then `dirs_left` directories remain, no PV exists,
+/// and the retry provisions the claim with its directory.
+async fn failed_pv_create_then_retry(status: u16, dirs_left: usize, why: &str) {
     let fake = FakeApiServer::new();
     fake.seed(&storage_class("local", NAME, false, "Delete", &[]));
     let base = tempfile::tempdir().unwrap();
     let p = provisioner(&fake, config(Mode::SingleNode, None, Some(base.path())), base.path());
     let c = seed_claim(&fake, &claim("ns", "c", "local", NAME, "1Mi", &["ReadWriteOnce"], &[]));
     fake.fail_requests(
-        FailureRule::new(422)
+        FailureRule::new(status)
             .method(http::Method::POST)
             .path_contains("/persistentvolumes")
             .times(1),
     );
     let err = p.reconcile_claim(&c).await.unwrap_err();
     assert_eq!(err.category(), "kube");
-    assert_eq!(entries(base.path()), 0, "the directory of the rejected attempt is gone");
+    assert_eq!(entries(base.path()), dirs_left, "{why}");
     assert!(fake.list::<PersistentVolume>().is_empty());
     assert_eq!(
         p.reconcile_claim(&c).await.unwrap(),
@@ -45,29 +46,15 @@ async fn a_rejected_pv_create_removes_the_new_directory_and_retry_succeeds() {
 }
 
 #[tokio::test]
+async fn a_rejected_pv_create_removes_the_new_directory_and_retry_succeeds() {
+    failed_pv_create_then_retry(422, 0, "the directory of the rejected attempt is gone").await;
+}
+
+#[tokio::test]
 async fn a_pv_create_that_may_have_been_stored_keeps_the_directory() {
     // A 5xx (or a timeout) does not say the PV was not stored: removing the directory could
     // leave a PV pointing at nothing, which no pod could ever mount.
-    let fake = FakeApiServer::new();
-    fake.seed(&storage_class("local", NAME, false, "Delete", &[]));
-    let base = tempfile::tempdir().unwrap();
-    let p = provisioner(&fake, config(Mode::SingleNode, None, Some(base.path())), base.path());
-    let c = seed_claim(&fake, &claim("ns", "c", "local", NAME, "1Mi", &["ReadWriteOnce"], &[]));
-    fake.fail_requests(
-        FailureRule::new(500)
-            .method(http::Method::POST)
-            .path_contains("/persistentvolumes")
-            .times(1),
-    );
-    let err = p.reconcile_claim(&c).await.unwrap_err();
-    assert_eq!(err.category(), "kube");
-    assert_eq!(entries(base.path()), 1, "the directory stays for the PV that may exist");
-    assert!(fake.list::<PersistentVolume>().is_empty());
-    assert_eq!(
-        p.reconcile_claim(&c).await.unwrap(),
-        ClaimOutcome::Provisioned(pv_name(&c))
-    );
-    assert!(host_path(&pv(&fake, &pv_name(&c))).is_dir());
+    failed_pv_create_then_retry(500, 1, "the directory stays for the PV that may exist").await;
 }
 
 #[tokio::test]
