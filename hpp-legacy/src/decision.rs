@@ -29,6 +29,13 @@ pub enum IgnoreReason {
     /// WaitForFirstConsumer claim without a selected node yet, or an Immediate claim in
     /// KubeVirt mode without `kubevirt.io/provisionOnNode`.
     NoNodeYet,
+    /// No `volume.kubernetes.io/storage-provisioner` annotation names this provisioner yet. The
+    /// PV controller sets it only after finding no existing PV to bind the claim to, so acting
+    /// earlier would race that binding and leave our PV Released.
+    NotAddressed,
+    /// `dataSourceRef` names a volume populator: the populator provisions through a claim of
+    /// its own, and this one must wait for it.
+    Populator,
 }
 
 /// Why a claim addressed to this instance cannot be provisioned; each becomes an Event.
@@ -54,6 +61,9 @@ pub enum RefusalReason {
     MountGuard,
     /// The Node object or its hostname label could not be read.
     NodeUnknown,
+    /// The claim asks for a clone or a snapshot restore, which hostPath directories cannot
+    /// give; an empty volume in its place would look like lost data.
+    DataSource,
 }
 
 impl RefusalReason {
@@ -70,6 +80,7 @@ impl RefusalReason {
             RefusalReason::TooLarge => "RequestTooLarge",
             RefusalReason::MountGuard => "BaseDirectoryNotMounted",
             RefusalReason::NodeUnknown => "NodeUnknown",
+            RefusalReason::DataSource => "DataSourceNotSupported",
         }
     }
 }
@@ -171,19 +182,31 @@ pub fn decide_claim(
     let Some(class) = class.filter(|c| c.provisioner == cfg.provisioner_name) else {
         return Ignore(IgnoreReason::OtherProvisioner);
     };
+    let populated = [
+        spec.data_source_ref.as_ref().map(|r| r.api_group.as_deref()),
+        spec.data_source.as_ref().map(|s| s.api_group.as_deref()),
+    ];
+    if populated.into_iter().flatten().any(names_populator) {
+        return Ignore(IgnoreReason::Populator);
+    }
     let annotations = meta.annotations.clone().unwrap_or_default();
     let on_node = annotations.get(ANNOTATION_PROVISION_ON_NODE);
-    // The claim may already be addressed to someone else (e.g. after a class edit).
-    let addressed = [ANNOTATION_STORAGE_PROVISIONER, ANNOTATION_BETA_STORAGE_PROVISIONER]
-        .iter()
-        .filter_map(|k| annotations.get(*k))
-        .collect::<Vec<_>>();
-    if addressed.iter().any(|p| **p != cfg.provisioner_name) {
-        return Ignore(IgnoreReason::OtherProvisioner);
+    let node = cfg.node_name.as_ref();
+    // Read as the provisioner library reads it: the GA annotation, else the beta one. The
+    // claim may be addressed to someone else (e.g. after a class edit), or to nobody yet.
+    let addressed = annotations
+        .get(ANNOTATION_STORAGE_PROVISIONER)
+        .or_else(|| annotations.get(ANNOTATION_BETA_STORAGE_PROVISIONER));
+    match addressed {
+        Some(p) if *p != cfg.provisioner_name => return Ignore(IgnoreReason::OtherProvisioner),
+        Some(_) => {}
+        // KubeVirt's one exception: a claim sent to this node by `kubevirt.io/provisionOnNode`
+        // counts as addressed to us.
+        None if on_node.is_some() && on_node == node => {}
+        None => return Ignore(IgnoreReason::NotAddressed),
     }
     let selected = annotations.get(ANNOTATION_SELECTED_NODE);
     let wffc = class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer");
-    let node = cfg.node_name.as_ref();
     match cfg.mode {
         Mode::Kubevirt => {
             let target = on_node.or(if wffc { selected } else { None });
@@ -203,7 +226,13 @@ pub fn decide_claim(
                 return Ignore(IgnoreReason::NoNodeYet);
             }
         }
-        Mode::Shared => {}
+        // Any replica can serve a shared filesystem, but a WaitForFirstConsumer claim still
+        // waits for the scheduler, as the provisioner library makes every provisioner wait.
+        Mode::Shared => {
+            if wffc && selected.is_none() && on_node.is_none() {
+                return Ignore(IgnoreReason::NoNodeYet);
+            }
+        }
     }
     match plan(cfg, claim, class, &spec) {
         Ok(p) => ClaimDecision::Provision(Box::new(p)),
@@ -222,6 +251,16 @@ fn plan(
         return Err(Refusal::new(
             R::BlockMode,
             "volumeMode Block is not supported: hostPath volumes are directories; use volumeMode Filesystem",
+        ));
+    }
+    if let Some(kind) = cloned_from(spec) {
+        return Err(Refusal::new(
+            R::DataSource,
+            format!(
+                "the claim asks for the contents of a {kind}; hostPath directories cannot be cloned or \
+                 restored by this provisioner, and an empty volume would look like lost data. \
+                 Use the CSI driver's StorageClass for clones and snapshots"
+            ),
         ));
     }
     if spec.selector.is_some() {
@@ -302,6 +341,31 @@ fn plan(
         },
         params,
     })
+}
+
+/// API group of VolumeSnapshots, the one non-core data source Kubernetes itself knows.
+const SNAPSHOT_GROUP: &str = "snapshot.storage.k8s.io";
+
+/// Whether a `dataSourceRef` names a volume populator (any kind outside the core group and the
+/// snapshot group), which fills the volume through a claim of its own.
+fn names_populator(api_group: Option<&str>) -> bool {
+    api_group.is_some_and(|group| !group.is_empty() && group != SNAPSHOT_GROUP)
+}
+
+/// The kind of object whose contents the claim asks for, if any (`dataSource`, or a
+/// `dataSourceRef` that is not a populator).
+fn cloned_from(spec: &k8s_openapi::api::core::v1::PersistentVolumeClaimSpec) -> Option<String> {
+    let source = spec
+        .data_source
+        .as_ref()
+        .filter(|s| !names_populator(s.api_group.as_deref()))
+        .map(|s| s.kind.clone());
+    let source_ref = spec
+        .data_source_ref
+        .as_ref()
+        .filter(|r| !names_populator(r.api_group.as_deref()))
+        .map(|r| r.kind.clone());
+    source.or(source_ref)
 }
 
 /// Refuses a request larger than the filesystem holding the base directory.

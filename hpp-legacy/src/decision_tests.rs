@@ -33,6 +33,7 @@ fn class(name: &str, provisioner: &str, wffc: bool, params: &[(&str, &str)]) -> 
     }
 }
 
+/// A Pending claim no storage-provisioner annotation addresses yet.
 fn claim(annotations: &[(&str, &str)]) -> PersistentVolumeClaim {
     PersistentVolumeClaim {
         metadata: ObjectMeta {
@@ -63,6 +64,22 @@ fn claim(annotations: &[(&str, &str)]) -> PersistentVolumeClaim {
     }
 }
 
+/// [`decide_claim`] on `claim` as the PV controller hands it over: addressed to the class's
+/// provisioner (the annotation it sets once no existing PV binds the claim), unless the test
+/// addressed it itself.
+fn decide(cfg: &ProvisionerConfig, claim: &PersistentVolumeClaim, class: Option<&StorageClass>) -> ClaimDecision {
+    let mut claim = claim.clone();
+    if let Some(class) = class {
+        let annotations = claim.metadata.annotations.get_or_insert_default();
+        if !annotations.contains_key(ANNOTATION_BETA_STORAGE_PROVISIONER) {
+            annotations
+                .entry(ANNOTATION_STORAGE_PROVISIONER.to_owned())
+                .or_insert_with(|| class.provisioner.clone());
+        }
+    }
+    decide_claim(cfg, &claim, class)
+}
+
 fn plan_of(d: ClaimDecision) -> ProvisionPlan {
     match d {
         ClaimDecision::Provision(p) => *p,
@@ -84,25 +101,25 @@ fn kubevirt_provision_on_node_must_match() {
     let c = cfg(Mode::Kubevirt);
     let sc = class("sc", KV, false, &[]);
     let mine = claim(&[(ANNOTATION_PROVISION_ON_NODE, "node-a")]);
-    let p = plan_of(decide_claim(&c, &mine, Some(&sc)));
+    let p = plan_of(decide(&c, &mine, Some(&sc)));
     assert_eq!(p.pv_name, "pvc-u-1");
     assert_eq!(p.dir(), PathBuf::from("/var/hpvolumes/pvc-u-1"));
     assert_eq!(p.node.as_deref(), Some("node-a"));
     assert_eq!(p.dir_mode, 0o777);
     let theirs = claim(&[(ANNOTATION_PROVISION_ON_NODE, "node-b")]);
     assert_eq!(
-        decide_claim(&c, &theirs, Some(&sc)),
+        decide(&c, &theirs, Some(&sc)),
         ClaimDecision::Ignore(IgnoreReason::OtherNode)
     );
     // Immediate claims without the annotation are never provisioned (as in KubeVirt).
     assert_eq!(
-        decide_claim(&c, &claim(&[]), Some(&sc)),
+        decide(&c, &claim(&[]), Some(&sc)),
         ClaimDecision::Ignore(IgnoreReason::NoNodeYet)
     );
     // selected-node counts only for WaitForFirstConsumer classes.
     let sel = claim(&[(ANNOTATION_SELECTED_NODE, "node-a")]);
     assert_eq!(
-        decide_claim(&c, &sel, Some(&sc)),
+        decide(&c, &sel, Some(&sc)),
         ClaimDecision::Ignore(IgnoreReason::NoNodeYet)
     );
 }
@@ -112,19 +129,15 @@ fn kubevirt_wffc_uses_selected_node_and_naming_prefix() {
     let mut c = cfg(Mode::Kubevirt);
     c.use_naming_prefix = true;
     let sc = class("sc", KV, true, &[]);
-    let p = plan_of(decide_claim(
-        &c,
-        &claim(&[(ANNOTATION_SELECTED_NODE, "node-a")]),
-        Some(&sc),
-    ));
+    let p = plan_of(decide(&c, &claim(&[(ANNOTATION_SELECTED_NODE, "node-a")]), Some(&sc)));
     assert_eq!(p.rel_dir, PathBuf::from("data-pvc-u-1"));
     let other = claim(&[(ANNOTATION_SELECTED_NODE, "node-b")]);
     assert_eq!(
-        decide_claim(&c, &other, Some(&sc)),
+        decide(&c, &other, Some(&sc)),
         ClaimDecision::Ignore(IgnoreReason::OtherNode)
     );
     assert_eq!(
-        decide_claim(&c, &claim(&[]), Some(&sc)),
+        decide(&c, &claim(&[]), Some(&sc)),
         ClaimDecision::Ignore(IgnoreReason::NoNodeYet)
     );
 }
@@ -134,23 +147,23 @@ fn other_provisioners_and_bound_claims_are_ignored() {
     let c = cfg(Mode::SingleNode);
     let sc = class("sc", "someone/else", false, &[]);
     assert_eq!(
-        decide_claim(&c, &claim(&[]), Some(&sc)),
+        decide(&c, &claim(&[]), Some(&sc)),
         ClaimDecision::Ignore(IgnoreReason::OtherProvisioner)
     );
     assert_eq!(
-        decide_claim(&c, &claim(&[]), None),
+        decide(&c, &claim(&[]), None),
         ClaimDecision::Ignore(IgnoreReason::OtherProvisioner)
     );
     let sc = class("sc", "hostpath", false, &[]);
     let addressed = claim(&[(ANNOTATION_STORAGE_PROVISIONER, "someone/else")]);
     assert_eq!(
-        decide_claim(&c, &addressed, Some(&sc)),
+        decide(&c, &addressed, Some(&sc)),
         ClaimDecision::Ignore(IgnoreReason::OtherProvisioner)
     );
     let mut bound = claim(&[]);
     bound.spec.as_mut().unwrap().volume_name = Some("pv".into());
     assert_eq!(
-        decide_claim(&c, &bound, Some(&sc)),
+        decide(&c, &bound, Some(&sc)),
         ClaimDecision::Ignore(IgnoreReason::NotPending)
     );
 }
@@ -159,18 +172,15 @@ fn other_provisioners_and_bound_claims_are_ignored() {
 fn single_node_names_and_reclaim() {
     let mut c = cfg(Mode::SingleNode);
     let sc = class("sc", "hostpath", false, &[]);
-    let p = plan_of(decide_claim(&c, &claim(&[]), Some(&sc)));
+    let p = plan_of(decide(&c, &claim(&[]), Some(&sc)));
     assert_eq!(p.rel_dir, PathBuf::from("ns-data-pvc-u-1"));
     assert_eq!(p.reclaim_policy, "Delete");
     assert_eq!(p.dir_mode, 0o770);
     c.reclaim_override = Some(ReclaimOverride::Retain);
-    assert_eq!(
-        plan_of(decide_claim(&c, &claim(&[]), Some(&sc))).reclaim_policy,
-        "Retain"
-    );
+    assert_eq!(plan_of(decide(&c, &claim(&[]), Some(&sc))).reclaim_policy, "Retain");
     let other = claim(&[(ANNOTATION_SELECTED_NODE, "node-b")]);
     assert_eq!(
-        decide_claim(&c, &other, Some(&sc)),
+        decide(&c, &other, Some(&sc)),
         ClaimDecision::Ignore(IgnoreReason::OtherNode)
     );
 }
@@ -186,14 +196,14 @@ fn shared_mode_takes_pv_dir_and_allows_rwx() {
     );
     let mut rwx = claim(&[]);
     rwx.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteMany".into()]);
-    let p = plan_of(decide_claim(&c, &rwx, Some(&sc)));
+    let p = plan_of(decide(&c, &rwx, Some(&sc)));
     assert_eq!(p.dir(), PathBuf::from("/mnt/ceph/k8s/pvc-u-1"));
     assert_eq!(p.node, None);
     assert_eq!(p.dir_mode, 0o750);
     assert_eq!(p.access_modes, vec!["ReadWriteMany"]);
     let no_dir = class("sc", "torchbox.com/hostpath", false, &[]);
     assert_eq!(
-        refusal_of(decide_claim(&c, &claim(&[]), Some(&no_dir))),
+        refusal_of(decide(&c, &claim(&[]), Some(&no_dir))),
         RefusalReason::NoBaseDir
     );
 }
@@ -204,40 +214,34 @@ fn refusals() {
     let sc = class("sc", "hostpath", false, &[]);
     let mut block = claim(&[]);
     block.spec.as_mut().unwrap().volume_mode = Some("Block".into());
-    assert_eq!(
-        refusal_of(decide_claim(&c, &block, Some(&sc))),
-        RefusalReason::BlockMode
-    );
+    assert_eq!(refusal_of(decide(&c, &block, Some(&sc))), RefusalReason::BlockMode);
     let mut rwx = claim(&[]);
     rwx.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteMany".into()]);
-    assert_eq!(refusal_of(decide_claim(&c, &rwx, Some(&sc))), RefusalReason::AccessMode);
+    assert_eq!(refusal_of(decide(&c, &rwx, Some(&sc))), RefusalReason::AccessMode);
     let mut sel = claim(&[]);
     sel.spec.as_mut().unwrap().selector = Some(LabelSelector::default());
-    assert_eq!(refusal_of(decide_claim(&c, &sel, Some(&sc))), RefusalReason::Selector);
+    assert_eq!(refusal_of(decide(&c, &sel, Some(&sc))), RefusalReason::Selector);
     let mut nosize = claim(&[]);
     nosize.spec.as_mut().unwrap().resources = None;
-    assert_eq!(
-        refusal_of(decide_claim(&c, &nosize, Some(&sc))),
-        RefusalReason::BadRequest
-    );
+    assert_eq!(refusal_of(decide(&c, &nosize, Some(&sc))), RefusalReason::BadRequest);
     let typo = class("sc", "hostpath", false, &[("pvDirectory", "/x")]);
     assert_eq!(
-        refusal_of(decide_claim(&c, &claim(&[]), Some(&typo))),
+        refusal_of(decide(&c, &claim(&[]), Some(&typo))),
         RefusalReason::BadParameters
     );
     let shared_only = class("sc", "hostpath", false, &[("pvDir", "/x")]);
     assert_eq!(
-        refusal_of(decide_claim(&c, &claim(&[]), Some(&shared_only))),
+        refusal_of(decide(&c, &claim(&[]), Some(&shared_only))),
         RefusalReason::BadParameters
     );
     let evil = class("sc", "hostpath", false, &[("pathTemplate", "../{pv}")]);
     assert_eq!(
-        refusal_of(decide_claim(&c, &claim(&[]), Some(&evil))),
+        refusal_of(decide(&c, &claim(&[]), Some(&evil))),
         RefusalReason::BadTemplate
     );
     let nopv = class("sc", "hostpath", false, &[("pathTemplate", "{claim}")]);
     assert_eq!(
-        refusal_of(decide_claim(&c, &claim(&[]), Some(&nopv))),
+        refusal_of(decide(&c, &claim(&[]), Some(&nopv))),
         RefusalReason::BadTemplate
     );
 }
@@ -359,4 +363,113 @@ fn strictly_inside() {
     assert!(!is_strictly_inside(Path::new("/a/b/../c"), Path::new("/a/b")));
     assert!(!is_strictly_inside(Path::new("/a/bc"), Path::new("/a/b")));
     assert!(!is_strictly_inside(Path::new("a/b/c"), Path::new("a/b")));
+}
+
+#[test]
+fn claims_wait_until_the_pv_controller_addresses_them() {
+    for mode in [Mode::Kubevirt, Mode::SingleNode, Mode::Shared] {
+        let mut c = cfg(mode);
+        if mode == Mode::Shared {
+            c.pv_dir = Some(PathBuf::from("/mnt/shared"));
+        }
+        let me = c.provisioner_name.clone();
+        let sc = class("sc", &me, false, &[]);
+        let on_node = [(ANNOTATION_PROVISION_ON_NODE, "node-a")];
+        // Immediate claim, no annotation yet: the PV controller may still bind it to an
+        // existing PV.
+        let waiting = claim(&[]);
+        assert_eq!(
+            decide_claim(&c, &waiting, Some(&sc)),
+            ClaimDecision::Ignore(IgnoreReason::NotAddressed),
+            "{mode:?}"
+        );
+        // KubeVirt's exception: provisionOnNode naming this node addresses it.
+        assert!(
+            matches!(
+                decide_claim(&c, &claim(&on_node), Some(&sc)),
+                ClaimDecision::Provision(_)
+            ),
+            "{mode:?}"
+        );
+        // The beta annotation counts when the GA one is absent; the GA one wins when both are set.
+        let beta = claim(&[(ANNOTATION_BETA_STORAGE_PROVISIONER, me.as_str()), on_node[0]]);
+        assert!(matches!(
+            decide_claim(&c, &beta, Some(&sc)),
+            ClaimDecision::Provision(_)
+        ));
+        let both = claim(&[
+            (ANNOTATION_STORAGE_PROVISIONER, me.as_str()),
+            (ANNOTATION_BETA_STORAGE_PROVISIONER, "someone/else"),
+            on_node[0],
+        ]);
+        assert!(matches!(
+            decide_claim(&c, &both, Some(&sc)),
+            ClaimDecision::Provision(_)
+        ));
+        let elsewhere = claim(&[(ANNOTATION_STORAGE_PROVISIONER, "someone/else"), on_node[0]]);
+        assert_eq!(
+            decide_claim(&c, &elsewhere, Some(&sc)),
+            ClaimDecision::Ignore(IgnoreReason::OtherProvisioner)
+        );
+    }
+}
+
+#[test]
+fn shared_mode_waits_for_the_scheduler_on_wait_for_first_consumer_classes() {
+    let mut c = cfg(Mode::Shared);
+    c.pv_dir = Some(PathBuf::from("/mnt/shared"));
+    let sc = class("sc", &c.provisioner_name, true, &[]);
+    assert_eq!(
+        decide(&c, &claim(&[]), Some(&sc)),
+        ClaimDecision::Ignore(IgnoreReason::NoNodeYet)
+    );
+    let scheduled = claim(&[(ANNOTATION_SELECTED_NODE, "node-z")]);
+    let p = plan_of(decide(&c, &scheduled, Some(&sc)));
+    assert_eq!(p.node, None);
+}
+
+#[test]
+fn clones_and_restores_are_refused_and_populators_left_alone() {
+    use k8s_openapi::api::core::v1::{TypedLocalObjectReference, TypedObjectReference};
+    let c = cfg(Mode::Kubevirt);
+    let sc = class("sc", KV, true, &[]);
+    let base = claim(&[(ANNOTATION_SELECTED_NODE, "node-a")]);
+    let with = |source: Option<TypedLocalObjectReference>, source_ref: Option<TypedObjectReference>| {
+        let mut c = base.clone();
+        let spec = c.spec.get_or_insert_default();
+        spec.data_source = source;
+        spec.data_source_ref = source_ref;
+        c
+    };
+    let local = |group: Option<&str>, kind: &str| TypedLocalObjectReference {
+        api_group: group.map(str::to_owned),
+        kind: kind.into(),
+        name: "src".into(),
+    };
+    let typed = |group: Option<&str>, kind: &str| TypedObjectReference {
+        api_group: group.map(str::to_owned),
+        kind: kind.into(),
+        name: "src".into(),
+        namespace: None,
+    };
+    let clone = with(
+        Some(local(None, "PersistentVolumeClaim")),
+        Some(typed(None, "PersistentVolumeClaim")),
+    );
+    assert_eq!(refusal_of(decide(&c, &clone, Some(&sc))), RefusalReason::DataSource);
+    let restore = with(None, Some(typed(Some("snapshot.storage.k8s.io"), "VolumeSnapshot")));
+    assert_eq!(refusal_of(decide(&c, &restore, Some(&sc))), RefusalReason::DataSource);
+    let populated = with(
+        Some(local(Some("cdi.kubevirt.io"), "VolumeImportSource")),
+        Some(typed(Some("cdi.kubevirt.io"), "VolumeImportSource")),
+    );
+    assert_eq!(
+        decide(&c, &populated, Some(&sc)),
+        ClaimDecision::Ignore(IgnoreReason::Populator)
+    );
+    // Without a data source the same claim is provisioned.
+    assert!(matches!(
+        decide(&c, &with(None, None), Some(&sc)),
+        ClaimDecision::Provision(_)
+    ));
 }
