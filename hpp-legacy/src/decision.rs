@@ -137,6 +137,9 @@ pub struct ProvisionPlan {
     pub node: Option<String>,
     /// StorageClass parameters (the mount guard needs them).
     pub params: ClassParams,
+    /// The class's `mountOptions`: a hostPath volume cannot apply them, and the kubelet refuses
+    /// to mount a hostPath PV that carries any, so they stay off the PV and the user is warned.
+    pub ignored_mount_options: Vec<String>,
 }
 
 impl ProvisionPlan {
@@ -340,6 +343,7 @@ fn plan(
             None
         },
         params,
+        ignored_mount_options: class.mount_options.clone().unwrap_or_default(),
     })
 }
 
@@ -437,15 +441,30 @@ pub fn decide_volume(
     let Some(dir) = spec.host_path.as_ref().map(|h| PathBuf::from(&h.path)) else {
         return Refuse("PV has no hostPath source".into());
     };
-    let base_dir = ann
-        .get(ANNOTATION_BASE_DIR)
-        .map(PathBuf::from)
-        .or_else(|| match cfg.mode {
-            Mode::Shared => class_params
-                .and_then(|p| p.pv_dir.clone())
-                .or_else(|| cfg.pv_dir.clone()),
-            _ => cfg.pv_dir.clone(),
-        });
+    // The directories this instance provisions under: PV_DIR, and in shared mode the class's
+    // pvDir. The PV's own record must name one of them, so that whoever can edit a PV cannot
+    // widen what this privileged process deletes.
+    let known: Vec<PathBuf> = match cfg.mode {
+        Mode::Shared => class_params
+            .and_then(|p| p.pv_dir.clone())
+            .into_iter()
+            .chain(cfg.pv_dir.clone())
+            .collect(),
+        _ => cfg.pv_dir.clone().into_iter().collect(),
+    };
+    let base_dir = match ann.get(ANNOTATION_BASE_DIR).map(PathBuf::from) {
+        Some(recorded) if known.is_empty() || known.contains(&recorded) => Some(recorded),
+        Some(recorded) => {
+            let known: Vec<_> = known.iter().map(|k| k.display().to_string()).collect();
+            return Refuse(format!(
+                "the PV records base directory {} ({ANNOTATION_BASE_DIR}), which is not one this \
+                 provisioner uses ({}); the directory is left alone",
+                recorded.display(),
+                known.join(", ")
+            ));
+        }
+        None => known.into_iter().next(),
+    };
     let Some(base_dir) = base_dir else {
         return Refuse("cannot tell the base directory of this PV (StorageClass gone?)".into());
     };

@@ -357,6 +357,61 @@ fn shared_volume_base_dir_from_annotation_or_class() {
 }
 
 #[test]
+fn a_recorded_base_dir_must_be_one_the_provisioner_uses() {
+    let kv = cfg(Mode::Kubevirt);
+    let ours = [
+        (ANNOTATION_PROVISIONED_BY, KV),
+        (ANNOTATION_PROVISIONER_IDENTITY, KV),
+        (ANNOTATION_PROVISION_ON_NODE, "node-a"),
+    ];
+    let with_base = |base: &'static str| [ours[0], ours[1], ours[2], (ANNOTATION_BASE_DIR, base)];
+    // Edited to `/`: every hostPath would be "inside" it.
+    let widened = pv("Released", "Delete", &with_base("/"), "/etc/kubernetes");
+    assert!(matches!(decide_volume(&kv, &widened, None), VolumeDecision::Refuse(m) if m.contains("not one")));
+    let recorded = pv(
+        "Released",
+        "Delete",
+        &with_base("/var/hpvolumes"),
+        "/var/hpvolumes/pvc-u-1",
+    );
+    assert!(matches!(
+        decide_volume(&kv, &recorded, None),
+        VolumeDecision::Delete { .. }
+    ));
+
+    // Shared mode: the class's pvDir or PV_DIR; with neither known, the record is all there is.
+    let mut shared = cfg(Mode::Shared);
+    let name = shared.provisioner_name.clone();
+    let mine = [
+        (ANNOTATION_PROVISIONED_BY, name.as_str()),
+        (ANNOTATION_PROVISIONER_IDENTITY, name.as_str()),
+        (ANNOTATION_BASE_DIR, "/mnt/ceph"),
+    ];
+    let vol = pv("Released", "Delete", &mine, "/mnt/ceph/pvc-u-1");
+    let class_dir = |dir: &str| ClassParams {
+        pv_dir: Some(dir.into()),
+        ..Default::default()
+    };
+    assert!(matches!(
+        decide_volume(&shared, &vol, None),
+        VolumeDecision::Delete { .. }
+    ));
+    assert!(matches!(
+        decide_volume(&shared, &vol, Some(&class_dir("/mnt/ceph"))),
+        VolumeDecision::Delete { .. }
+    ));
+    assert!(matches!(
+        decide_volume(&shared, &vol, Some(&class_dir("/mnt/other"))),
+        VolumeDecision::Refuse(_)
+    ));
+    shared.pv_dir = Some(PathBuf::from("/mnt/ceph"));
+    assert!(matches!(
+        decide_volume(&shared, &vol, Some(&class_dir("/mnt/other"))),
+        VolumeDecision::Delete { .. }
+    ));
+}
+
+#[test]
 fn strictly_inside() {
     assert!(is_strictly_inside(Path::new("/a/b/c"), Path::new("/a/b")));
     assert!(!is_strictly_inside(Path::new("/a/b"), Path::new("/a/b")));

@@ -41,6 +41,13 @@ pub fn claim_class(claim: &PersistentVolumeClaim) -> Option<String> {
         .or_else(|| claim.spec.as_ref().and_then(|s| s.storage_class_name.clone()))
 }
 
+/// Event reason of every claim that cannot be provisioned, as the provisioner library (and so
+/// KubeVirt's provisioner) records it.
+pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
+
+/// Event reason of a released volume that is not deleted, as the provisioner library records it.
+pub const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
+
 /// What happened to a claim.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClaimOutcome {
@@ -216,10 +223,17 @@ impl Provisioner {
                         category: e.category(),
                     })
                     .inc();
-                // The API being down is not the user's business; anything else is.
-                if !matches!(e, Error::Kube(_)) {
+                // An API server that is down or unreachable is not the user's business; its
+                // refusal (RBAC, validation) is, as is anything else. A conflict means another
+                // instance won, which is no failure.
+                let tell = match e {
+                    Error::Kube(kube::Error::Api(status)) => (400..500).contains(&status.code) && status.code != 409,
+                    Error::Kube(_) => false,
+                    _ => true,
+                };
+                if tell {
                     let note = format!("{}: will retry: {e}", self.cfg.provisioner_name);
-                    self.event(true, "ProvisioningFailed", note, "Provision", claim.object_ref(&()))
+                    self.event(true, PROVISIONING_FAILED, note, "Provision", claim.object_ref(&()))
                         .await;
                 }
             }
@@ -245,6 +259,18 @@ impl Provisioner {
         if let Err(refusal) = self.check_filesystem(&plan).await? {
             return Ok(self.refuse(claim, refusal).await);
         }
+        let (ns, name) = (
+            claim.metadata.namespace.as_deref().unwrap_or_default(),
+            claim.metadata.name.as_deref().unwrap_or_default(),
+        );
+        self.event(
+            false,
+            "Provisioning",
+            format!("External provisioner is provisioning volume for claim \"{ns}/{name}\""),
+            "Provision",
+            claim.object_ref(&()),
+        )
+        .await;
         let hostname = match &plan.node {
             Some(node) => match self.hostname_of(node).await? {
                 Ok(h) => Some(h),
@@ -304,6 +330,17 @@ impl Provisioner {
             claim.object_ref(&()),
         )
         .await;
+        if !plan.ignored_mount_options.is_empty() {
+            let class = plan.storage_class.as_str();
+            let options = plan.ignored_mount_options.join(",");
+            let note = format!(
+                "StorageClass {class} has mountOptions {options}, which hostPath volumes cannot apply; \
+                 the PV was created without them"
+            );
+            warn!(%class, %options, "mount options ignored");
+            self.event(true, "MountOptionsIgnored", note, "Provision", claim.object_ref(&()))
+                .await;
+        }
         Ok(ClaimOutcome::Provisioned(plan.pv_name))
     }
 
@@ -315,10 +352,18 @@ impl Provisioner {
                 reason: refusal.reason.as_str(),
             })
             .inc();
+        // The reason every provisioner uses, so `kubectl get events --field-selector
+        // reason=ProvisioningFailed` and alerts on it find ours too; the specific reason leads
+        // the note and labels the metric.
         self.event(
             true,
-            refusal.reason.as_str(),
-            format!("{}: {}", self.cfg.provisioner_name, refusal.message),
+            PROVISIONING_FAILED,
+            format!(
+                "{}: {}: {}",
+                refusal.reason.as_str(),
+                self.cfg.provisioner_name,
+                refusal.message
+            ),
             "Provision",
             claim.object_ref(&()),
         )
@@ -468,7 +513,7 @@ impl Provisioner {
     async fn refuse_delete(&self, pv: &PersistentVolume, why: String) -> VolumeOutcome {
         warn!(reason = %why, "not deleting released volume");
         self.metrics.delete_refused.inc();
-        self.event(true, "VolumeDeletionRefused", why.clone(), "Delete", pv.object_ref(&()))
+        self.event(true, VOLUME_FAILED_DELETE, why.clone(), "Delete", pv.object_ref(&()))
             .await;
         VolumeOutcome::Refused(why)
     }

@@ -113,6 +113,7 @@ mod tests {
             cephfs_quota: false,
             node: node.map(str::to_owned),
             params: ClassParams::default(),
+            ignored_mount_options: Vec::new(),
         }
     }
 

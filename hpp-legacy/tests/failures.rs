@@ -37,6 +37,9 @@ async fn failed_pv_create_then_retry(status: u16, dirs_left: usize, why: &str) {
     let err = p.reconcile_claim(&c).await.unwrap_err();
     assert_eq!(err.category(), "kube");
     assert_eq!(entries(base.path()), dirs_left, "{why}");
+    // The API server's refusal (4xx) is the user's to see on the claim; its outage (5xx) is not.
+    let told = events_for(&fake, "c", "ProvisioningFailed");
+    assert_eq!(told.len(), usize::from(status < 500), "{told:?}");
     assert!(fake.list::<PersistentVolume>().is_empty());
     assert_eq!(
         p.reconcile_claim(&c).await.unwrap(),

@@ -189,7 +189,7 @@ async fn oversize_and_block_claims_are_refused_with_events() {
         a.reconcile_claim(&big).await.unwrap(),
         ClaimOutcome::Refused(RefusalReason::TooLarge)
     );
-    let ev = events_for(&fake, "big", "RequestTooLarge");
+    let ev = refusals_for(&fake, "big", "RequestTooLarge");
     assert_eq!(ev.len(), 1);
     assert_eq!(ev[0].type_.as_deref(), Some("Warning"));
     assert!(ev[0].note.as_deref().unwrap().contains("filesystem holds only"));
@@ -201,7 +201,7 @@ async fn oversize_and_block_claims_are_refused_with_events() {
         a.reconcile_claim(&block).await.unwrap(),
         ClaimOutcome::Refused(RefusalReason::BlockMode)
     );
-    let ev = events_for(&fake, "raw", "BlockModeNotSupported");
+    let ev = refusals_for(&fake, "raw", "BlockModeNotSupported");
     assert!(
         ev[0]
             .note
@@ -247,7 +247,7 @@ async fn node_without_hostname_label_is_refused() {
         a.reconcile_claim(&c).await.unwrap(),
         ClaimOutcome::Refused(RefusalReason::NodeUnknown)
     );
-    assert_eq!(events_for(&fake, "c", "NodeUnknown").len(), 1);
+    assert_eq!(refusals_for(&fake, "c", "NodeUnknown").len(), 1);
 }
 
 #[tokio::test]
@@ -417,7 +417,7 @@ async fn an_unmounted_node_local_disk_keeps_the_pv_and_warns_until_it_is_back() 
         VolumeOutcome::Refused(_)
     ));
     assert!(fake.get::<PersistentVolume>(None, &name).is_some(), "PV kept");
-    let warnings = events_for(&fake, &name, "VolumeDeletionRefused");
+    let warnings = events_for(&fake, &name, "VolumeFailedDelete");
     assert_eq!(warnings.len(), 1);
     assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
 }

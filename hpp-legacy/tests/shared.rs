@@ -90,7 +90,7 @@ async fn mount_guard_refuses_plain_directory_and_unmounted_filesystem() {
         p.reconcile_claim(&c).await.unwrap(),
         ClaimOutcome::Refused(RefusalReason::MountGuard)
     );
-    let ev = events_for(&fake, "p", "BaseDirectoryNotMounted");
+    let ev = refusals_for(&fake, "p", "BaseDirectoryNotMounted");
     assert!(
         ev[0].note.as_deref().unwrap().contains("is the filesystem mounted?"),
         "{:?}",
@@ -137,7 +137,7 @@ async fn mount_guard_refuses_plain_directory_and_unmounted_filesystem() {
         VolumeOutcome::Refused(_)
     ));
     assert!(fake.get::<PersistentVolume>(None, &name).is_some());
-    assert_eq!(events_for(&fake, &name, "VolumeDeletionRefused").len(), 1);
+    assert_eq!(events_for(&fake, &name, "VolumeFailedDelete").len(), 1);
 }
 
 #[tokio::test]
@@ -159,7 +159,7 @@ async fn marker_file_guard() {
         ClaimOutcome::Refused(RefusalReason::MountGuard)
     );
     assert!(
-        events_for(&fake, "m", "BaseDirectoryNotMounted")[0]
+        refusals_for(&fake, "m", "BaseDirectoryNotMounted")[0]
             .note
             .as_deref()
             .unwrap()
@@ -184,7 +184,7 @@ async fn missing_pv_dir_is_refused() {
         ClaimOutcome::Refused(RefusalReason::NoBaseDir)
     );
     assert!(
-        events_for(&fake, "x", "NoBaseDirectory")[0]
+        refusals_for(&fake, "x", "NoBaseDirectory")[0]
             .note
             .as_deref()
             .unwrap()

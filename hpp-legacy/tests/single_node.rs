@@ -218,7 +218,7 @@ async fn template_traversal_attempts_stay_inside_base() {
             ClaimOutcome::Refused(RefusalReason::BadTemplate),
             "{tpl}"
         );
-        assert_eq!(events_for(&fake, &format!("evil{i}"), "UnsafeDirectoryName").len(), 1);
+        assert_eq!(refusals_for(&fake, &format!("evil{i}"), "UnsafeDirectoryName").len(), 1);
     }
     assert_eq!(only_entries(outer.path()), vec!["base"]);
 }
@@ -243,14 +243,14 @@ async fn missing_label_and_rwx_are_refused() {
         p.reconcile_claim(&c).await.unwrap(),
         ClaimOutcome::Refused(RefusalReason::BadTemplate)
     );
-    let ev = events_for(&fake, "nolabel", "UnsafeDirectoryName");
+    let ev = refusals_for(&fake, "nolabel", "UnsafeDirectoryName");
     assert!(ev[0].note.as_deref().unwrap().contains("team"));
     let rwx = seed_claim(&fake, &claim("ns", "rwx", "tpl", NAME, "1Mi", &["ReadWriteMany"], &[]));
     assert_eq!(
         p.reconcile_claim(&rwx).await.unwrap(),
         ClaimOutcome::Refused(RefusalReason::AccessMode)
     );
-    assert_eq!(events_for(&fake, "rwx", "AccessModeNotSupported").len(), 1);
+    assert_eq!(refusals_for(&fake, "rwx", "AccessModeNotSupported").len(), 1);
 }
 
 #[tokio::test]
@@ -317,7 +317,7 @@ async fn fixing_the_storage_class_unblocks_refused_claims() {
     let wait = std::time::Duration::from_secs(120);
     tokio::time::timeout(
         wait,
-        fake.wait_until(|f| !events_for(f, "typo", "InvalidStorageClassParameters").is_empty()),
+        fake.wait_until(|f| !refusals_for(f, "typo", "InvalidStorageClassParameters").is_empty()),
     )
     .await
     .expect("refusal reported");
@@ -333,4 +333,30 @@ async fn fixing_the_storage_class_unblocks_refused_claims() {
     .expect("provisioned after the class was fixed");
     stop_tx.send(true).unwrap();
     tokio::time::timeout(wait, loops).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn class_mount_options_stay_off_the_pv_and_the_claim_says_so() {
+    let fake = FakeApiServer::new();
+    let mut class = storage_class("local", NAME, false, "Delete", &[]);
+    class.mount_options = Some(vec!["noatime".into(), "nodev".into()]);
+    fake.seed(&class);
+    let base = tempfile::tempdir().unwrap();
+    let p = provisioner(&fake, config(Mode::SingleNode, None, Some(base.path())), base.path());
+    let c = seed_claim(
+        &fake,
+        &claim("ns", "opts", "local", NAME, "1Mi", &["ReadWriteOnce"], &[]),
+    );
+    let name = pv_name(&c);
+    assert_eq!(
+        p.reconcile_claim(&c).await.unwrap(),
+        ClaimOutcome::Provisioned(name.clone())
+    );
+    // The kubelet refuses to mount a hostPath PV that carries mount options.
+    assert_eq!(pv(&fake, &name).spec.unwrap().mount_options, None);
+    let warned = events_for(&fake, "opts", "MountOptionsIgnored");
+    assert_eq!(warned.len(), 1);
+    assert!(warned[0].note.as_deref().unwrap().contains("noatime,nodev"));
+    // As the provisioner library does, the claim also shows that provisioning started.
+    assert_eq!(events_for(&fake, "opts", "Provisioning").len(), 1);
 }

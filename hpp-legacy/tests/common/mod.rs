@@ -177,6 +177,15 @@ pub fn events_for(fake: &FakeApiServer, name: &str, reason: &str) -> Vec<Event> 
         .collect()
 }
 
+/// The `ProvisioningFailed` Events on claim `name` whose note starts with the specific
+/// `reason` (e.g. `RequestTooLarge`).
+pub fn refusals_for(fake: &FakeApiServer, name: &str, reason: &str) -> Vec<Event> {
+    events_for(fake, name, "ProvisioningFailed")
+        .into_iter()
+        .filter(|e| e.note.as_deref().is_some_and(|n| n.starts_with(&format!("{reason}: "))))
+        .collect()
+}
+
 /// A tmpfs mounted on a fresh directory, unmounted on drop.
 pub struct Tmpfs {
     pub dir: tempfile::TempDir,
