@@ -7,12 +7,25 @@
 //! Built on `kube-lease-manager`: the holder renews `grace_seconds` before the lease expires;
 //! a holder that stops renewing (crashed, partitioned) loses it `duration_seconds` after its
 //! last renewal, and a waiting candidate takes it over.
+//!
+//! A holder cut off from the API server must also stop acting before that happens, as
+//! client-go's renew deadline makes it. `kube-lease-manager`'s own watch loop keeps reporting
+//! "leader" while its renewals fail, so the campaign here drives it step by step: once renewals
+//! have failed for half the grace period (the lease then has about half the grace left), it
+//! reports the lease lost and releases it as soon as the API server answers again.
+
+use std::time::{Duration, Instant};
 
 use kube::Client;
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
+
+/// Pause after a failed lease call before the next (doubling up to [`MAX_RETRY`]).
+const FIRST_RETRY: Duration = Duration::from_millis(250);
+/// Longest pause between lease calls while they fail.
+const MAX_RETRY: Duration = Duration::from_secs(5);
 
 /// Where the Lease lives, who we are, and how long a holder keeps it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,7 +145,8 @@ impl Election {
             lease: settings.lease(),
             source,
         })?;
-        let (leader, task) = manager.watch().await;
+        let (sender, leader) = watch::channel(false);
+        let task = tokio::spawn(campaign(manager, sender, renew_deadline(&settings)));
         info!(lease = %settings.lease(), identity = %settings.identity, "contending for leadership");
         Ok(Self { settings, leader, task })
     }
@@ -189,4 +203,72 @@ impl Election {
             }),
         }
     }
+}
+
+/// How long renewals may fail before the holder stops acting: half the grace period, so it
+/// stops about half the grace before the lease can pass to another candidate.
+fn renew_deadline(settings: &LeaseSettings) -> Duration {
+    Duration::from_millis(settings.grace_seconds.saturating_mul(500))
+}
+
+/// Contends for the lease until every receiver of `sender` is gone, then releases it. Sends
+/// each change of leadership, and `false` once renewals have failed for `deadline` while
+/// leading; the lease is then released as soon as the API server answers, so that this
+/// candidate (or another) acquires it afresh instead of holding it without acting.
+async fn campaign(
+    manager: LeaseManager,
+    sender: watch::Sender<bool>,
+    deadline: Duration,
+) -> Result<LeaseManager, LeaseManagerError> {
+    let mut failing_since: Option<Instant> = None;
+    let mut retry = FIRST_RETRY;
+    let mut must_release = false;
+    loop {
+        let step = async {
+            if must_release {
+                manager.release().await.map(|()| None)
+            } else {
+                manager.changed().await.map(Some)
+            }
+        };
+        let result = tokio::select! {
+            biased;
+            () = sender.closed() => break,
+            result = step => result,
+        };
+        match result {
+            Ok(changed) => {
+                failing_since = None;
+                retry = FIRST_RETRY;
+                match changed {
+                    None => must_release = false,
+                    Some(held) => {
+                        if sender.send(held).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(error) => {
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                if *sender.borrow() && since.elapsed() >= deadline {
+                    warn!(%error, failing_for = ?since.elapsed(), "cannot renew the lease; no longer acting as leader");
+                    must_release = true;
+                    if sender.send(false).is_err() {
+                        break;
+                    }
+                } else {
+                    warn!(%error, "lease call failed; retrying");
+                }
+                tokio::select! {
+                    biased;
+                    () = sender.closed() => break,
+                    () = tokio::time::sleep(retry) => {}
+                }
+                retry = (retry * 2).min(MAX_RETRY);
+            }
+        }
+    }
+    manager.release().await?;
+    Ok(manager)
 }

@@ -61,6 +61,25 @@ async fn the_other_candidate_takes_over_when_the_leaders_lease_lapses() {
 }
 
 #[tokio::test]
+async fn a_leader_cut_off_from_the_api_server_stops_acting_and_leads_again_after() {
+    let fake = FakeApiServer::new();
+    let mut a = Election::start(fake.client_in(NS), settings("a")).await.unwrap();
+    tokio::time::timeout(HANG, a.acquired()).await.unwrap().unwrap();
+    // Every call fails, reads included: the lease manager alone would go on reporting "leader"
+    // while another replica takes the lease over once it lapses.
+    fake.set_unavailable(true);
+    tokio::time::timeout(HANG, a.lost())
+        .await
+        .expect("a cut-off leader stops acting");
+    assert!(!a.is_leader());
+    // Back online: the lease is released and acquired afresh, and the candidate leads again.
+    fake.set_unavailable(false);
+    tokio::time::timeout(HANG, a.acquired()).await.unwrap().unwrap();
+    assert_eq!(holder(&fake).as_deref(), Some("a"));
+    a.step_down().await.unwrap();
+}
+
+#[tokio::test]
 async fn bad_settings_are_reported() {
     let fake = FakeApiServer::new();
     // The grace period must be shorter than the lease.
