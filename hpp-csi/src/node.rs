@@ -371,20 +371,25 @@ fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
 
 /// Why volume `id` is in no pool: the pools that cannot be read right now are the likely
 /// reason (a guarded pool whose mount went away takes its volumes with it).
-fn missing_volume_reason(state: &DriverState, id: &str) -> String {
+/// Why no pool holds volume `id`: NotFound when every pool is usable (the volume does not
+/// exist, as CSI has it), otherwise the abnormal condition's message naming the pools that
+/// cannot be looked into (the volume may well be on one of them).
+fn missing_volume_reason(state: &DriverState, id: &str) -> Result<String> {
     let unusable: Vec<String> = state
         .pools
         .iter()
         .filter_map(|p| p.measure().reason.map(|r| format!("{}: {r}", p.name)))
         .collect();
     if unusable.is_empty() {
-        format!("volume {id} was not found in any storage pool (pool gone?)")
-    } else {
-        format!(
-            "volume {id} was not found in any usable storage pool; not usable: {}",
-            unusable.join("; ")
-        )
+        return Err(Error::NotFound(format!(
+            "volume {id} does not exist in any storage pool on node {}",
+            state.node_id
+        )));
     }
+    Ok(format!(
+        "volume {id} was not found in any usable storage pool; not usable: {}",
+        unusable.join("; ")
+    ))
 }
 
 /// Stats of the volume published at `path`; `pool` is where the volume lives, or why it was
@@ -643,7 +648,10 @@ impl NodeService {
             // stays off the async worker with the rest.
             let path = published_path(&req.volume_path)?;
             let pool = state.pools.iter().find(|p| holds_volume(p, &id)).cloned();
-            let found = pool.ok_or_else(|| missing_volume_reason(&state, &id));
+            let found = match pool {
+                Some(pool) => Ok(pool),
+                None => Err(missing_volume_reason(&state, &id)?),
+            };
             volume_stats(found, &id, &path, &state.mounts)
         })
         .await

@@ -199,7 +199,8 @@ async fn stats_report_usage_and_condition() {
     let c = unmounted.volume_condition.unwrap();
     assert!(c.abnormal);
     assert_eq!(c.message, "The volume isn't mounted");
-    // Volume directory gone from every pool.
+    // No pool holds the id and every pool is usable: the volume does not exist (CSI: NotFound,
+    // which csi-sanity checks with an existing path).
     let gone = h
         .node
         .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
@@ -207,15 +208,10 @@ async fn stats_report_usage_and_condition() {
             volume_path: target.to_string_lossy().into_owned(),
             staging_target_path: String::new(),
         })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(
-        gone.volume_condition
-            .unwrap()
-            .message
-            .contains("not found in any storage pool")
-    );
+        .await;
+    let err = gone.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert!(err.message().contains("pvc-never"), "{}", err.message());
     let missing = h
         .node
         .node_get_volume_stats(csi::NodeGetVolumeStatsRequest {
