@@ -69,12 +69,47 @@ fn namespace(args: &RunArgs) -> String {
         .unwrap_or_else(|| hpp_reconcile::config::DEFAULT_NAMESPACE.to_owned())
 }
 
-/// Admin routes: metrics plus liveness/readiness pings. Readiness does not wait for the lease,
-/// so a rolling upgrade never deadlocks on a standby replica (KubeVirt PR #171).
-pub fn admin_router(registry: Arc<Registry>) -> Router {
+/// Why this replica cannot take admission reviews, once its webhook server has stopped. The
+/// webhook Service routes to every Ready operator pod, and with `failurePolicy: Fail` a pod whose
+/// webhook is gone would refuse every HostPathProvisioner write sent to it.
+#[derive(Clone, Debug, Default)]
+pub struct WebhookHealth(Arc<std::sync::Mutex<Option<String>>>);
+
+impl WebhookHealth {
+    /// Records that the webhook stopped serving, and why.
+    pub fn stopped(&self, why: String) {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
+    }
+
+    /// Why the webhook is not serving, if it stopped.
+    pub fn failure(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+}
+
+/// Admin routes: metrics plus liveness/readiness. Readiness does not wait for the lease, so a
+/// rolling upgrade never deadlocks on a standby replica (KubeVirt PR #171); it fails (503, with
+/// the reason) once this replica's admission webhook has stopped, so the Service stops sending
+/// reviews to it.
+pub fn admin_router(registry: Arc<Registry>, webhook: WebhookHealth) -> Router {
+    use axum::http::StatusCode;
     admin::metrics_router(registry)
         .route("/livez", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let failure = webhook.failure();
+                async move {
+                    match failure {
+                        Some(why) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("admission webhook stopped: {why}"),
+                        ),
+                        None => (StatusCode::OK, "ok".to_owned()),
+                    }
+                }
+            }),
+        )
 }
 
 /// Runs the operator until SIGTERM/SIGINT or lost leadership.
@@ -94,6 +129,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // One TLS policy (overrides, else the OpenShift profile) for the webhook and the CSI
     // DaemonSet's --metrics-tls-version.
     let policy = webhook_cmd::start_tls_policy(&args.webhook, Some(client.clone()))?;
+    let webhook_health = WebhookHealth::default();
     let webhook_task = if args.disable_webhook {
         None
     } else {
@@ -104,9 +140,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         };
         let shutdown = admin::shutdown_signal();
         let webhook = webhook_cmd::run_with(args.webhook.clone(), deps, shutdown);
+        let health = webhook_health.clone();
         Some(tokio::spawn(async move {
             if let Err(e) = webhook.await {
-                tracing::error!(error = format!("{e:#}"), "admission webhook stopped");
+                let why = format!("{e:#}");
+                tracing::error!(error = %why, "admission webhook stopped; this replica is no longer ready");
+                health.stopped(why);
             }
         }))
     };
@@ -129,7 +168,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         shutdown.clone(),
     )
     .await?;
-    let admin_task = tokio::spawn(admin::serve(listener, admin_router(registry), shutdown.clone()));
+    let admin_task = tokio::spawn(admin::serve(
+        listener,
+        admin_router(registry, webhook_health),
+        shutdown.clone(),
+    ));
 
     let (stop, election) = if args.no_leader_election {
         (shutdown.clone().boxed(), None)
@@ -210,11 +253,19 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(admin::serve(listener, admin_router(Arc::new(registry)), async move {
+        let webhook = WebhookHealth::default();
+        let router = admin_router(Arc::new(registry), webhook.clone());
+        let server = tokio::spawn(admin::serve(listener, router, async move {
             let _ = rx.await;
         }));
         assert!(get(addr, "/livez").await.starts_with("HTTP/1.1 200"));
         assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+        // A replica whose webhook stopped must leave the webhook Service's endpoints.
+        webhook.stopped("cannot listen on 0.0.0.0:9443".into());
+        let ready = get(addr, "/readyz").await;
+        assert!(ready.starts_with("HTTP/1.1 503"), "{ready}");
+        assert!(ready.contains("admission webhook stopped: cannot listen"), "{ready}");
+        assert!(get(addr, "/livez").await.starts_with("HTTP/1.1 200"));
         let body = get(addr, "/metrics").await;
         assert!(body.contains("kubevirt_hpp_cr_ready -1"), "{body}");
         assert!(
