@@ -155,6 +155,21 @@ pub enum ConfigError {
     /// A snapshot provider without a snapshot path, or the reverse.
     #[error("storage pool {0:?}: snapshotPath and snapshotProvider must be set together")]
     IncompleteSnapshots(String),
+    /// A snapshot directory that is a pool's directory or holds one: every entry there would be
+    /// taken for a snapshot, and deleting a snapshot could delete a volume or a pool.
+    #[error(
+        "storage pool {pool:?}: snapshotPath {snapshots} is or contains the directory of storage pool {other:?} ({other_path}); put snapshots in a directory of their own (inside a pool's directory is fine)"
+    )]
+    SnapshotsOverlapPool {
+        /// The pool whose snapshot path is wrong.
+        pool: String,
+        /// Its snapshot path.
+        snapshots: String,
+        /// The pool it overlaps.
+        other: String,
+        /// That pool's path.
+        other_path: String,
+    },
     /// A quota mode this build cannot enforce.
     #[error("storage pool {pool:?}: quota mode {mode} is not available in this build")]
     UnsupportedQuota {
@@ -227,6 +242,16 @@ pub fn check_pools(pools: &[PoolConfig]) -> Result<(), ConfigError> {
         if p.snapshot_path.is_some() != p.snapshot_provider.is_some() {
             return Err(ConfigError::IncompleteSnapshots(p.name.clone()));
         }
+        if let Some(snapshots) = &p.snapshot_path
+            && let Some(other) = pools.iter().find(|q| q.path.starts_with(snapshots))
+        {
+            return Err(ConfigError::SnapshotsOverlapPool {
+                pool: p.name.clone(),
+                snapshots: snapshots.display().to_string(),
+                other: other.name.clone(),
+                other_path: other.path.display().to_string(),
+            });
+        }
     }
     Ok(())
 }
@@ -235,6 +260,26 @@ pub fn check_pools(pools: &[PoolConfig]) -> Result<(), ConfigError> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_snapshot_dir_may_sit_inside_a_pool_but_never_be_or_hold_one() {
+        let pools = |snapshots: &str| {
+            vec![
+                PoolConfig::new("a", "/var/hpp/a").with_snapshots(snapshots),
+                PoolConfig::new("b", "/var/hpp/b"),
+            ]
+        };
+        // KubeVirt's layout: `<pool>/snapshots`.
+        assert!(check_pools(&pools("/var/hpp/a/snapshots")).is_ok());
+        assert!(check_pools(&pools("/var/snapshots")).is_ok());
+        for wrong in ["/var/hpp/a", "/var/hpp/b", "/var/hpp", "/"] {
+            let err = check_pools(&pools(wrong)).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::SnapshotsOverlapPool { .. }),
+                "{wrong}: {err}"
+            );
+        }
+    }
 
     #[test]
     fn ephemeral_switch_and_cap_parse_and_default_to_kubevirt_behaviour() {

@@ -445,6 +445,8 @@ impl ControllerService {
         let (info, size) = blocking_locked(guard, move || {
             if let Some((spool, info)) = locate_snapshot(&state, &name, Some(&pool))? {
                 if info.source_volume_id == source && spool.name == pool.name {
+                    // Found, perhaps renamed into place just before a crash: durable first.
+                    snapshots::sync_entries(&spool)?;
                     return Ok((info, snapshot_size(&spool, &name)));
                 }
                 return Err(Error::AlreadyExists(format!(

@@ -167,6 +167,14 @@ pub fn list(pool: &Pool) -> Result<Vec<SnapshotInfo>> {
 
 /// Creates snapshot `id` of the open volume `source` (named `source_id`) in `pool`.
 pub fn create(pool: &Pool, id: &str, source_id: &str, source: &OwnedFd) -> Result<SnapshotInfo> {
+    if source_id == DATA_DIR {
+        // KubeVirt's layout keeps the data in `<id>/data` and records the source as a sibling
+        // directory named after it, so a source named `data` cannot be recorded.
+        return Err(Error::FailedPrecondition(format!(
+            "volume {source_id} cannot be snapshotted: the snapshot layout records the source volume as a \
+             directory next to `{DATA_DIR}`, and the two names collide"
+        )));
+    }
     let root = open_root(pool, true)?.ok_or_else(|| Error::Internal("snapshot root vanished".into()))?;
     let tmp = temp_name(id);
     let tmp_fd = fsops::mkdir_exact(root.as_fd(), &tmp, 0o750).map_err(|e| Error::io("creating snapshot", e))?;
@@ -195,6 +203,15 @@ pub fn create(pool: &Pool, id: &str, source_id: &str, source: &OwnedFd) -> Resul
         Ok(()) => {}
         Err(Errno::EXIST) | Err(Errno::NOTEMPTY) => {
             let _ = pool.quota.remove(root.as_fd(), &tmp);
+            // Under the snapshot's exclusive key nothing of ours can have appeared meanwhile
+            // (another node's driver on a shared pool could); a directory that is no snapshot
+            // stays in the way for good, which retrying cannot change.
+            if read_info(pool, root.as_fd(), id)?.is_none() {
+                return Err(Error::AlreadyExists(format!(
+                    "{} exists and is not a snapshot; it is left alone",
+                    snapshot_root(pool)?.join(id).display()
+                )));
+            }
             return Err(Error::Aborted(format!("snapshot {id} appeared concurrently; retry")));
         }
         Err(e) => return Err(Error::io(format!("renaming snapshot {id} into place"), e)),
@@ -221,7 +238,18 @@ pub fn sweep(pool: &Pool) -> Result<usize> {
     }
 }
 
-/// Deletes snapshot `id` from `pool`; missing is success.
+/// Syncs `pool`'s snapshot directory, so that a snapshot found there (perhaps renamed into
+/// place just before a crash) is durable before it is acknowledged again.
+pub fn sync_entries(pool: &Pool) -> Result<()> {
+    if let Some(root) = open_root(pool, false)? {
+        pool.snapshot_commits().entries(root.as_fd())?;
+    }
+    Ok(())
+}
+
+/// Deletes snapshot `id` from `pool`; missing is success. Only a snapshot is deleted: an entry
+/// of that name that is not one (no source marker: a directory someone else put there, or a
+/// volume when paths overlap) is left alone and counts as no snapshot.
 pub fn delete(pool: &Pool, id: &str) -> Result<bool> {
     if pool.snapshot_path.is_none() {
         return Ok(false);
@@ -232,7 +260,11 @@ pub fn delete(pool: &Pool, id: &str) -> Result<bool> {
     let gone = deleting_name(id);
     pool.quota.remove(root.as_fd(), &gone)?;
     match fsops::entry(root.as_fd(), id).map_err(|e| Error::io("stat snapshot", e))? {
-        Entry::Missing => return Ok(false),
+        Entry::Missing => {
+            // Gone, but maybe by a rename a crash kept from being synced: sync before saying so.
+            pool.snapshot_commits().entries(root.as_fd())?;
+            return Ok(false);
+        }
         Entry::Dir { .. } => {}
         Entry::Symlink | Entry::Other => {
             return Err(Error::FailedPrecondition(format!(
@@ -240,6 +272,15 @@ pub fn delete(pool: &Pool, id: &str) -> Result<bool> {
                 pool.name
             )));
         }
+    }
+    if read_info(pool, root.as_fd(), id)?.is_none() {
+        tracing::warn!(
+            snapshot_id = id,
+            pool = %pool.name,
+            "not deleting {}: it is not a snapshot (no source marker)",
+            snapshot_root(pool)?.join(id).display()
+        );
+        return Ok(false);
     }
     fsops::rename_noreplace(root.as_fd(), id, &gone).map_err(|e| Error::io("renaming snapshot for deletion", e))?;
     pool.snapshot_commits().entries(root.as_fd())?;

@@ -400,3 +400,66 @@ async fn a_guarded_pools_snapshot_dir_must_be_on_a_mount() {
     assert_eq!(std::fs::read_dir(h.root.join("snapshots/outside")).unwrap().count(), 0);
     h.stop().await;
 }
+
+/// DeleteSnapshot deletes only snapshots: a directory in the snapshot directory without a source
+/// marker is someone else's (KubeVirt's `rm -rf` took it). CreateSnapshot onto such a name is
+/// AlreadyExists, not an Aborted that no retry could clear.
+#[tokio::test]
+async fn foreign_directories_in_the_snapshot_dir_are_left_alone() {
+    let mut h = Harness::start().await;
+    h.create("pvc-src").await;
+    let snaps = h.root.join("snapshots/legacy");
+    let foreign = snaps.join("foreign");
+    std::fs::create_dir_all(&foreign).unwrap();
+    std::fs::write(foreign.join("keep"), b"not ours").unwrap();
+    h.controller
+        .delete_snapshot(csi::DeleteSnapshotRequest {
+            snapshot_id: "foreign".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(foreign.join("keep")).unwrap(), b"not ours");
+    let err = h
+        .controller
+        .create_snapshot(snap_req("pvc-src", "foreign"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{}", err.message());
+    assert!(foreign.join("keep").exists());
+    let leftovers: Vec<_> = std::fs::read_dir(&snaps)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with(".hpp-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // A real snapshot is still deleted.
+    h.controller
+        .create_snapshot(snap_req("pvc-src", "snap-ok"))
+        .await
+        .unwrap();
+    h.controller
+        .delete_snapshot(csi::DeleteSnapshotRequest {
+            snapshot_id: "snap-ok".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(!snaps.join("snap-ok").exists());
+    h.stop().await;
+}
+
+/// KubeVirt's layout records the source as a directory next to `data`: a source volume named
+/// `data` gets a clear FailedPrecondition and leaves nothing behind.
+#[tokio::test]
+async fn a_source_named_data_is_refused_cleanly() {
+    let mut h = Harness::start().await;
+    h.create("data").await;
+    let err = h
+        .controller
+        .create_snapshot(snap_req("data", "snap-d"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
+    h.stop().await;
+}
