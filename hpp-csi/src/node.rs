@@ -359,6 +359,10 @@ fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
     }
     for pool in &state.pools {
         if !pool.is_reserved(id) && is_ephemeral(pool, id) {
+            // The volume's own key, not just this target's: a publish of it at another target
+            // (which holds the key shared from before its bind) or a snapshot or clone of it must
+            // not see it removed under them. Busy is Aborted; the CO retries.
+            let _volume = state.inflight.acquire(&[volume_key(id)], &[])?;
             let mounts = state.mount_table()?;
             if mounts.bind_mounts_of(&pool.volume_path(id)).is_empty() {
                 remove_ephemeral(pool, id, &state.mounts)?;

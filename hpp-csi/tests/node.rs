@@ -151,6 +151,35 @@ async fn ephemeral_inline_volumes_live_as_long_as_the_mount() {
     h.stop().await;
 }
 
+/// Unpublishing an ephemeral volume removes it only under the volume's own key: while a publish
+/// of it at another target (or a snapshot or clone of it) is in flight, the unpublish of an
+/// unmounted target answers Aborted and the volume stays.
+#[tokio::test]
+async fn an_ephemeral_volume_is_not_removed_while_another_operation_holds_it() {
+    let mut h = Harness::start().await;
+    let (t1, t2) = (h.target("eph1"), h.target("eph2"));
+    let mut req = publish_req("csi-0123abcd", &t1, false);
+    req.volume_context = HashMap::from([("csi.storage.k8s.io/ephemeral".into(), "true".into())]);
+    h.node.node_publish_volume(req).await.unwrap();
+    // As if a publish were between creating the volume and binding it: no bind of it anywhere.
+    rustix::mount::unmount(&t1, rustix::mount::UnmountFlags::DETACH).unwrap();
+    let in_flight = h
+        .state
+        .inflight
+        .acquire(&[], &[hpp_csi::inflight::volume_key("csi-0123abcd")])
+        .unwrap();
+    let err = h.unpublish("csi-0123abcd", &t2).await.unwrap_err();
+    assert_eq!(err.code(), Code::Aborted, "{}", err.message());
+    assert!(
+        h.pool_path().join("csi-0123abcd").is_dir(),
+        "removed under an operation in flight"
+    );
+    drop(in_flight);
+    h.unpublish("csi-0123abcd", &t2).await.unwrap();
+    assert!(!h.pool_path().join("csi-0123abcd").exists());
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn stats_report_usage_and_condition() {
     let mut h = Harness::start().await;
