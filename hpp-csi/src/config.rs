@@ -133,6 +133,10 @@ pub enum ConfigError {
     /// No pools at all.
     #[error("at least one storage pool is required")]
     NoPools,
+    /// A live driver already answers on the socket. Checked before anything touches the pools:
+    /// the start-up sweep would remove that driver's in-flight temporaries.
+    #[error("another process is already serving on {0}; not touching its storage pools")]
+    EndpointInUse(PathBuf),
     /// Two pools share a name.
     #[error("storage pool name {0:?} is used twice")]
     DuplicateName(String),

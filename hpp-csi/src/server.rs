@@ -177,6 +177,11 @@ impl DriverBuilder {
                 .ok_or_else(|| ConfigError::UnknownPool(name.clone()))?;
             pool.quota = backend;
         }
+        if let Some(Endpoint::Unix(socket)) = &self.endpoint
+            && socket_answers(socket)
+        {
+            return Err(ConfigError::EndpointInUse(socket.clone()));
+        }
         for pool in &pools {
             sweep_pool(pool);
         }
@@ -329,13 +334,19 @@ impl From<std::io::Error> for BindUnixError {
     }
 }
 
+/// Whether a live process accepts connections on the unix socket `path`.
+fn socket_answers(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_socket())
+        && std::os::unix::net::UnixStream::connect(path).is_ok()
+}
+
 fn bind_unix(path: &Path) -> Result<UnixSocket, BindUnixError> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent)?;
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
-            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            if socket_answers(path) {
                 return Err(BindUnixError::Serve(ServeError::InUse(path.to_path_buf())));
             }
             std::fs::remove_file(path)?;

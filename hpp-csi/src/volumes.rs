@@ -40,13 +40,19 @@ pub fn temp_name(id: &str) -> String {
 
 /// Removes every temporary (and finishes every interrupted deletion) directly in `dir`, through
 /// the pool's quota backend (a temporary may be a subvolume with a qgroup). Run at start-up,
-/// before any request can start an attempt of its own.
+/// before any request can start an attempt of its own. One entry that cannot be removed is
+/// logged and passed over, so it never keeps the others for ever; the error is only for a
+/// directory that cannot be listed.
 pub fn sweep(dir: std::os::fd::BorrowedFd<'_>, backend: &dyn QuotaBackend) -> Result<usize> {
     let mut swept = 0;
     for name in fsops::list_names(dir).map_err(|e| Error::io("listing for temporaries", e))? {
         if name.starts_with(TEMP_PREFIX) || name.starts_with(DELETING_PREFIX) {
-            backend.remove(dir, &name)?;
-            swept += 1;
+            match backend.remove(dir, &name) {
+                Ok(()) => swept += 1,
+                Err(e) => {
+                    tracing::warn!(entry = %name, error = %e, "cannot remove a leftover of an interrupted operation; passing over it")
+                }
+            }
         }
     }
     Ok(swept)

@@ -149,3 +149,91 @@ fn kill_9_between_raising_the_limit_and_recording_it_converges() {
     assert_eq!(q.limit("pvc-a"), Some(3 * G));
     assert_eq!(recorded(&root, "pvc-a"), Some(3 * G));
 }
+
+/// Removes like the plain backend, except that one entry cannot be removed (EROFS, say).
+#[derive(Debug)]
+struct StuckEntry(&'static str);
+
+impl QuotaBackend for StuckEntry {
+    fn name(&self) -> &'static str {
+        "stuck"
+    }
+
+    fn granularity(&self) -> u64 {
+        1
+    }
+
+    fn create(&self, pool: BorrowedFd<'_>, name: &str, limit_bytes: u64) -> Result<OwnedFd, QuotaError> {
+        Unlimited.create(pool, name, limit_bytes)
+    }
+
+    fn set_limit(&self, _pool: BorrowedFd<'_>, _name: &str, _limit_bytes: u64) -> Result<(), QuotaError> {
+        Ok(())
+    }
+
+    fn usage(&self, _pool: BorrowedFd<'_>, _name: &str) -> Result<Option<QuotaUsage>, QuotaError> {
+        Ok(None)
+    }
+
+    fn release(&self, _pool: BorrowedFd<'_>, _name: &str) -> Result<(), QuotaError> {
+        Ok(())
+    }
+
+    fn remove(&self, pool: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError> {
+        if name == self.0 {
+            return Err(QuotaError::Unsupported(format!("{name} cannot be removed")));
+        }
+        Unlimited.remove(pool, name)
+    }
+}
+
+/// After a crash, one leftover that cannot be removed must not keep every later one for ever:
+/// the start-up sweep passes over it and removes the others.
+#[test]
+fn the_sweep_passes_over_an_entry_it_cannot_remove() {
+    let root = tempfile::tempdir().unwrap();
+    let pool = root.path().join("pool");
+    let names = [
+        ".hpp-tmp-a-00000001",
+        ".hpp-tmp-stuck-00000002",
+        ".hpp-del-b",
+        ".hpp-tmp-c-00000003",
+    ];
+    for name in names {
+        std::fs::create_dir_all(pool.join(name).join("inner")).unwrap();
+    }
+    std::fs::create_dir_all(pool.join("pvc-kept")).unwrap();
+    let dir = std::fs::File::open(&pool).unwrap();
+    let backend = StuckEntry(".hpp-tmp-stuck-00000002");
+    let swept = volumes::sweep(std::os::fd::AsFd::as_fd(&dir), &backend).unwrap();
+    assert_eq!(swept, 3);
+    let mut left: Vec<_> = std::fs::read_dir(&pool)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(left, [".hpp-tmp-stuck-00000002", "pvc-kept"]);
+}
+
+/// A second driver started on the socket of a live one (a restart racing the old process, a
+/// surge rollout) must not sweep the live driver's in-flight temporaries.
+#[test]
+fn a_second_driver_on_a_live_socket_touches_no_pool() {
+    let root = tempfile::tempdir().unwrap();
+    let socket = root.path().join("csi.sock");
+    let _live = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let in_flight = root.path().join("pool/.hpp-tmp-pvc-1-12345678");
+    std::fs::create_dir_all(&in_flight).unwrap();
+    let err = hpp_csi::DriverBuilder::default()
+        .node_id("node-a")
+        .pool(PoolConfig::new("legacy", root.path().join("pool")))
+        .endpoint(hpp_csi::Endpoint::Unix(socket.clone()))
+        .build()
+        .err()
+        .expect("a live socket is refused");
+    assert!(
+        matches!(err, hpp_csi::ConfigError::EndpointInUse(ref p) if *p == socket),
+        "{err}"
+    );
+    assert!(in_flight.is_dir(), "the live driver's temporary was swept");
+}
