@@ -255,15 +255,15 @@ impl QuotaBackend for Project {
             Ok(fd) => self.ids.store().get(fd.as_fd()).unwrap_or(0),
             Err(_) => 0,
         };
-        super::remove_tree(pool, name)?;
         if id != 0 {
-            // The id is free again now that no entry carries it; clear its limit so a
-            // reuse starts clean (the next create sets its own anyway).
+            // Cleared while the entry still carries the id, so no create can have picked it
+            // yet: once the tree is gone the id is free, and a create may take it and set its
+            // own limit at any moment, which a clear after the removal would wipe out.
             if let Err(e) = hpp_sys::quota::set_project_limits(pool, id, 0, 0) {
-                tracing::debug!(project = id, error = %e, "cannot clear the limit of a released project id");
+                tracing::debug!(project = id, error = %e, "cannot clear the limit of a project id being released");
             }
         }
-        Ok(())
+        super::remove_tree(pool, name)
     }
 
     fn release(&self, _pool: BorrowedFd<'_>, _name: &str) -> Result<(), QuotaError> {
