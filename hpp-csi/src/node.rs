@@ -237,7 +237,10 @@ fn mark_ephemeral(pool: &Pool, id: &str) -> Result<()> {
     let markers =
         fsops::open_child_dir(dir.as_fd(), EPHEMERAL_MARKERS).map_err(|e| Error::io("opening ephemeral markers", e))?;
     match rustix::fs::mkdirat(&markers, id, Mode::from_raw_mode(0o700)) {
-        Ok(()) | Err(Errno::EXIST) => Ok(()),
+        // Synced on its own: the volume's create syncs only the pool directory, and a volume
+        // that outlived a power cut without its marker would never be removed.
+        Ok(()) => rustix::fs::fsync(&markers).map_err(|e| Error::io("syncing ephemeral marker", e)),
+        Err(Errno::EXIST) => Ok(()),
         Err(e) => Err(Error::io("writing ephemeral marker", e)),
     }
 }
