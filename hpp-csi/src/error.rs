@@ -60,6 +60,17 @@ impl Error {
         }
     }
 
+    /// For a step that failed after the object it builds became visible (renamed into place):
+    /// a code the CO retries (Aborted), since a "final" code makes the external-provisioner
+    /// stop tracking the call and can orphan the volume if the claim goes away meanwhile. The
+    /// retry finds the object and finishes the step.
+    pub fn after_visible(self) -> Error {
+        match self {
+            Error::Aborted(_) | Error::Unavailable(_) => self,
+            other => Error::Aborted(format!("{other}; the volume exists, retry to finish")),
+        }
+    }
+
     /// The gRPC code this error maps to; also used as a metric label.
     pub fn code(&self) -> Code {
         match self {
@@ -172,6 +183,16 @@ mod tests {
             assert_eq!(status.code(), code);
             assert_ne!(status.code(), Code::Unknown);
         }
+    }
+
+    #[test]
+    fn a_failure_after_the_volume_is_visible_is_retried_not_final() {
+        let eio = Error::io("syncing the pool directory", io::Error::from_raw_os_error(5)).after_visible();
+        assert_eq!(eio.code(), Code::Aborted);
+        assert!(eio.to_string().contains("syncing the pool directory"), "{eio}");
+        let gone = Error::io("opening", io::Error::from_raw_os_error(2)).after_visible();
+        assert_eq!(gone.code(), Code::Aborted);
+        assert_eq!(Error::Unavailable("x".into()).after_visible().code(), Code::Unavailable);
     }
 
     #[test]

@@ -159,7 +159,9 @@ pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>, requested: Reques
             let existing = check_existing(pool, dir.as_fd(), id, requested)?;
             // A retry after a crash between the rename and its sync must not acknowledge a
             // volume a power cut could still take back. Cheap when nothing is pending.
-            pool.volume_commits().entries(dir.as_fd())?;
+            pool.volume_commits()
+                .entries(dir.as_fd())
+                .map_err(Error::after_visible)?;
             return Ok(existing);
         }
         Entry::Missing => {}
@@ -221,14 +223,21 @@ pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>, requested: Reques
         Ok(()) => {}
         Err(Errno::EXIST) | Err(Errno::NOTEMPTY) => {
             let _ = backend.remove(dir.as_fd(), &tmp);
-            pool.volume_commits().entries(dir.as_fd())?;
+            pool.volume_commits()
+                .entries(dir.as_fd())
+                .map_err(Error::after_visible)?;
             return Ok(Created::Existing);
         }
-        Err(e) => return Err(Error::io(format!("renaming {tmp} to {id}"), e)),
+        Err(e) => {
+            let _ = backend.remove(dir.as_fd(), &tmp);
+            return Err(Error::io(format!("renaming {tmp} to {id}"), e));
+        }
     }
     // Nothing is acknowledged before the sync that covers it; concurrent creates and deletes
     // share that sync (group commit).
-    pool.volume_commits().entries(dir.as_fd())?;
+    pool.volume_commits()
+        .entries(dir.as_fd())
+        .map_err(Error::after_visible)?;
     Ok(Created::New(stats))
 }
 
