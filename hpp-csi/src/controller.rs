@@ -235,6 +235,11 @@ impl ControllerService {
         };
         let tuning = modify::parse(&pool, &req.mutable_parameters)?;
         let source = req.volume_content_source.as_ref().map(SourceRef::parse).transpose()?;
+        if matches!(&source, Some(SourceRef::Volume(src)) if *src == name) {
+            return Err(Error::InvalidArgument(format!(
+                "volume {name} cannot be cloned from itself (volume_content_source names the volume being created)"
+            )));
+        }
         let shared_key: Vec<String> = source.iter().map(SourceRef::shared_key).collect();
         let guard = self.state.inflight.acquire(&[volume_key(&name)], &shared_key)?;
         let (p, n, state) = (pool.clone(), name.clone(), self.state.clone());

@@ -463,3 +463,24 @@ async fn a_source_named_data_is_refused_cleanly() {
     assert_eq!(err.code(), Code::FailedPrecondition, "{}", err.message());
     h.stop().await;
 }
+
+/// A clone whose source is the volume being created can never succeed: InvalidArgument, not an
+/// Aborted (its own in-flight key) that every retry would get again.
+#[tokio::test]
+async fn a_volume_cannot_be_cloned_from_itself() {
+    let mut h = Harness::start().await;
+    let err = h
+        .controller
+        .create_volume(from_volume("pvc-self", "pvc-self"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    h.create("pvc-self").await;
+    let err = h
+        .controller
+        .create_volume(from_volume("pvc-self", "pvc-self"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    h.stop().await;
+}
