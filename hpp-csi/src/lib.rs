@@ -23,6 +23,7 @@ pub mod config;
 pub mod controller;
 pub mod copy;
 pub mod csi;
+pub mod deferred_quota;
 pub mod endpoint;
 pub mod error;
 pub mod expand;

@@ -323,7 +323,17 @@ impl Pool {
 /// The backend for a pool's configured quota mode; `auto` resolved by [`auto_mode`] and
 /// logged. An explicitly configured backend that cannot work on the pool's filesystem is a
 /// configuration error; `auto` falls back to `none` instead.
+/// A guarded pool that is not mounted yet gets its backend once it is
+/// ([`crate::deferred_quota`]): what sits at its path now is not its filesystem.
 fn quota_backend(cfg: &PoolConfig, path: &Path) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
+    let waiting_for_mount =
+        cfg.require_mount_point && cfg.quota != QuotaMode::None && !crate::deferred_quota::is_mounted(path);
+    if waiting_for_mount {
+        tracing::info!(pool = %cfg.name, quota = %cfg.quota, "pool not mounted yet; its quota backend is set up once it is");
+        return Ok(Arc::new(crate::deferred_quota::Deferred::new(
+            &cfg.name, cfg.quota, path,
+        )));
+    }
     build_quota_backend(&cfg.name, cfg.quota, path)
 }
 

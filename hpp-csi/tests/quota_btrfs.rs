@@ -426,3 +426,39 @@ fn killing_the_driver_while_expanding_or_modifying_converges() {
         assert_limit(&pool, &id, recorded);
     }
 }
+
+/// A guarded btrfs pool whose filesystem is mounted after the driver started: the backend is
+/// set up once the mount is there, instead of failing the whole driver at start-up (btrfs
+/// quota on the root filesystem's directory) or being chosen from the wrong filesystem.
+#[test]
+fn a_guarded_pool_mounted_after_start_gets_its_backend_then() {
+    let Some(fs) = loopfs::LoopFs::new("btrfs", 512, "") else {
+        return;
+    };
+    let later = tempfile::tempdir().unwrap();
+    let path = later.path().join("pool");
+    std::fs::create_dir(&path).unwrap();
+    let cfg = PoolConfig::new("late", &path)
+        .require_mount_point(true)
+        .quota(QuotaMode::Btrfs, 100);
+    let pool = Pool::prepare(&cfg).expect("an unmounted guarded pool is no configuration error");
+    assert!(!pool.measure().usable, "unusable until mounted");
+    let dir = std::fs::File::open(&path).unwrap();
+    assert!(pool.quota.create(dir.as_fd(), "early", MIB).is_err());
+    drop(dir);
+    rustix::mount::mount_bind(fs.path(), &path).unwrap();
+    let created = volumes::create(
+        &pool,
+        "pvc-late",
+        None,
+        Requested {
+            required: 8 * MIB,
+            limit: 0,
+        },
+    );
+    let subvolume = created.is_ok() && is_subvol(&path.join("pvc-late"));
+    let name = pool.quota.name();
+    rustix::mount::unmount(&path, rustix::mount::UnmountFlags::DETACH).unwrap();
+    assert!(subvolume, "{created:?}");
+    assert_eq!(name, "btrfs");
+}
