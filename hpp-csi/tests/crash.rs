@@ -229,8 +229,8 @@ fn a_second_driver_on_a_live_socket_touches_no_pool() {
         .pool(PoolConfig::new("legacy", root.path().join("pool")))
         .endpoint(hpp_csi::Endpoint::Unix(socket.clone()))
         .build()
-        .err()
-        .expect("a live socket is refused");
+        .map(|_| ())
+        .expect_err("a live socket is refused");
     assert!(
         matches!(err, hpp_csi::ConfigError::EndpointInUse(ref p) if *p == socket),
         "{err}"
