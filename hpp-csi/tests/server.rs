@@ -357,8 +357,13 @@ async fn socket_lifecycle_stale_live_and_removal() {
     std::fs::create_dir_all(sock.parent().unwrap()).unwrap();
     drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
     let bound = build().bind().await.unwrap();
-    // A second driver on the same live socket is refused.
-    assert!(matches!(build().bind().await, Err(ServeError::InUse(_))));
+    // A second driver on the same live socket is refused, before it touches the pools.
+    let second = Driver::builder()
+        .node_id(NODE)
+        .pool(PoolConfig::new("legacy", dir.path().join("pool")))
+        .endpoint(Endpoint::Unix(sock.clone()))
+        .build();
+    assert!(matches!(second, Err(hpp_csi::ConfigError::EndpointInUse(_))));
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(bound.serve(async {
         let _ = rx.await;
