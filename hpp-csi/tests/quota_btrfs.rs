@@ -486,3 +486,32 @@ fn deleting_a_volume_destroys_the_subvolumes_a_tenant_made_inside_it() {
     );
     assert!(volumes::delete(&pool, "pvc-t", &mounts).is_ok(), "a retry is fine");
 }
+
+/// The same in a plain directory volume from before the pool used btrfs: a read-only snapshot
+/// below a subdirectory is destroyed, not walked into.
+#[test]
+fn deleting_a_plain_directory_volume_destroys_the_subvolumes_inside_it() {
+    let Some(fs) = loopfs::LoopFs::new("btrfs", 512, "") else {
+        return;
+    };
+    let root = fs.path();
+    let cfg = PoolConfig::new("b", root.join("pool")).quota(QuotaMode::Btrfs, 100);
+    let pool = Pool::prepare(&cfg).unwrap();
+    let open = |p: &std::path::Path| std::fs::File::open(p).unwrap();
+    use hpp_sys::btrfs::{snapshot_create, subvolume_create};
+    let mounts = MountTableCache::new();
+    let legacy = root.join("pool/legacy");
+    std::fs::create_dir_all(legacy.join("d")).unwrap();
+    subvolume_create(open(&legacy.join("d")).as_fd(), "s").unwrap();
+    std::fs::write(legacy.join("d/s/file"), b"tenant data").unwrap();
+    snapshot_create(
+        open(&legacy.join("d")).as_fd(),
+        "r",
+        open(&legacy.join("d/s")).as_fd(),
+        true,
+    )
+    .unwrap();
+    let plain = volumes::delete(&pool, "legacy", &mounts);
+    assert!(matches!(plain, Ok(true)), "{plain:?}");
+    assert!(!legacy.exists());
+}
