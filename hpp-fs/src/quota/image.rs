@@ -495,6 +495,15 @@ impl QuotaBackend for Image {
                 target.display()
             )));
         }
+        // Never a second loop device (and a second mount) for one image: a publish at another
+        // target binds the existing mount ([`QuotaBackend::shared_mount`]).
+        if let Some(path) = image_path(image.as_fd())
+            && let Some(dev) = loops_backed_by(&path).first()
+        {
+            return Err(QuotaError::Unsupported(format!(
+                "the image of this volume is already attached to /dev/{dev}; not mounting it a second time"
+            )));
+        }
         let dev = hpp_sys::loopdev::attach(image.as_fd(), read_only).map_err(io_err("attaching a loop device"))?;
         // Device files and set-id programs inside a tenant's image are never honoured.
         let flags = flags | MountFlags::NOSUID | MountFlags::NODEV;
