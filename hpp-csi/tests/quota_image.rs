@@ -673,5 +673,15 @@ async fn an_image_volume_published_at_two_targets_is_mounted_once() {
     assert_eq!(std::fs::read(t4.join("f")).unwrap(), b"three");
     h.unpublish("pvc-race", &t3).await.unwrap();
     h.unpublish("pvc-race", &t4).await.unwrap();
+
+    // Published read-only first, the image is attached read-only: a writable publish elsewhere
+    // is refused (it cannot be writable), another read-only one binds it.
+    h.publish("pvc-race", &t3, true).await.unwrap();
+    assert_eq!(code(h.publish("pvc-race", &t4, false).await), Code::FailedPrecondition);
+    h.publish("pvc-race", &t4, true).await.unwrap();
+    assert_eq!(loops_backing(&h.pool_path().join("pvc-race/disk.img")), 1);
+    assert_eq!(std::fs::read(t4.join("f")).unwrap(), b"three");
+    h.unpublish("pvc-race", &t3).await.unwrap();
+    h.unpublish("pvc-race", &t4).await.unwrap();
     h.stop().await;
 }
