@@ -153,6 +153,15 @@ impl QuotaBackend for Deferred {
         self.backend()?.mount_at(volume, target, flags)
     }
 
+    fn shared_mount(
+        &self,
+        volume: BorrowedFd<'_>,
+        target: &Path,
+        read_only: bool,
+    ) -> Result<Option<OwnedFd>, QuotaError> {
+        self.backend()?.shared_mount(volume, target, read_only)
+    }
+
     fn expand_mounted(&self, target: &Path) -> Result<(), QuotaError> {
         self.backend()?.expand_mounted(target)
     }

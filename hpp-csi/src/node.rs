@@ -133,13 +133,24 @@ fn publish(p: &Publish, cache: &MountTableCache) -> Result<()> {
     }
     let source = volumes::open(&p.pool, &p.id)?;
     if p.pool.quota.layout() != Layout::Directory {
-        // An image: loop-mounted, not bound (idempotent on retries).
-        drop(open_or_create_target(&p.target)?);
-        let result = p
-            .pool
-            .quota
-            .mount_at(source.as_fd(), &p.target, p.opts.with_source_flags(&source).flags)
-            .map_err(Error::from);
+        // An image: loop-mounted, not bound (idempotent on retries); already mounted for
+        // another target, that mount is bound here (an image is never mounted twice).
+        let target = open_or_create_target(&p.target)?;
+        let opts = p.opts.with_source_flags(&source);
+        let result = match p.pool.quota.shared_mount(source.as_fd(), &p.target, opts.read_only()) {
+            Ok(Some(root)) => {
+                let opts = opts.with_source_flags(&root);
+                mount::bind(&root, &target, &p.target, opts).map(|_| true)
+            }
+            Ok(None) => {
+                drop(target);
+                p.pool
+                    .quota
+                    .mount_at(source.as_fd(), &p.target, opts.flags)
+                    .map_err(Error::from)
+            }
+            Err(e) => Err(Error::from(e)),
+        };
         if result.is_err() && p.ephemeral {
             let _ = remove_ephemeral(&p.pool, &p.id, cache);
         }
@@ -571,10 +582,17 @@ impl NodeService {
         } else {
             0
         };
-        let guard = self
-            .state
-            .inflight
-            .acquire(&[target_key(&target)], &[volume_key(&id)])?;
+        // Two publishes of an image volume at once could both attach it: they take turns.
+        let guard = match pool.quota.layout() {
+            Layout::Directory => self
+                .state
+                .inflight
+                .acquire(&[target_key(&target)], &[volume_key(&id)])?,
+            Layout::Image(_) => self
+                .state
+                .inflight
+                .acquire(&[target_key(&target), volume_key(&id)], &[])?,
+        };
         let p = Publish {
             id,
             pool,

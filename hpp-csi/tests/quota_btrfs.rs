@@ -461,4 +461,92 @@ fn a_guarded_pool_mounted_after_start_gets_its_backend_then() {
     rustix::mount::unmount(&path, rustix::mount::UnmountFlags::DETACH).unwrap();
     assert!(subvolume, "{created:?}");
     assert_eq!(name, "btrfs");
+
+/// A tenant may make subvolumes inside its volume, snapshot them read-only, nest them and mark
+/// them read-only (their owner may, unprivileged): deleting the volume takes them all away,
+/// deepest first, instead of failing on every retry (EROFS inside a read-only snapshot).
+#[test]
+fn deleting_a_volume_destroys_the_subvolumes_a_tenant_made_inside_it() {
+    let Some(fs) = loopfs::LoopFs::new("btrfs", 512, "") else {
+        return;
+    };
+    let root = fs.path();
+    let cfg = PoolConfig::new("b", root.join("pool")).quota(QuotaMode::Btrfs, 100);
+    let pool = Pool::prepare(&cfg).unwrap();
+    let want = Requested {
+        required: 64 * MIB,
+        limit: 0,
+    };
+    volumes::create(&pool, "pvc-t", None, want).unwrap();
+    let vol = root.join("pool/pvc-t");
+    let open = |p: &std::path::Path| std::fs::File::open(p).unwrap();
+    use hpp_sys::btrfs::{snapshot_create, subvolume_create, subvolume_set_read_only};
+    // s (with a file), r: a read-only snapshot of s.
+    subvolume_create(open(&vol).as_fd(), "s").unwrap();
+    std::fs::write(vol.join("s/file"), b"tenant data").unwrap();
+    snapshot_create(open(&vol).as_fd(), "r", open(&vol.join("s")).as_fd(), true).unwrap();
+    assert!(std::fs::remove_file(vol.join("r/file")).is_err(), "r is read-only");
+    // A subvolume two levels down, holding another subvolume, in plain directories.
+    std::fs::create_dir_all(vol.join("a/b")).unwrap();
+    subvolume_create(open(&vol.join("a/b")).as_fd(), "n").unwrap();
+    std::fs::create_dir_all(vol.join("a/b/n/deep")).unwrap();
+    subvolume_create(open(&vol.join("a/b/n/deep")).as_fd(), "m").unwrap();
+    std::fs::write(vol.join("a/b/n/deep/m/f"), b"m").unwrap();
+    // p holds q, then p is made read-only (q can only go once p is writable again).
+    subvolume_create(open(&vol).as_fd(), "p").unwrap();
+    subvolume_create(open(&vol.join("p")).as_fd(), "q").unwrap();
+    std::fs::write(vol.join("p/q/f"), b"q").unwrap();
+    subvolume_set_read_only(open(&vol.join("p")).as_fd(), true).unwrap();
+    assert!(std::fs::write(vol.join("p/g"), b"x").is_err(), "p is read-only");
+    // A symlink out of the volume is never followed.
+    std::fs::create_dir(root.join("outside")).unwrap();
+    subvolume_create(open(&root.join("outside")).as_fd(), "keep").unwrap();
+    std::os::unix::fs::symlink(root.join("outside"), vol.join("link")).unwrap();
+
+    let mounts = MountTableCache::new();
+    let first = volumes::delete(&pool, "pvc-t", &mounts);
+    assert!(matches!(first, Ok(true)), "{first:?}");
+    assert!(!vol.exists());
+    assert!(
+        std::fs::read_dir(root.join("pool")).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".hpp-del")),
+        "nothing left behind"
+    );
+    assert!(
+        is_subvol(&root.join("outside/keep")),
+        "the symlink's target is untouched"
+    );
+    assert!(volumes::delete(&pool, "pvc-t", &mounts).is_ok(), "a retry is fine");
+}
+
+/// The same in a plain directory volume from before the pool used btrfs: a read-only snapshot
+/// below a subdirectory is destroyed, not walked into.
+#[test]
+fn deleting_a_plain_directory_volume_destroys_the_subvolumes_inside_it() {
+    let Some(fs) = loopfs::LoopFs::new("btrfs", 512, "") else {
+        return;
+    };
+    let root = fs.path();
+    let cfg = PoolConfig::new("b", root.join("pool")).quota(QuotaMode::Btrfs, 100);
+    let pool = Pool::prepare(&cfg).unwrap();
+    let open = |p: &std::path::Path| std::fs::File::open(p).unwrap();
+    use hpp_sys::btrfs::{snapshot_create, subvolume_create};
+    let mounts = MountTableCache::new();
+    let legacy = root.join("pool/legacy");
+    std::fs::create_dir_all(legacy.join("d")).unwrap();
+    subvolume_create(open(&legacy.join("d")).as_fd(), "s").unwrap();
+    std::fs::write(legacy.join("d/s/file"), b"tenant data").unwrap();
+    snapshot_create(
+        open(&legacy.join("d")).as_fd(),
+        "r",
+        open(&legacy.join("d/s")).as_fd(),
+        true,
+    )
+    .unwrap();
+    let plain = volumes::delete(&pool, "legacy", &mounts);
+    assert!(matches!(plain, Ok(true)), "{plain:?}");
+    assert!(!legacy.exists());
 }

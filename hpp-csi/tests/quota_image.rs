@@ -557,3 +557,131 @@ fn a_publish_killed_before_mounting_leaves_no_loop_device() {
     std::fs::remove_file(&marker).unwrap();
     assert!(delete_image(&pool, "pvc-l"));
 }
+
+/// Loop devices whose backing file is exactly `image`.
+fn loops_backing(image: &std::path::Path) -> usize {
+    let image = image.to_string_lossy().into_owned();
+    std::fs::read_dir("/sys/block")
+        .unwrap()
+        .filter(|e| {
+            let dev = e.as_ref().unwrap().file_name().to_string_lossy().into_owned();
+            std::fs::read_to_string(format!("/sys/block/{dev}/loop/backing_file"))
+                .is_ok_and(|b| b.trim_end_matches('\n') == image)
+        })
+        .count()
+}
+
+/// Publishes `id` at `target`, retrying while another publish of the volume holds it
+/// (ABORTED: the CO retries).
+async fn publish_retrying(
+    node: &mut hpp_csi::csi::node_client::NodeClient<tonic::transport::Channel>,
+    id: &str,
+    target: &std::path::Path,
+) {
+    for _ in 0..1000 {
+        match node.node_publish_volume(publish_req(id, target, false)).await {
+            Ok(_) => return,
+            Err(s) if s.code() == Code::Aborted => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
+            Err(s) => panic!("publishing {id} at {}: {s}", target.display()),
+        }
+    }
+    panic!("publishing {id} at {} stays aborted", target.display());
+}
+
+/// Two targets of one image volume share one loop device and one filesystem (two ext4 mounts of
+/// one image corrupt it): the second publish binds the first's mount, sequentially or
+/// concurrently; unpublishing one target leaves the other working, the last one frees the device.
+#[tokio::test]
+async fn an_image_volume_published_at_two_targets_is_mounted_once() {
+    if !rustix::process::geteuid().is_root() || !std::path::Path::new("/dev/loop-control").exists() {
+        eprintln!("skipped: needs root and loop devices");
+        return;
+    }
+    if std::process::Command::new("mkfs.ext4").arg("-V").output().is_err() {
+        eprintln!("skipped: mkfs.ext4 is not installed");
+        return;
+    }
+    let mut h = Harness::with(|root, b| b.pool(legacy_pool(root).quota(QuotaMode::Image, 100))).await;
+    for id in ["pvc-two", "pvc-race"] {
+        let mut req = create_req(id);
+        req.capacity_range = Some(hpp_csi::csi::CapacityRange {
+            required_bytes: 16 * MIB as i64,
+            limit_bytes: 0,
+        });
+        h.controller.create_volume(req).await.unwrap();
+    }
+    let (t1, t2, t3, t4) = (h.target("t1"), h.target("t2"), h.target("t3"), h.target("t4"));
+    struct Cleanup(Vec<std::path::PathBuf>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            for t in &self.0 {
+                while rustix::mount::unmount(t, rustix::mount::UnmountFlags::DETACH).is_ok() {}
+            }
+        }
+    }
+    let _cleanup = Cleanup(vec![t1.clone(), t2.clone(), t3.clone(), t4.clone()]);
+    let image = h.pool_path().join("pvc-two/disk.img");
+
+    h.publish("pvc-two", &t1, false).await.unwrap();
+    h.publish("pvc-two", &t2, false).await.unwrap();
+    // A retry at either target changes nothing.
+    h.publish("pvc-two", &t2, false).await.unwrap();
+    h.publish("pvc-two", &t1, false).await.unwrap();
+    assert_eq!(loops_backing(&image), 1, "one loop device for the image");
+    std::fs::write(t1.join("f"), b"through t1").unwrap();
+    assert_eq!(std::fs::read(t2.join("f")).unwrap(), b"through t1");
+    // Both are mounts of the same filesystem, each with the driver's restrictions.
+    let table = hpp_csi::mountinfo::MountTable::read().unwrap();
+    let (m1, m2) = (table.mount_at(&t1).unwrap(), table.mount_at(&t2).unwrap());
+    assert_eq!((m1.dev, &m1.root), (m2.dev, &m2.root));
+    assert!(m2.options.iter().any(|o| o == "nosuid") && m2.options.iter().any(|o| o == "nodev"));
+
+    // A read-only publish of the same volume is a read-only bind of it.
+    let ro = h.target("ro");
+    h.publish("pvc-two", &ro, true).await.unwrap();
+    assert_eq!(loops_backing(&image), 1);
+    let err = std::fs::write(ro.join("g"), b"x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(30), "EROFS");
+    assert_eq!(std::fs::read(ro.join("f")).unwrap(), b"through t1");
+    h.unpublish("pvc-two", &ro).await.unwrap();
+
+    h.unpublish("pvc-two", &t1).await.unwrap();
+    assert!(!t1.exists());
+    assert_eq!(loops_backing(&image), 1, "t2 still holds the device");
+    std::fs::write(t2.join("after"), b"still here").unwrap();
+    assert_eq!(std::fs::read(t2.join("f")).unwrap(), b"through t1");
+    h.unpublish("pvc-two", &t2).await.unwrap();
+    assert!(!t2.exists());
+    let mut gone = false;
+    for _ in 0..500 {
+        gone = loops_backing(&image) == 0;
+        if gone {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(gone, "the last unpublish frees the loop device (autoclear)");
+
+    // Two publishes of one volume at once cannot both attach it.
+    let (mut n3, mut n4) = (h.node.clone(), h.node.clone());
+    tokio::join!(
+        publish_retrying(&mut n3, "pvc-race", &t3),
+        publish_retrying(&mut n4, "pvc-race", &t4)
+    );
+    assert_eq!(loops_backing(&h.pool_path().join("pvc-race/disk.img")), 1);
+    std::fs::write(t3.join("f"), b"three").unwrap();
+    assert_eq!(std::fs::read(t4.join("f")).unwrap(), b"three");
+    h.unpublish("pvc-race", &t3).await.unwrap();
+    h.unpublish("pvc-race", &t4).await.unwrap();
+
+    // Published read-only first, the image is attached read-only: a writable publish elsewhere
+    // is refused (it cannot be writable), another read-only one binds it.
+    h.publish("pvc-race", &t3, true).await.unwrap();
+    assert_eq!(code(h.publish("pvc-race", &t4, false).await), Code::FailedPrecondition);
+    h.publish("pvc-race", &t4, true).await.unwrap();
+    assert_eq!(loops_backing(&h.pool_path().join("pvc-race/disk.img")), 1);
+    assert_eq!(std::fs::read(t4.join("f")).unwrap(), b"three");
+    h.unpublish("pvc-race", &t3).await.unwrap();
+    h.unpublish("pvc-race", &t4).await.unwrap();
+    h.stop().await;
+}

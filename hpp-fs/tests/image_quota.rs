@@ -7,7 +7,7 @@ use std::io::Write;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
-use hpp_fs::quota::{Image, ImageFs, QuotaBackend};
+use hpp_fs::quota::{Image, ImageFs, QuotaBackend, QuotaError};
 use rustix::mount::MountFlags;
 
 const MIB: u64 = 1 << 20;
@@ -87,6 +87,20 @@ fn an_image_volume_is_limited_grows_online_and_clones() {
     std::fs::remove_file(target.join("big")).unwrap();
     std::fs::write(target.join("hello"), b"world").unwrap();
     assert!(backend.in_use(pool, "v").unwrap().is_some());
+    // Another target never gets a second mount of the image: shared_mount hands out the
+    // existing mount's root for a bind, and mount_at itself refuses to attach it again.
+    let root = backend.shared_mount(vol.as_fd(), &target2, false).unwrap().unwrap();
+    assert_eq!(
+        rustix::fs::fstat(&root).unwrap().st_dev,
+        rustix::fs::stat(&target).unwrap().st_dev
+    );
+    drop(root);
+    assert!(
+        backend.shared_mount(vol.as_fd(), &target, false).unwrap().is_none(),
+        "a retry"
+    );
+    let twice = backend.mount_at(vol.as_fd(), &target2, MountFlags::empty());
+    assert!(matches!(twice, Err(QuotaError::Unsupported(_))), "{twice:?}");
 
     // Online growth: controller grows the file, node grows the filesystem.
     backend.set_limit(pool, "v", 64 * MIB).unwrap();

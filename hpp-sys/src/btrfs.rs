@@ -3,8 +3,10 @@
 //! linking libbtrfsutil (a C library), so the few structures are written out here from
 //! `linux/btrfs.h`; their sizes are checked at compile time against the ioctl numbers' sizes.
 
+use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
 
 /// `BTRFS_IOCTL_MAGIC`.
 const MAGIC: u64 = 0x94;
@@ -92,6 +94,8 @@ const IOC_SUBVOL_CREATE: u64 = ioc(WRITE, 14, std::mem::size_of::<VolArgs>());
 const IOC_SNAP_DESTROY: u64 = ioc(WRITE, 15, std::mem::size_of::<VolArgs>());
 const IOC_INO_LOOKUP: u64 = ioc(READ | WRITE, 18, std::mem::size_of::<InoLookupArgs>());
 const IOC_SNAP_CREATE_V2: u64 = ioc(WRITE, 23, std::mem::size_of::<VolArgsV2>());
+const IOC_SUBVOL_GETFLAGS: u64 = ioc(READ, 25, std::mem::size_of::<u64>());
+const IOC_SUBVOL_SETFLAGS: u64 = ioc(WRITE, 26, std::mem::size_of::<u64>());
 const IOC_FS_INFO: u64 = ioc(READ, 31, std::mem::size_of::<FsInfoArgs>());
 const IOC_QUOTA_CTL: u64 = ioc(READ | WRITE, 40, std::mem::size_of::<QuotaCtlArgs>());
 const IOC_QGROUP_CREATE: u64 = ioc(WRITE, 42, std::mem::size_of::<QgroupCreateArgs>());
@@ -99,8 +103,12 @@ const IOC_QGROUP_LIMIT: u64 = ioc(READ, 43, std::mem::size_of::<QgroupLimitArgs>
 
 /// Copies a single path component into a NUL-padded kernel name buffer.
 fn put_name<const N: usize>(buf: &mut [u8; N], name: &str) -> io::Result<()> {
-    let b = name.as_bytes();
-    if b.is_empty() || b.len() >= N || b.contains(&0) || b.contains(&b'/') || name == "." || name == ".." {
+    put_name_bytes(buf, name.as_bytes())
+}
+
+/// [`put_name`] for any name the filesystem may hold (not necessarily UTF-8).
+fn put_name_bytes<const N: usize>(buf: &mut [u8; N], b: &[u8]) -> io::Result<()> {
+    if b.is_empty() || b.len() >= N || b.contains(&0) || b.contains(&b'/') || b == b"." || b == b".." {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     buf[..b.len()].copy_from_slice(b);
@@ -111,7 +119,7 @@ fn put_name<const N: usize>(buf: &mut [u8; N], name: &str) -> io::Result<()> {
 #[allow(unsafe_code)]
 fn ioctl<T>(fd: BorrowedFd<'_>, request: u64, arg: &mut T) -> io::Result<()> {
     // SAFETY: `fd` is a live descriptor for the call; `arg` is an exclusively borrowed,
-    // initialised `#[repr(C)]` structure whose size is the size encoded in `request` (checked
+    // initialised `#[repr(C)]` structure (or a `u64`) whose size is the size encoded in `request` (checked
     // by the const assertions above), so the kernel reads and writes only inside it. The
     // kernel keeps no pointer to it after the call.
     let rc = unsafe { libc::ioctl(fd.as_raw_fd(), request as libc::Ioctl, arg as *mut T) };
@@ -147,14 +155,34 @@ pub fn snapshot_create(parent: BorrowedFd<'_>, name: &str, source: BorrowedFd<'_
 }
 
 /// Deletes subvolume `name` inside `parent`, contents included, without walking it (the
-/// kernel frees its extents in the background).
-pub fn subvolume_destroy(parent: BorrowedFd<'_>, name: &str) -> io::Result<()> {
+/// kernel frees its extents in the background). Fails with `ENOTEMPTY` while it holds other
+/// subvolumes, and with `EROFS` when `parent` is in a read-only subvolume.
+pub fn subvolume_destroy<N: AsRef<OsStr> + ?Sized>(parent: BorrowedFd<'_>, name: &N) -> io::Result<()> {
     let mut args = VolArgs {
         fd: 0,
         name: [0; PATH_NAME_MAX + 1],
     };
-    put_name(&mut args.name, name)?;
+    put_name_bytes(&mut args.name, name.as_ref().as_bytes())?;
     ioctl(parent, IOC_SNAP_DESTROY, &mut args)
+}
+
+/// Whether the subvolume `fd` (its root directory) is read-only.
+pub fn subvolume_read_only(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut flags: u64 = 0;
+    ioctl(fd, IOC_SUBVOL_GETFLAGS, &mut flags)?;
+    Ok(flags & SUBVOL_RDONLY != 0)
+}
+
+/// Makes the subvolume `fd` (its root directory) read-only or writable again; its owner may.
+pub fn subvolume_set_read_only(fd: BorrowedFd<'_>, read_only: bool) -> io::Result<()> {
+    let mut flags: u64 = 0;
+    ioctl(fd, IOC_SUBVOL_GETFLAGS, &mut flags)?;
+    flags = if read_only {
+        flags | SUBVOL_RDONLY
+    } else {
+        flags & !SUBVOL_RDONLY
+    };
+    ioctl(fd, IOC_SUBVOL_SETFLAGS, &mut flags)
 }
 
 /// The id of the subvolume `fd` lives in (5 for the top level).

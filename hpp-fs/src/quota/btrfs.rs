@@ -10,12 +10,17 @@
 //! qgroup, visible as `<stale>` in `btrfs qgroup show`, harmless and removable by hand).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::PathBuf;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 
 use rustix::fs::Mode;
 use rustix::io::Errno;
 
 use super::{QuotaBackend, QuotaError, QuotaUsage, errno, io_err};
+use crate::WalkError;
+use crate::meta::Meta;
+use crate::remove::prefixed;
+use crate::walk::{Step, Walker};
 
 /// The VolumeAttributesClass parameter for btrfs compression.
 pub const COMPRESSION: &str = "compression";
@@ -133,6 +138,61 @@ fn subvolume_children(dir: BorrowedFd<'_>) -> Result<Vec<String>, QuotaError> {
     Ok(out)
 }
 
+/// Makes the subvolume open as `fd` writable when it is read-only (a tenant may mark its own
+/// subvolumes read-only), so the subvolumes inside it can be destroyed.
+fn make_writable(fd: BorrowedFd<'_>, path: &Path) -> Result<(), QuotaError> {
+    if hpp_sys::btrfs::subvolume_read_only(fd).map_err(io_err(format!("reading the flags of {}", path.display())))? {
+        hpp_sys::btrfs::subvolume_set_read_only(fd, false)
+            .map_err(io_err(format!("making subvolume {} writable", path.display())))?;
+    }
+    Ok(())
+}
+
+/// Destroys every subvolume below the subvolume root open as `dir` (named `name` in errors),
+/// deepest first: what a tenant made inside its volume (nested subvolumes, read-only
+/// snapshots), which neither the volume's own destroy (`ENOTEMPTY`) nor a tree walk (`EROFS`
+/// inside a read-only snapshot) can take away. Read-only subvolumes on the way are made
+/// writable first, or the ones inside them could not go. The shared walker bounds it (open
+/// descriptors, iterative whatever the depth); symlinks are never followed and other mounts
+/// never entered (the caller's removal refuses them).
+fn destroy_nested(dir: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError> {
+    let prefix = Path::new(name);
+    if is_subvolume(dir) {
+        make_writable(dir, prefix)?;
+    }
+    let mut walk = Walker::new_dup(dir)?;
+    let root = *walk.root_meta();
+    while let Some(step) = walk.step()? {
+        match step {
+            Step::Entry(child, meta) if meta.is_dir() && meta.same_mount(&root) => {
+                let here = Meta::of(walk.dir()?).map_err(|e| WalkError::io("stat", prefix.join(walk.path()), e))?;
+                walk.descend(&child).map_err(|e| prefixed(e, prefix))?;
+                if meta.ino == hpp_sys::btrfs::SUBVOL_ROOT_INO && meta.dev != here.dev {
+                    make_writable(walk.dir()?, &prefix.join(walk.path()))?;
+                }
+            }
+            // Files and symlinks are the tree removal's; mounts are refused by it.
+            Step::Entry(..) => {}
+            Step::Leave(child) => {
+                let parent = walk.dir()?;
+                let path = || prefix.join(walk.path_of(&child));
+                let (Ok(meta), Ok(here)) = (Meta::at(parent, &child), Meta::of(parent)) else {
+                    continue;
+                };
+                if meta.is_dir() && meta.ino == hpp_sys::btrfs::SUBVOL_ROOT_INO && meta.dev != here.dev {
+                    let child_name = std::ffi::OsStr::from_bytes(child.to_bytes());
+                    match hpp_sys::btrfs::subvolume_destroy(parent, child_name) {
+                        Ok(()) => {}
+                        Err(e) if Errno::from_io_error(&e) == Some(Errno::NOENT) => {}
+                        Err(e) => return Err(io_err(format!("destroying subvolume {}", path().display()))(e)),
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 impl QuotaBackend for Btrfs {
     fn name(&self) -> &'static str {
         "btrfs"
@@ -212,20 +272,34 @@ impl QuotaBackend for Btrfs {
         if !is_subvolume(fd.as_fd()) {
             // A snapshot's directory holds its data as a read-only subvolume, which the walk
             // cannot empty: destroy the subvolumes directly inside first.
+            let mut direct = Ok(());
             for child in subvolume_children(fd.as_fd())? {
-                hpp_sys::btrfs::subvolume_destroy(fd.as_fd(), &child)
-                    .map_err(io_err(format!("destroying subvolume {name}/{child}")))?;
+                direct = hpp_sys::btrfs::subvolume_destroy(fd.as_fd(), &child);
+                if direct.is_err() {
+                    break;
+                }
             }
+            if direct.is_ok() && super::remove_tree(pool, name).is_ok() {
+                return Ok(());
+            }
+            // Subvolumes deeper down (a tenant's, in a volume from before the pool used btrfs).
+            destroy_nested(fd.as_fd(), name)?;
             drop(fd);
             return super::remove_tree(pool, name);
         }
         let id = hpp_sys::btrfs::subvolume_id(fd.as_fd()).map_err(io_err(format!("subvolume id of {name}")))?;
         drop(fd);
         if let Err(e) = hpp_sys::btrfs::subvolume_destroy(pool, name) {
-            // A subvolume the tenant made inside the volume blocks the one-shot destroy: walk it
-            // (the walk removes nested subvolumes as the empty directories they end up as).
-            tracing::debug!(volume = name, error = %e, "destroying the subvolume failed; removing its tree");
-            super::remove_tree(pool, name)?;
+            // Subvolumes the tenant made inside the volume block the one-shot destroy: destroy
+            // them (deepest first), then the volume; its tree is walked only if that still fails.
+            tracing::debug!(volume = name, error = %e, "destroying the subvolume failed; destroying the subvolumes inside first");
+            let fd = crate::open_child_dir(pool, name).map_err(errno(format!("opening {name}")))?;
+            destroy_nested(fd.as_fd(), name)?;
+            drop(fd);
+            if let Err(e) = hpp_sys::btrfs::subvolume_destroy(pool, name) {
+                tracing::debug!(volume = name, error = %e, "destroying the subvolume failed; removing its tree");
+                super::remove_tree(pool, name)?;
+            }
         }
         match hpp_sys::btrfs::qgroup_remove(pool, id) {
             Ok(()) => {}

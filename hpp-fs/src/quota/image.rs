@@ -22,6 +22,9 @@ use super::{Layout, QuotaBackend, QuotaError, QuotaUsage, errno, io_err};
 pub const IMAGE_FILE: &str = "disk.img";
 
 const MIB: u64 = 1 << 20;
+/// How many times (10 ms apart) publish looks again at an image attached to a loop device but
+/// mounted nowhere before refusing: the autoclear of an unmount detaches just after it.
+const RELEASE_POLLS: usize = 100;
 /// `EXT4_SUPER_MAGIC`.
 const EXT4_MAGIC: i64 = 0xEF53;
 /// `XFS_SUPER_MAGIC`.
@@ -158,6 +161,55 @@ fn backing_file(dev: &str) -> Option<String> {
     std::fs::read_to_string(format!("/sys/block/{dev}/loop/backing_file"))
         .ok()
         .map(|s| s.trim_end_matches('\n').to_owned())
+}
+
+/// The loop devices (`loopN`) whose backing file is `path`: normally none or one.
+fn loops_backed_by(path: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|dev| dev.starts_with("loop") && backing_file(dev).as_deref() == Some(path))
+        .collect()
+}
+
+/// The device number of loop device `dev` (`loopN`), from sysfs.
+fn loop_dev_number(dev: &str) -> Option<(u32, u32)> {
+    let text = std::fs::read_to_string(format!("/sys/block/{dev}/dev")).ok()?;
+    let (major, minor) = text.trim().split_once(':')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// Whether loop device `dev` was attached read-only.
+fn loop_read_only(dev: &str) -> bool {
+    std::fs::read_to_string(format!("/sys/block/{dev}/ro")).is_ok_and(|s| s.trim() == "1")
+}
+
+/// Opens (`O_PATH`) the root of a mount of device `number` listed in `table`, checking that
+/// what the path leads to now is still that mount's root (a mount stacked over it since, or a
+/// symlink, is skipped).
+fn open_mount_root(table: &crate::mountinfo::MountTable, number: (u32, u32)) -> Option<OwnedFd> {
+    table
+        .mounts()
+        .iter()
+        .filter(|m| m.dev == number && m.root == Path::new("/"))
+        .find_map(|m| {
+            let fd = rustix::fs::open(
+                &m.mount_point,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .ok()?;
+            let st = statx(&m.mount_point).ok()?;
+            let fst = rustix::fs::fstat(&fd).ok()?;
+            let same = (st.stx_dev_major, st.stx_dev_minor) == number
+                && (rustix::fs::major(fst.st_dev), rustix::fs::minor(fst.st_dev)) == number
+                && st.stx_ino == fst.st_ino
+                && is_mount_root(&m.mount_point, &st).unwrap_or(false);
+            same.then_some(fd)
+        })
 }
 
 /// Whether the mount source `source` (a mountinfo source field, `/dev/loopN`) is a loop device
@@ -372,16 +424,62 @@ impl QuotaBackend for Image {
             return Ok(None);
         };
         // Every attached loop device names its backing file in sysfs.
-        let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        Ok(loops_backed_by(&path)
+            .first()
+            .map(|dev| format!("its image is attached to /dev/{dev} (still mounted)")))
+    }
+
+    fn shared_mount(
+        &self,
+        volume: BorrowedFd<'_>,
+        target: &Path,
+        read_only: bool,
+    ) -> Result<Option<OwnedFd>, QuotaError> {
+        let image = match open_image(volume, false) {
+            Ok(f) => f,
+            // mount_at says what is wrong.
+            Err(_) => return Ok(None),
+        };
+        let Some(path) = image_path(image.as_fd()) else {
             return Ok(None);
         };
-        for entry in entries.flatten() {
-            let dev = entry.file_name().to_string_lossy().into_owned();
-            if dev.starts_with("loop") && backing_file(&dev).as_deref() == Some(path.as_str()) {
-                return Ok(Some(format!("its image is attached to /dev/{dev} (still mounted)")));
-            }
+        // A retry at a target that already is the mount (or someone else's): mount_at's call.
+        if mounted_loop(target)?.is_some() {
+            return Ok(None);
         }
-        Ok(None)
+        let mut devices = Vec::new();
+        for _ in 0..RELEASE_POLLS {
+            devices = loops_backed_by(&path);
+            if devices.is_empty() {
+                return Ok(None);
+            }
+            let table = crate::mountinfo::MountTable::read().map_err(io_err("reading the mount table"))?;
+            for dev in &devices {
+                let Some(number) = loop_dev_number(dev) else {
+                    continue;
+                };
+                let Some(root) = open_mount_root(&table, number) else {
+                    continue;
+                };
+                if !read_only && loop_read_only(dev) {
+                    return Err(QuotaError::Unsupported(format!(
+                        "the image of this volume is mounted read-only (/dev/{dev}, published \
+                         read-only elsewhere); a writable publish needs those publishes gone first"
+                    )));
+                }
+                return Ok(Some(root));
+            }
+            // Attached but mounted nowhere: most likely just unmounted, the kernel's autoclear
+            // detaching the device right after. Give it a moment.
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // Still attached and mounted nowhere we can see (another mount namespace, or someone
+        // else's attach): a second attach could mount the image twice.
+        Err(QuotaError::Unsupported(format!(
+            "the image of this volume is attached to /dev/{} but not mounted in this mount \
+             namespace; not attaching it a second time (retry once it is released)",
+            devices.join(", /dev/")
+        )))
     }
 
     fn mount_at(&self, volume: BorrowedFd<'_>, target: &Path, flags: MountFlags) -> Result<bool, QuotaError> {
@@ -395,6 +493,15 @@ impl QuotaBackend for Image {
             return Err(QuotaError::Unsupported(format!(
                 "{} is already a mount of another device",
                 target.display()
+            )));
+        }
+        // Never a second loop device (and a second mount) for one image: a publish at another
+        // target binds the existing mount ([`QuotaBackend::shared_mount`]).
+        if let Some(path) = image_path(image.as_fd())
+            && let Some(dev) = loops_backed_by(&path).first()
+        {
+            return Err(QuotaError::Unsupported(format!(
+                "the image of this volume is already attached to /dev/{dev}; not mounting it a second time"
             )));
         }
         let dev = hpp_sys::loopdev::attach(image.as_fd(), read_only).map_err(io_err("attaching a loop device"))?;

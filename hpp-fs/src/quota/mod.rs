@@ -176,6 +176,21 @@ pub trait QuotaBackend: Send + Sync + Debug {
         Ok(false)
     }
 
+    /// An `O_PATH` descriptor of the root of a mount of the volume open as `volume` that
+    /// already exists (the volume is published at another target), for publish to bind onto
+    /// `target` instead of [`QuotaBackend::mount_at`]: a filesystem image must never be
+    /// mounted twice (two ext4 mounts of one image corrupt it). `Ok(None)`: call `mount_at`
+    /// (nothing mounted yet, or `target` itself is already the mount: a retry). Refuses a
+    /// writable publish of a volume whose existing mount is read-only.
+    fn shared_mount(
+        &self,
+        _volume: BorrowedFd<'_>,
+        _target: &Path,
+        _read_only: bool,
+    ) -> Result<Option<OwnedFd>, QuotaError> {
+        Ok(None)
+    }
+
     /// Grows the filesystem of a volume mounted at `target` to its (raised) limit: the work of
     /// NodeExpandVolume for backends with [`QuotaBackend::needs_node_expansion`]. Nothing to do
     /// for the others.
