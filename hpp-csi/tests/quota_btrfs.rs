@@ -461,6 +461,7 @@ fn a_guarded_pool_mounted_after_start_gets_its_backend_then() {
     rustix::mount::unmount(&path, rustix::mount::UnmountFlags::DETACH).unwrap();
     assert!(subvolume, "{created:?}");
     assert_eq!(name, "btrfs");
+}
 
 /// A tenant may make subvolumes inside its volume, snapshot them read-only, nest them and mark
 /// them read-only (their owner may, unprivileged): deleting the volume takes them all away,
