@@ -87,6 +87,15 @@ pub fn controller_expand(
             node_expansion_required,
         });
     }
+    // An expansion killed after raising the limit and before recording it, retried with a
+    // smaller request (Kubernetes lets a user lower a failed expansion): the volume already
+    // holds more, which backends cannot shrink. It keeps that, within the request's limit.
+    let target = match backend.usage(dir.as_fd(), id) {
+        Ok(Some(usage)) if usage.limit_bytes > target && (range.limit == 0 || usage.limit_bytes <= range.limit) => {
+            usage.limit_bytes
+        }
+        _ => target,
+    };
     if target > health.total_bytes {
         return Err(Error::OutOfRange(format!(
             "requested {target} bytes but storage pool {} is only {} bytes",

@@ -49,6 +49,10 @@ impl QuotaBackend for FileQuota {
     }
 
     fn set_limit(&self, _pool: BorrowedFd<'_>, name: &str, limit_bytes: u64) -> Result<(), QuotaError> {
+        // Like an image: it grows, never shrinks.
+        if self.limit(name).is_some_and(|have| have > limit_bytes) {
+            return Err(QuotaError::OutOfRange(format!("{name} cannot shrink to {limit_bytes}")));
+        }
         std::fs::create_dir_all(&self.limits).unwrap();
         let f = self.limits.join(name);
         std::fs::write(&f, limit_bytes.to_string()).unwrap();
@@ -62,8 +66,13 @@ impl QuotaBackend for FileQuota {
         Ok(())
     }
 
-    fn usage(&self, _pool: BorrowedFd<'_>, _name: &str) -> Result<Option<QuotaUsage>, QuotaError> {
-        Ok(None)
+    fn usage(&self, _pool: BorrowedFd<'_>, name: &str) -> Result<Option<QuotaUsage>, QuotaError> {
+        Ok(self.limit(name).map(|limit_bytes| QuotaUsage {
+            used_bytes: 0,
+            limit_bytes,
+            used_inodes: None,
+            limit_inodes: None,
+        }))
     }
 
     fn release(&self, _pool: BorrowedFd<'_>, _name: &str) -> Result<(), QuotaError> {
@@ -148,6 +157,14 @@ fn kill_9_between_raising_the_limit_and_recording_it_converges() {
     assert_eq!(done.capacity, 3 * G);
     assert_eq!(q.limit("pvc-a"), Some(3 * G));
     assert_eq!(recorded(&root, "pvc-a"), Some(3 * G));
+
+    // Killed the same way on the way to 5 G, then retried with less (Kubernetes lets a user
+    // lower a failed expansion): the volume keeps the 5 G it has, it cannot shrink.
+    q.set_limit(std::os::fd::AsFd::as_fd(&parent_pool.open().unwrap()), "pvc-a", 5 * G)
+        .unwrap();
+    let lowered = expand_to(&parent_pool, 4 * G);
+    assert_eq!(lowered.capacity, 5 * G);
+    assert_eq!(recorded(&root, "pvc-a"), Some(5 * G));
 }
 
 /// Removes like the plain backend, except that one entry cannot be removed (EROFS, say).
