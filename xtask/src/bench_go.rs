@@ -129,7 +129,7 @@ impl Pair<'_> {
 
 /// Which driver goes first in `turn`: hpp in even turns, Go in odd ones.
 fn turn_order(turn: usize) -> [usize; 2] {
-    if turn % 2 == 0 { [0, 1] } else { [1, 0] }
+    if turn.is_multiple_of(2) { [0, 1] } else { [1, 0] }
 }
 
 /// Starts the Go driver `bin` on `dir` with [`go_driver_args`].
