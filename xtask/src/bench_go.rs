@@ -13,6 +13,10 @@
 //! KubeVirt's do no fsync.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::Context as _;
 use std::time::Duration;
 
 use hpp_csi::csi::{
@@ -27,6 +31,13 @@ use crate::bench_stats::{Sample, Stats, Table, fmt_d, ratio};
 
 /// The driver name every KubeVirt manifest gives the Go driver.
 const GO_DRIVER_NAME: &str = "kubevirt.io.hostpath-provisioner";
+/// The two drivers, in the order of every pair here.
+const DRIVERS: [&str; 2] = ["hpp", "the Go driver"];
+/// How often a failed call is tried again before the measurement fails. KubeVirt's node
+/// server reads /proc/mounts through k8s.io/utils/mount, which gives up with "could not get
+/// consistent content of /proc/mounts after 3 attempts" while other mounts change; kubelet
+/// retries such a call, and so does the bench, counting the failures.
+const RETRIES: usize = 5;
 /// Turns each compared measurement is split into.
 const TURNS: usize = 10;
 /// The concurrencies compared.
@@ -63,6 +74,8 @@ struct Row {
     stats: [Stats; 2],
     /// CPU time per call of each driver process over its turns.
     cpu: [Duration; 2],
+    /// Calls that failed and were tried again (their time counts in the latency).
+    failed: [usize; 2],
 }
 
 /// Clients of one driver.
@@ -98,6 +111,7 @@ impl Pair<'_> {
         Fut: std::future::Future<Output = Result<(), tonic::Status>> + Send + 'static,
     {
         let per_turn = n.div_ceil(TURNS).max(1);
+        let failed = [Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0))];
         let mut samples = [Sample::default(), Sample::default()];
         let mut cpu = [Duration::ZERO; 2];
         let (mut start, mut turn) = (0, 0);
@@ -107,10 +121,24 @@ impl Pair<'_> {
                 let pid = self.servers[which].pid();
                 let call = call.clone();
                 let before = bench_proc::cpu_time(pid)?;
+                let failed = failed[which].clone();
                 let sample = each_sample(rpc, len, conc, self.clients[which].clone(), move |c, i| {
-                    call(c, which, start + i)
+                    let (call, failed) = (call.clone(), failed.clone());
+                    async move {
+                        let mut tries = 0;
+                        loop {
+                            match call(c.clone(), which, start + i).await {
+                                Err(_) if tries < RETRIES => {
+                                    tries += 1;
+                                    failed.fetch_add(1, Ordering::Relaxed);
+                                }
+                                result => return result,
+                            }
+                        }
+                    }
                 })
-                .await?;
+                .await
+                .with_context(|| format!("on {}", DRIVERS[which]))?;
                 cpu[which] += bench_proc::cpu_time(pid)?.saturating_sub(before);
                 samples[which].extend(sample);
             }
@@ -123,6 +151,7 @@ impl Pair<'_> {
             conc,
             stats: samples.map(Sample::stats),
             cpu: cpu.map(|c| c / calls),
+            failed: failed.map(|f| f.load(Ordering::Relaxed)),
         })
     }
 }
@@ -323,7 +352,8 @@ fn print_rows(rows: &[Row]) {
     println!();
     println!("hpp vs the KubeVirt Go driver (same client, same filesystem, {TURNS} alternating turns)");
     println!("  ratio = hpp ops/s / Go ops/s (>1: hpp faster); hpp's Create/DeleteVolume fsync the pool, Go's do not;");
-    println!("  CPU/call = the driver process's user+system time over its turns / calls");
+    println!("  CPU/call = the driver process's user+system time over its turns / calls;");
+    println!("  failed = calls that failed and were tried again (up to {RETRIES} times; the time counts)");
     let mut t = Table::new(&[
         "RPC",
         "conc",
@@ -336,6 +366,7 @@ fn print_rows(rows: &[Row]) {
         "ratio",
         "hpp CPU/call",
         "Go CPU/call",
+        "failed hpp/Go",
     ]);
     for r in rows {
         let [h, g] = r.stats;
@@ -351,6 +382,7 @@ fn print_rows(rows: &[Row]) {
             ratio(h.ops_per_sec, g.ops_per_sec),
             fmt_d(r.cpu[0]),
             fmt_d(r.cpu[1]),
+            format!("{}/{}", r.failed[0], r.failed[1]),
         ]);
     }
     println!("{}", t.render());
