@@ -1137,6 +1137,15 @@ mod tests {
     }
 
     #[test]
+    fn go_only_needs_the_go_driver() {
+        assert!(Args::try_parse_from(["hpp-bench", "--go-only"]).is_err());
+        let args = Args::try_parse_from(["hpp-bench", "--go-only", "--go-driver-bin", "/opt/go-driver"]).unwrap();
+        assert!(args.go_only);
+        assert_eq!(args.go_driver_bin, Some(PathBuf::from("/opt/go-driver")));
+        assert!(!Args::try_parse_from(["hpp-bench"]).unwrap().go_only);
+    }
+
+    #[test]
     fn fs_and_idle_wait_flags_parse() {
         let args = Args::try_parse_from(["hpp-bench", "--fs", "btrfs", "--idle-wait", "0"]).unwrap();
         assert_eq!(args.fs, Some(FsChoice::Btrfs));
