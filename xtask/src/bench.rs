@@ -87,6 +87,14 @@ pub struct Args {
     /// but its resident memory is the shipped executable's, not this larger binary's.
     #[arg(long, value_name = "PATH")]
     driver_bin: Option<PathBuf>,
+    /// The KubeVirt Go driver, built locally; see docs/architecture.md ("hpp against the
+    /// KubeVirt Go driver"). When given, a fresh hpp driver and this one are also measured side
+    /// by side on the same filesystem, in alternating turns, with the same client.
+    #[arg(long, value_name = "PATH")]
+    go_driver_bin: Option<PathBuf>,
+    /// With `--go-driver-bin`: only that comparison (no floors, no other rounds).
+    #[arg(long, requires = "go_driver_bin")]
+    go_only: bool,
     /// `--operator`: the operator's steady resident memory (see `bench_operator`).
     #[command(flatten)]
     operator: crate::bench_operator::OperatorArgs,
@@ -128,7 +136,8 @@ fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-fn mount_cap() -> csi::VolumeCapability {
+/// The mount capability every benchmark request carries.
+pub(crate) fn mount_cap() -> csi::VolumeCapability {
     use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
     csi::VolumeCapability {
         access_type: Some(AccessType::Mount(MountVolume::default())),
@@ -251,14 +260,11 @@ async fn suite(dir: &Path, label: &str, args: &Args) -> anyhow::Result<()> {
     let root = is_root();
     println!();
     println!("=== {label}: {}", dir.display());
+    if args.go_only {
+        return compare_with_go(dir, args, root).await;
+    }
     let driver_dir = dir.join("driver");
-    let driver = match &args.driver_bin {
-        Some(bin) => {
-            println!("driver: {}", bin.display());
-            Server::spawn_driver_bin(bin, &driver_dir).await?
-        }
-        None => Server::spawn(Kind::Driver, &driver_dir).await?,
-    };
+    let driver = spawn_hpp(args, &driver_dir).await?;
     let mut memory = vec![("after start".to_owned(), ProcStatus::of(driver.pid())?)];
     if args.durable_only {
         return durable_only(&driver, dir, args.ops).await;
@@ -325,7 +331,36 @@ async fn suite(dir: &Path, label: &str, args: &Args) -> anyhow::Result<()> {
         println!("where the resident pages are, {when} (/proc/PID/smaps):");
         bench_proc::print_breakdown(breakdown);
     }
+    drop(driver);
+    if args.go_driver_bin.is_some() {
+        compare_with_go(dir, args, root).await?;
+    }
     Ok(())
+}
+
+/// Starts the measured hpp driver on `dir`: `--driver-bin` when given, else this binary.
+async fn spawn_hpp(args: &Args, dir: &Path) -> anyhow::Result<Server> {
+    match &args.driver_bin {
+        Some(bin) => {
+            println!("driver: {}", bin.display());
+            Server::spawn_driver_bin(bin, dir).await
+        }
+        None => Server::spawn(Kind::Driver, dir).await,
+    }
+}
+
+/// `--go-driver-bin`: a fresh hpp driver against the KubeVirt Go driver ([`crate::bench_go`]).
+async fn compare_with_go(dir: &Path, args: &Args, root: bool) -> anyhow::Result<()> {
+    let Some(go_bin) = &args.go_driver_bin else {
+        return Ok(());
+    };
+    let hpp = spawn_hpp(args, &dir.join("hpp-vs-go")).await?;
+    let exe = match &args.driver_bin {
+        Some(bin) => bin.clone(),
+        None => std::env::current_exe().context("locating this executable")?,
+    };
+    let counts = (args.ops, args.mount_ops, args.rss_volumes, args.idle_wait);
+    crate::bench_go::compare(&hpp, &exe, go_bin, dir, counts, root).await
 }
 
 /// `--durable-only`: CreateVolume and DeleteVolume against the durable-floor server.
@@ -423,7 +458,13 @@ where
 }
 
 /// [`each`], returning the latencies.
-async fn each_sample<C, F, Fut>(rpc: &'static str, n: usize, conc: usize, client: C, call: F) -> anyhow::Result<Sample>
+pub(crate) async fn each_sample<C, F, Fut>(
+    rpc: &'static str,
+    n: usize,
+    conc: usize,
+    client: C,
+    call: F,
+) -> anyhow::Result<Sample>
 where
     C: Clone + Send + Sync + 'static,
     F: Fn(C, usize) -> Fut + Send + Sync + 'static,
@@ -751,8 +792,8 @@ async fn driver_round(
     Ok(rows)
 }
 
-/// Creates `total` volumes at c=16 (for the memory readings).
-async fn fill(ch: &Channel, total: usize) -> anyhow::Result<Stats> {
+/// Creates `total` volumes `pvc-rss-NNNNN` at c=16 (for the memory readings).
+pub(crate) async fn fill(ch: &Channel, total: usize) -> anyhow::Result<Stats> {
     each(
         "CreateVolume",
         total,
@@ -1093,6 +1134,15 @@ mod tests {
             ops_per_sec: 16_000.0,
         };
         assert_eq!(layer_cost(1, &bare, &layered), "c=1: p50 +10.0µs (1.25x), ops/s 0.80x");
+    }
+
+    #[test]
+    fn go_only_needs_the_go_driver() {
+        assert!(Args::try_parse_from(["hpp-bench", "--go-only"]).is_err());
+        let args = Args::try_parse_from(["hpp-bench", "--go-only", "--go-driver-bin", "/opt/go-driver"]).unwrap();
+        assert!(args.go_only);
+        assert_eq!(args.go_driver_bin, Some(PathBuf::from("/opt/go-driver")));
+        assert!(!Args::try_parse_from(["hpp-bench"]).unwrap().go_only);
     }
 
     #[test]

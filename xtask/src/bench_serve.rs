@@ -99,7 +99,9 @@ impl Server {
         Self::start(cmd, &bin.display().to_string(), dir).await
     }
 
-    async fn start(mut cmd: Command, what: &str, dir: &Path) -> anyhow::Result<Server> {
+    /// Starts `cmd` (its output discarded) and waits (30 s at most) until it answers on
+    /// [`socket`]`(dir)`; `what` names it in errors.
+    pub(crate) async fn start(mut cmd: Command, what: &str, dir: &Path) -> anyhow::Result<Server> {
         std::fs::create_dir_all(dir)?;
         let child = cmd
             .env_remove("RUST_LOG")

@@ -5,7 +5,8 @@
 //!   bare system calls and a bare tonic server, on fresh loop-mounted filesystems
 //!   ([`mod@bench`]); with `--quota-backends`, each quota backend against plain directories
 //!   ([`mod@bench_quota`]); with `--validation`, the webhook's CR validation
-//!   ([`mod@bench_validation`]); with `--operator`, the operator's steady resident memory
+//!   ([`mod@bench_validation`]); with `--go-driver-bin`, side by side with KubeVirt's Go driver
+//!   ([`mod@bench_go`]); with `--operator`, the operator's steady resident memory
 //!   ([`mod@bench_operator`]);
 //! - `cargo xtask docs [--check]`: the generated blocks of docs/reference.md ([`mod@docs`]);
 //! - `cargo xtask link-order`: the functions the shipped executables run, which images/build.sh
@@ -13,6 +14,7 @@
 
 pub mod bench;
 pub mod bench_floors;
+pub mod bench_go;
 pub mod bench_operator;
 pub mod bench_proc;
 pub mod bench_quota;
