@@ -16,14 +16,22 @@ use tonic::Code;
 
 const MIB: u64 = 1 << 20;
 
-#[tokio::test]
-async fn image_volumes_are_loop_mounted_limited_and_freed() {
+/// Whether image volumes can be made here (root, loop devices, mkfs.ext4); says why not.
+fn image_tools() -> bool {
     if !rustix::process::geteuid().is_root() || !std::path::Path::new("/dev/loop-control").exists() {
         eprintln!("skipped: needs root and loop devices");
-        return;
+        return false;
     }
     if std::process::Command::new("mkfs.ext4").arg("-V").output().is_err() {
         eprintln!("skipped: mkfs.ext4 is not installed");
+        return false;
+    }
+    true
+}
+
+#[tokio::test]
+async fn image_volumes_are_loop_mounted_limited_and_freed() {
+    if !image_tools() {
         return;
     }
     let mut h = Harness::with(|root, b| b.pool(legacy_pool(root).quota(QuotaMode::Image, 100))).await;
@@ -593,12 +601,7 @@ async fn publish_retrying(
 /// concurrently; unpublishing one target leaves the other working, the last one frees the device.
 #[tokio::test]
 async fn an_image_volume_published_at_two_targets_is_mounted_once() {
-    if !rustix::process::geteuid().is_root() || !std::path::Path::new("/dev/loop-control").exists() {
-        eprintln!("skipped: needs root and loop devices");
-        return;
-    }
-    if std::process::Command::new("mkfs.ext4").arg("-V").output().is_err() {
-        eprintln!("skipped: mkfs.ext4 is not installed");
+    if !image_tools() {
         return;
     }
     let mut h = Harness::with(|root, b| b.pool(legacy_pool(root).quota(QuotaMode::Image, 100))).await;

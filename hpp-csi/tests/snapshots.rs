@@ -469,18 +469,16 @@ async fn a_source_named_data_is_refused_cleanly() {
 #[tokio::test]
 async fn a_volume_cannot_be_cloned_from_itself() {
     let mut h = Harness::start().await;
-    let err = h
-        .controller
-        .create_volume(from_volume("pvc-self", "pvc-self"))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
-    h.create("pvc-self").await;
-    let err = h
-        .controller
-        .create_volume(from_volume("pvc-self", "pvc-self"))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    for exists in [false, true] {
+        if exists {
+            h.create("pvc-self").await;
+        }
+        let err = h
+            .controller
+            .create_volume(from_volume("pvc-self", "pvc-self"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "exists: {exists}: {}", err.message());
+    }
     h.stop().await;
 }
