@@ -41,7 +41,7 @@ impl Deferred {
         if let Some(chosen) = self.chosen.get() {
             return Ok(chosen);
         }
-        if !is_mounted(&self.path) {
+        if !fsops::is_mount_point(&self.path) {
             return Err(QuotaError::Unsupported(format!(
                 "storage pool {} is not mounted yet; its quota backend ({}) is set up once it is",
                 self.pool, self.mode
@@ -52,15 +52,6 @@ impl Deferred {
         tracing::info!(pool = %self.pool, quota = built.name(), "pool mounted; quota backend set up");
         Ok(self.chosen.get_or_init(|| built))
     }
-}
-
-/// Whether a filesystem is mounted at `path` (`statx`, else the mount table).
-pub(crate) fn is_mounted(path: &Path) -> bool {
-    fsops::is_mount_root(path).unwrap_or_else(|| {
-        crate::mountinfo::MountTable::read()
-            .map(|t| t.is_mount_point(path))
-            .unwrap_or(false)
-    })
 }
 
 impl QuotaBackend for Deferred {

@@ -111,6 +111,19 @@ pub fn fd_is_mount_root(fd: BorrowedFd<'_>) -> Option<bool> {
         .then(|| st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT))
 }
 
+/// Whether a filesystem is mounted at `path`: [`is_mount_root`], else the mount table.
+pub fn is_mount_point(path: &Path) -> bool {
+    is_mount_root(path).unwrap_or_else(|| listed_as_mount_point(path))
+}
+
+/// Whether a fresh read of the mount table lists `path` as a mount point (false when it cannot
+/// be read): the answer where `statx` cannot tell.
+pub fn listed_as_mount_point(path: &Path) -> bool {
+    crate::mountinfo::MountTable::read()
+        .map(|t| t.is_mount_point(path))
+        .unwrap_or(false)
+}
+
 /// Whether `path` is the root of a mount, from `statx` (Linux 5.8+) without reading the mount
 /// table (a missing path is no mount point); `None` when the kernel or filesystem cannot say.
 pub fn is_mount_root(path: &std::path::Path) -> Option<bool> {

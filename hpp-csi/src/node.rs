@@ -387,11 +387,9 @@ fn unpublish(state: &DriverState, id: &str, target: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Why volume `id` is in no pool: the pools that cannot be read right now are the likely
-/// reason (a guarded pool whose mount went away takes its volumes with it).
 /// Why no pool holds volume `id`: NotFound when every pool is usable (the volume does not
 /// exist, as CSI has it), otherwise the abnormal condition's message naming the pools that
-/// cannot be looked into (the volume may well be on one of them).
+/// cannot be looked into (a guarded pool whose mount went away takes its volumes with it).
 fn missing_volume_reason(state: &DriverState, id: &str) -> Result<String> {
     let unusable: Vec<String> = state
         .pools

@@ -256,11 +256,7 @@ impl Pool {
     /// cannot tell from the opened directory. This is what each request measures, so a node
     /// with thousands of mounts does not parse them all for every CreateVolume.
     pub fn measure(&self) -> PoolHealth {
-        self.health_with(|| {
-            MountTable::read()
-                .map(|t| t.is_mount_point(&self.path))
-                .unwrap_or(false)
-        })
+        self.health_with(|| fsops::listed_as_mount_point(&self.path))
     }
 
     /// The last measurement if it is at most `max_age` old. Every measurement is kept, the
@@ -323,11 +319,11 @@ impl Pool {
 /// The backend for a pool's configured quota mode; `auto` resolved by [`auto_mode`] and
 /// logged. An explicitly configured backend that cannot work on the pool's filesystem is a
 /// configuration error; `auto` falls back to `none` instead.
+///
 /// A guarded pool that is not mounted yet gets its backend once it is
 /// ([`crate::deferred_quota`]): what sits at its path now is not its filesystem.
 fn quota_backend(cfg: &PoolConfig, path: &Path) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
-    let waiting_for_mount =
-        cfg.require_mount_point && cfg.quota != QuotaMode::None && !crate::deferred_quota::is_mounted(path);
+    let waiting_for_mount = cfg.require_mount_point && cfg.quota != QuotaMode::None && !fsops::is_mount_point(path);
     if waiting_for_mount {
         tracing::info!(pool = %cfg.name, quota = %cfg.quota, "pool not mounted yet; its quota backend is set up once it is");
         return Ok(Arc::new(crate::deferred_quota::Deferred::new(
