@@ -278,13 +278,15 @@ impl ControllerService {
             let requested = volumes::Requested { required: size, limit };
             let created = volumes::create(&p, &n, src_fd.as_ref(), requested)?;
             // From here on the volume exists: a failure is for a retry to finish.
-            // The class's settings, applied again on a retry (tuning is idempotent).
-            modify::apply(&p, &n, &tuning).map_err(Error::after_visible)?;
-            let recorded = match enforced {
-                Some(_) => volumes::recorded_capacity(p.open().map_err(Error::after_visible)?.as_fd(), &n)
-                    .map_err(Error::after_visible)?,
-                None => None,
-            };
+            let recorded = (|| {
+                // The class's settings, applied again on a retry (tuning is idempotent).
+                modify::apply(&p, &n, &tuning)?;
+                match enforced {
+                    Some(_) => volumes::recorded_capacity(p.open()?.as_fd(), &n),
+                    None => Ok(None),
+                }
+            })()
+            .map_err(Error::after_visible)?;
             if let Some(promised) = promised {
                 promised.settle(&p, Some(recorded.unwrap_or(0)));
             }

@@ -346,7 +346,7 @@ fn bind_unix(path: &Path) -> Result<UnixSocket, BindUnixError> {
     }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
-            if socket_answers(path) {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
                 return Err(BindUnixError::Serve(ServeError::InUse(path.to_path_buf())));
             }
             std::fs::remove_file(path)?;
