@@ -185,11 +185,7 @@ pub fn decide_claim(
     let Some(class) = class.filter(|c| c.provisioner == cfg.provisioner_name) else {
         return Ignore(IgnoreReason::OtherProvisioner);
     };
-    let populated = [
-        spec.data_source_ref.as_ref().map(|r| r.api_group.as_deref()),
-        spec.data_source.as_ref().map(|s| s.api_group.as_deref()),
-    ];
-    if populated.into_iter().flatten().any(names_populator) {
+    if data_source(&spec) == Some(DataSource::Populator) {
         return Ignore(IgnoreReason::Populator);
     }
     let annotations = meta.annotations.clone().unwrap_or_default();
@@ -256,7 +252,7 @@ fn plan(
             "volumeMode Block is not supported: hostPath volumes are directories; use volumeMode Filesystem",
         ));
     }
-    if let Some(kind) = cloned_from(spec) {
+    if let Some(DataSource::Contents(kind)) = data_source(spec) {
         return Err(Refusal::new(
             R::DataSource,
             format!(
@@ -350,26 +346,28 @@ fn plan(
 /// API group of VolumeSnapshots, the one non-core data source Kubernetes itself knows.
 const SNAPSHOT_GROUP: &str = "snapshot.storage.k8s.io";
 
-/// Whether a `dataSourceRef` names a volume populator (any kind outside the core group and the
-/// snapshot group), which fills the volume through a claim of its own.
-fn names_populator(api_group: Option<&str>) -> bool {
-    api_group.is_some_and(|group| !group.is_empty() && group != SNAPSHOT_GROUP)
+/// What a claim's data source asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum DataSource {
+    /// A volume populator (any kind outside the core group and the snapshot group), which fills
+    /// the volume through a claim of its own.
+    Populator,
+    /// The contents of an object of this kind: a clone or a snapshot restore.
+    Contents(String),
 }
 
-/// The kind of object whose contents the claim asks for, if any (`dataSource`, or a
-/// `dataSourceRef` that is not a populator).
-fn cloned_from(spec: &k8s_openapi::api::core::v1::PersistentVolumeClaimSpec) -> Option<String> {
-    let source = spec
-        .data_source
-        .as_ref()
-        .filter(|s| !names_populator(s.api_group.as_deref()))
-        .map(|s| s.kind.clone());
-    let source_ref = spec
-        .data_source_ref
-        .as_ref()
-        .filter(|r| !names_populator(r.api_group.as_deref()))
-        .map(|r| r.kind.clone());
-    source.or(source_ref)
+/// The claim's data source, from `dataSource` or `dataSourceRef` (a populator in either wins).
+fn data_source(spec: &k8s_openapi::api::core::v1::PersistentVolumeClaimSpec) -> Option<DataSource> {
+    let sources = [
+        spec.data_source.as_ref().map(|s| (s.api_group.as_deref(), &s.kind)),
+        spec.data_source_ref.as_ref().map(|r| (r.api_group.as_deref(), &r.kind)),
+    ];
+    let sources: Vec<_> = sources.into_iter().flatten().collect();
+    let populator = |group: Option<&str>| group.is_some_and(|g| !g.is_empty() && g != SNAPSHOT_GROUP);
+    if sources.iter().any(|(group, _)| populator(*group)) {
+        return Some(DataSource::Populator);
+    }
+    sources.first().map(|(_, kind)| DataSource::Contents((*kind).clone()))
 }
 
 /// Refuses a request larger than the filesystem holding the base directory.
