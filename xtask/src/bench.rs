@@ -147,6 +147,15 @@ pub(crate) fn mount_cap() -> csi::VolumeCapability {
     }
 }
 
+/// A CreateVolumeRequest for an empty filesystem volume `name`, as the benchmarks send it.
+pub(crate) fn create_request(name: String) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name,
+        volume_capabilities: vec![mount_cap()],
+        ..Default::default()
+    }
+}
+
 /// A scratch directory of this run: on drop, whatever is still mounted below it is detached
 /// and the directory removed, on the error paths too.
 struct RunDir(PathBuf);
@@ -627,13 +636,7 @@ async fn driver_round(
     let vol = move |i: usize| volume_name(conc, i);
     let paired = Paired::new(&dir.join("floors").join(format!("paired-c{conc}")))?;
     let create = move |mut c: ControllerClient<Channel>, i| async move {
-        c.create_volume(csi::CreateVolumeRequest {
-            name: vol(i),
-            volume_capabilities: vec![mount_cap()],
-            ..Default::default()
-        })
-        .await
-        .map(drop)
+        c.create_volume(create_request(vol(i))).await.map(drop)
     };
     let clients = [ctl.clone(), floor_ctl.clone()];
     let turns = in_turns("CreateVolume", n, conc, clients, pids, create, |r| {
@@ -677,10 +680,8 @@ async fn driver_round(
         let create_from = |name: fn(usize, usize) -> String, source: fn(usize, usize) -> Type| {
             move |mut c: ControllerClient<Channel>, i| async move {
                 c.create_volume(csi::CreateVolumeRequest {
-                    name: name(conc, i),
-                    volume_capabilities: vec![mount_cap()],
                     volume_content_source: volume_source(source(conc, i)),
-                    ..Default::default()
+                    ..create_request(name(conc, i))
                 })
                 .await
                 .map(drop)
@@ -749,13 +750,7 @@ async fn driver_round(
     if root && all {
         let published = move |w: usize| format!("pvc-pub{conc}-{w}");
         each("CreateVolume", conc, conc, ctl.clone(), move |mut c, w| async move {
-            c.create_volume(csi::CreateVolumeRequest {
-                name: published(w),
-                volume_capabilities: vec![mount_cap()],
-                ..Default::default()
-            })
-            .await
-            .map(drop)
+            c.create_volume(create_request(published(w))).await.map(drop)
         })
         .await?;
         let targets = dir.join("targets").join(format!("rpc-c{conc}"));
@@ -800,13 +795,9 @@ pub(crate) async fn fill(ch: &Channel, total: usize) -> anyhow::Result<Stats> {
         16,
         ControllerClient::new(ch.clone()),
         |mut c, i| async move {
-            c.create_volume(csi::CreateVolumeRequest {
-                name: format!("pvc-rss-{i:05}"),
-                volume_capabilities: vec![mount_cap()],
-                ..Default::default()
-            })
-            .await
-            .map(drop)
+            c.create_volume(create_request(format!("pvc-rss-{i:05}")))
+                .await
+                .map(drop)
         },
     )
     .await

@@ -24,7 +24,7 @@ use hpp_csi::csi::{
 };
 use tonic::transport::Channel;
 
-use crate::bench::{each_sample, fill, mount_cap};
+use crate::bench::{create_request, each_sample, fill, mount_cap};
 use crate::bench_proc::{self, ProcStatus};
 use crate::bench_serve::{self, Server};
 use crate::bench_stats::{Sample, Stats, Table, fmt_d, ratio};
@@ -266,16 +266,7 @@ async fn round(
         .await?,
     ];
     let vol = move |i: usize| format!("pvc-vs-c{conc}-{i}");
-    let create = move |mut c: Clients, _, i| async move {
-        c.ctl
-            .create_volume(csi::CreateVolumeRequest {
-                name: vol(i),
-                volume_capabilities: vec![mount_cap()],
-                ..Default::default()
-            })
-            .await
-            .map(drop)
-    };
+    let create = move |mut c: Clients, _, i| async move { c.ctl.create_volume(create_request(vol(i))).await.map(drop) };
     rows.push(pair.alternate("CreateVolume", n, conc, create).await?);
     rows.push(
         pair.alternate("DeleteVolume", n, conc, move |mut c, _, i| async move {
@@ -293,14 +284,7 @@ async fn round(
         // `conc` volumes per driver, published `mount_n` times onto targets of its own.
         let published = move |w: usize| format!("pvc-vs-pub{conc}-{w}");
         pair.alternate("CreateVolume", conc, conc, move |mut c, _, w| async move {
-            c.ctl
-                .create_volume(csi::CreateVolumeRequest {
-                    name: published(w),
-                    volume_capabilities: vec![mount_cap()],
-                    ..Default::default()
-                })
-                .await
-                .map(drop)
+            c.ctl.create_volume(create_request(published(w))).await.map(drop)
         })
         .await?;
         let dirs = [

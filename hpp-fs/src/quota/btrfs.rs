@@ -148,6 +148,12 @@ fn make_writable(fd: BorrowedFd<'_>, path: &Path) -> Result<(), QuotaError> {
     Ok(())
 }
 
+/// Whether the directory `child` of `parent` is the root of a subvolume of its own (btrfs gives
+/// each subvolume its own device number and root inode 256).
+fn is_nested_subvolume(child: &Meta, parent: &Meta) -> bool {
+    child.ino == hpp_sys::btrfs::SUBVOL_ROOT_INO && child.dev != parent.dev
+}
+
 /// Destroys every subvolume below the subvolume root open as `dir` (named `name` in errors),
 /// deepest first: what a tenant made inside its volume (nested subvolumes, read-only
 /// snapshots), which neither the volume's own destroy (`ENOTEMPTY`) nor a tree walk (`EROFS`
@@ -167,7 +173,7 @@ fn destroy_nested(dir: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError> {
             Step::Entry(child, meta) if meta.is_dir() && meta.same_mount(&root) => {
                 let here = Meta::of(walk.dir()?).map_err(|e| WalkError::io("stat", prefix.join(walk.path()), e))?;
                 walk.descend(&child).map_err(|e| prefixed(e, prefix))?;
-                if meta.ino == hpp_sys::btrfs::SUBVOL_ROOT_INO && meta.dev != here.dev {
+                if is_nested_subvolume(&meta, &here) {
                     make_writable(walk.dir()?, &prefix.join(walk.path()))?;
                 }
             }
@@ -179,7 +185,7 @@ fn destroy_nested(dir: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError> {
                 let (Ok(meta), Ok(here)) = (Meta::at(parent, &child), Meta::of(parent)) else {
                     continue;
                 };
-                if meta.is_dir() && meta.ino == hpp_sys::btrfs::SUBVOL_ROOT_INO && meta.dev != here.dev {
+                if meta.is_dir() && is_nested_subvolume(&meta, &here) {
                     let child_name = std::ffi::OsStr::from_bytes(child.to_bytes());
                     match hpp_sys::btrfs::subvolume_destroy(parent, child_name) {
                         Ok(()) => {}
