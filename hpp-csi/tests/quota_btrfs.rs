@@ -56,10 +56,19 @@ fn a_btrfs_pool_builds_limited_subvolumes_snapshots_and_clones_and_removes_them(
     assert!(is_subvol(&vol));
     assert!(write_mib(&vol.join("big"), 16).is_err(), "the 8 MiB limit holds");
     std::fs::remove_file(vol.join("big")).unwrap();
-    // btrfs gives freed extents back to the qgroup when the transaction commits: commit it, or
-    // the next write can still see the limit reached (EDQUOT), depending on timing.
-    rustix::fs::syncfs(std::fs::File::open(&vol).unwrap()).unwrap();
-    std::fs::write(vol.join("hello"), b"world").unwrap();
+    // btrfs gives freed extents back to the qgroup once the transaction that frees them commits
+    // and its delayed references run, which one syncfs does not always cover: commit until the
+    // space is back (the volume must be writable again), with a hang guard only.
+    let mut written = Err(std::io::Error::other("not tried"));
+    for _ in 0..100 {
+        rustix::fs::syncfs(std::fs::File::open(&vol).unwrap()).unwrap();
+        written = std::fs::write(vol.join("hello"), b"world");
+        if written.is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    written.expect("the freed space comes back to the qgroup");
     // Idempotent retry.
     assert_eq!(
         volumes::create(&pool, "pvc-1", None, want(8 * MIB)).unwrap(),
