@@ -7,11 +7,14 @@
 //!   nor exhausts file descriptors.
 //! - [`quota`]: per-volume size limits, one backend per pool.
 //! - [`group_sync`]: group commit, so concurrent creates and deletes share one directory sync.
+//! - [`journal`]: an intent journal, so a create or delete is durable with one shared
+//!   `fdatasync` of preallocated blocks instead of a journal commit of the whole filesystem.
 //! - [`mountinfo`]: the parser for `/proc/self/mountinfo` and the per-mount flags of an entry.
 
 pub mod copy;
 pub mod error;
 pub mod group_sync;
+pub mod journal;
 pub mod meta;
 pub mod mount_cache;
 pub mod mountinfo;
