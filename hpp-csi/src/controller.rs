@@ -276,7 +276,7 @@ impl ControllerService {
                 None => None,
             };
             let requested = volumes::Requested { required: size, limit };
-            let created = volumes::create(&p, &n, src_fd.as_ref(), requested)?;
+            let created = volumes::create_tuned(&p, &n, src_fd.as_ref(), requested, &tuning)?;
             // From here on the volume exists: a failure is for a retry to finish.
             let recorded = (|| {
                 // The class's settings, applied again on a retry (tuning is idempotent).

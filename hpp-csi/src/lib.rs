@@ -44,6 +44,7 @@ pub mod sizing;
 pub mod snapshots;
 pub mod state;
 pub mod validate;
+pub mod volume_journal;
 pub mod volumes;
 
 /// The mount table parser, shared with the rest of hpp (see [`hpp_fs::mountinfo`]).

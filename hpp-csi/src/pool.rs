@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use hpp_api::quota::QuotaMode;
 use hpp_fs::group_sync::GroupSync;
+use hpp_fs::journal::Journal;
 use hpp_fs::quota::{QuotaBackend, QuotaError, Unlimited};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
@@ -16,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::fsops;
 use crate::mountinfo::MountTable;
 use crate::validate::{self, INTERNAL_PREFIX};
+use crate::volume_journal::VolumeJournal;
 
 /// Names inside a pool that are never volumes even though they look like one.
 const ALWAYS_RESERVED: &[&str] = &["lost+found"];
@@ -52,6 +54,8 @@ pub struct Pool {
     snapshot_commits: Arc<Commits>,
     /// The last measurement and when it was taken (shared by every clone of this pool).
     last_measured: Arc<Mutex<Option<(Instant, PoolHealth)>>>,
+    /// The volume journal, opened on first use (shared by every clone of this pool).
+    journal: Arc<VolumeJournal>,
 }
 
 /// Shared syncs of one directory: its entries (`fsync` of the directory) and the data written
@@ -138,12 +142,23 @@ impl Pool {
             volume_commits: Arc::default(),
             snapshot_commits: Arc::default(),
             last_measured: Arc::default(),
+            journal: Arc::default(),
         })
     }
 
     /// Group commit of the pool directory: every create and delete syncs through it.
     pub fn volume_commits(&self) -> &Commits {
         &self.volume_commits
+    }
+
+    /// The pool's volume journal (`None`: creates and deletes sync the directory instead). The
+    /// first call after a start redoes what a crash lost; see [`crate::volume_journal`].
+    pub fn journal(&self) -> Result<Option<Arc<Journal>>> {
+        self.journal.get(self)
+    }
+
+    pub(crate) fn journal_state(&self) -> &VolumeJournal {
+        &self.journal
     }
 
     /// Group commit of the snapshot directory.

@@ -5,18 +5,19 @@
 //! left by a crash are swept when the driver starts ([`sweep`]). Deletion renames to `.hpp-del-<id>` first, so a half-deleted volume is never
 //! served and a retry finishes the job.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use rustix::io::Errno;
 
 use hpp_fs::MountTableCache;
-use hpp_fs::quota::{QuotaBackend, round_up};
+use hpp_fs::quota::{QuotaBackend, Tuning, round_up};
 
 use crate::copy::{self, CopyStats};
 use crate::error::{Error, Result};
 use crate::fsops::{self, Entry};
 use crate::mountinfo::MountTable;
 use crate::pool::Pool;
+use crate::volume_journal::{self, Record};
 
 /// Mode of a new volume directory (one value for the driver and every quota backend).
 pub use hpp_fs::quota::VOLUME_MODE;
@@ -129,7 +130,7 @@ pub fn recorded_capacity(pool_dir: std::os::fd::BorrowedFd<'_>, id: &str) -> Res
     }
 }
 
-fn check_existing(pool: &Pool, dir: std::os::fd::BorrowedFd<'_>, id: &str, want: Requested) -> Result<Created> {
+fn check_existing(pool: &Pool, dir: BorrowedFd<'_>, id: &str, want: Requested) -> Result<Created> {
     match recorded_capacity(dir, id)? {
         Some(have) if !want.satisfied_by(have) => Err(Error::AlreadyExists(format!(
             "volume {id} already exists in storage pool {} with capacity {have} bytes, which does not \
@@ -152,18 +153,49 @@ pub enum Created {
 
 /// Creates volume `id` in `pool` with the `requested` capacity, filled with a copy of `source`
 /// when given. An existing volume is fine when its recorded capacity satisfies the request.
+/// Returns once the volume is durable: through the pool's journal for an empty volume, else a
+/// directory sync.
 pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>, requested: Requested) -> Result<Created> {
+    create_tuned(pool, id, source, requested, &Tuning::default())
+}
+
+/// [`create`] for a volume the caller then applies `tuning` to: the journal record carries it,
+/// so a volume a crash lost comes back with its class's settings.
+pub fn create_tuned(
+    pool: &Pool,
+    id: &str,
+    source: Option<&OwnedFd>,
+    requested: Requested,
+    tuning: &Tuning,
+) -> Result<Created> {
+    // Before anything is looked at: the first use redoes what a crash lost.
+    let journal = pool.journal()?;
     let dir = pool.open()?;
-    match fsops::entry(dir.as_fd(), id).map_err(|e| Error::io(format!("stat volume {id}"), e))? {
-        Entry::Dir { .. } => {
-            let existing = check_existing(pool, dir.as_fd(), id, requested)?;
-            // A retry after a crash between the rename and its sync must not acknowledge a
-            // volume a power cut could still take back. Cheap when nothing is pending.
-            pool.volume_commits()
-                .entries(dir.as_fd())
-                .map_err(Error::after_visible)?;
-            return Ok(existing);
+    let created = build(pool, dir.as_fd(), id, source, requested)?;
+    // Nothing is acknowledged before the sync that covers it, an existing volume included (a
+    // retry after a crash between the rename and its sync); concurrent creates and deletes
+    // share that sync (group commit).
+    match (&journal, source) {
+        (Some(journal), None) => {
+            volume_journal::append(pool, journal, dir.as_fd(), &Record::create(id, requested, tuning))
         }
+        _ => pool.volume_commits().entries(dir.as_fd()),
+    }
+    .map_err(Error::after_visible)?;
+    Ok(created)
+}
+
+/// Builds volume `id` in the pool directory `dir` under a temporary and renames it into place,
+/// or checks the existing one; makes nothing durable (the caller does).
+pub(crate) fn build(
+    pool: &Pool,
+    dir: BorrowedFd<'_>,
+    id: &str,
+    source: Option<&OwnedFd>,
+    requested: Requested,
+) -> Result<Created> {
+    match fsops::entry(dir, id).map_err(|e| Error::io(format!("stat volume {id}"), e))? {
+        Entry::Dir { .. } => return check_existing(pool, dir, id, requested),
         Entry::Missing => {}
         Entry::Symlink | Entry::Other => {
             return Err(Error::AlreadyExists(format!(
@@ -178,20 +210,20 @@ pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>, requested: Reques
     // Removes the half-built temporary (subvolume, project id and all) on the way out.
     let abandon = |fd: OwnedFd, e: Error| {
         drop(fd);
-        if let Err(cleanup) = backend.remove(dir.as_fd(), &tmp) {
+        if let Err(cleanup) = backend.remove(dir, &tmp) {
             tracing::warn!(temporary = %tmp, error = %cleanup, "cannot remove an abandoned temporary; the start-up sweep will");
         }
         Err(e)
     };
     let native = match source {
-        Some(src) => backend.clone_volume(dir.as_fd(), &tmp, src.as_fd(), limit)?,
+        Some(src) => backend.clone_volume(dir, &tmp, src.as_fd(), limit)?,
         None => None,
     };
     let (tmp_fd, stats) = match native {
         Some(fd) => (fd, CopyStats::default()),
         None => {
             let tmp_fd = backend
-                .create(dir.as_fd(), &tmp, limit)
+                .create(dir, &tmp, limit)
                 .map_err(|e| with_context(e, &pool.path.join(&tmp)))?;
             if let Err(e) = rustix::fs::fchmod(&tmp_fd, rustix::fs::Mode::from_raw_mode(VOLUME_MODE)) {
                 return abandon(tmp_fd, Error::io(format!("chmod {tmp}"), e));
@@ -213,48 +245,52 @@ pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>, requested: Reques
     if source.is_some() {
         // Copied data must be on disk before the volume becomes visible; one syncfs (shared by
         // concurrent clones) is far cheaper than an fsync per file. An empty directory needs
-        // only the parent's sync below.
+        // only the parent's sync.
         if let Err(e) = pool.volume_commits().data(tmp_fd.as_fd()) {
             return abandon(tmp_fd, e);
         }
     }
     drop(tmp_fd);
-    match fsops::rename_noreplace(dir.as_fd(), &tmp, id) {
-        Ok(()) => {}
+    match fsops::rename_noreplace(dir, &tmp, id) {
+        Ok(()) => Ok(Created::New(stats)),
         Err(Errno::EXIST) | Err(Errno::NOTEMPTY) => {
-            let _ = backend.remove(dir.as_fd(), &tmp);
-            pool.volume_commits()
-                .entries(dir.as_fd())
-                .map_err(Error::after_visible)?;
-            return Ok(Created::Existing);
+            let _ = backend.remove(dir, &tmp);
+            Ok(Created::Existing)
         }
         Err(e) => {
-            let _ = backend.remove(dir.as_fd(), &tmp);
-            return Err(Error::io(format!("renaming {tmp} to {id}"), e));
+            let _ = backend.remove(dir, &tmp);
+            Err(Error::io(format!("renaming {tmp} to {id}"), e))
         }
     }
-    // Nothing is acknowledged before the sync that covers it; concurrent creates and deletes
-    // share that sync (group commit).
-    pool.volume_commits()
-        .entries(dir.as_fd())
-        .map_err(Error::after_visible)?;
-    Ok(Created::New(stats))
 }
 
 /// Deletes volume `id` from `pool` if it is an hpp volume: a real directory directly in the
 /// pool, on the pool's filesystem, with nothing mounted from or into it. Missing is success.
-/// Returns whether anything was deleted.
+/// Returns whether anything was deleted. The deletion is durable (journaled, or the directory
+/// synced) before its data is removed.
 pub fn delete(pool: &Pool, id: &str, mounts: &MountTableCache) -> Result<bool> {
+    let journal = pool.journal()?;
     let dir = pool.open()?;
+    // Even when it was already gone: maybe by a rename a crash kept from being synced.
+    let retired = retire(pool, dir.as_fd(), id, mounts)?;
+    match &journal {
+        Some(journal) => volume_journal::append(pool, journal, dir.as_fd(), &Record::Delete { id: id.to_owned() })?,
+        None => pool.volume_commits().entries(dir.as_fd())?,
+    }
+    if retired {
+        pool.quota.remove(dir.as_fd(), &deleting_name(id))?;
+    }
+    Ok(retired)
+}
+
+/// Checks that `id` in the pool directory `dir` may be deleted and renames it to its deleting
+/// name; false when it is missing. Makes nothing durable and removes nothing (the caller does).
+pub(crate) fn retire(pool: &Pool, dir: BorrowedFd<'_>, id: &str, mounts: &MountTableCache) -> Result<bool> {
     let gone = deleting_name(id);
     // Finish an interrupted deletion first.
-    pool.quota.remove(dir.as_fd(), &gone)?;
-    match fsops::entry(dir.as_fd(), id).map_err(|e| Error::io(format!("stat volume {id}"), e))? {
-        Entry::Missing => {
-            // Gone, but maybe by a rename a crash kept from being synced: sync before saying so.
-            pool.volume_commits().entries(dir.as_fd())?;
-            return Ok(false);
-        }
+    pool.quota.remove(dir, &gone)?;
+    match fsops::entry(dir, id).map_err(|e| Error::io(format!("stat volume {id}"), e))? {
+        Entry::Missing => return Ok(false),
         Entry::Symlink | Entry::Other => {
             return Err(Error::FailedPrecondition(format!(
                 "{} is not a directory; it is not an hpp volume and is left alone",
@@ -262,7 +298,7 @@ pub fn delete(pool: &Pool, id: &str, mounts: &MountTableCache) -> Result<bool> {
             )));
         }
         // Compared by mount, not device: a btrfs subvolume has a device of its own.
-        Entry::Dir { .. } if !same_mount(dir.as_fd(), id)? => {
+        Entry::Dir { .. } if !same_mount(dir, id)? => {
             return Err(Error::FailedPrecondition(format!(
                 "{} is a mount point of another filesystem; unmount it first",
                 pool.volume_path(id).display()
@@ -273,14 +309,12 @@ pub fn delete(pool: &Pool, id: &str, mounts: &MountTableCache) -> Result<bool> {
     // Read (or reused from the cache) only once a volume is found.
     let table = crate::state::mount_table(mounts)?;
     check_not_mounted(pool, id, &table)?;
-    if let Some(why) = pool.quota.in_use(dir.as_fd(), id)? {
+    if let Some(why) = pool.quota.in_use(dir, id)? {
         return Err(Error::FailedPrecondition(format!(
             "volume {id} is in use: {why}; unpublish it first"
         )));
     }
-    fsops::rename_noreplace(dir.as_fd(), id, &gone).map_err(|e| Error::io(format!("renaming {id} for deletion"), e))?;
-    pool.volume_commits().entries(dir.as_fd())?;
-    pool.quota.remove(dir.as_fd(), &gone)?;
+    fsops::rename_noreplace(dir, id, &gone).map_err(|e| Error::io(format!("renaming {id} for deletion"), e))?;
     Ok(true)
 }
 

@@ -35,7 +35,7 @@ async fn identity_reports_name_version_capabilities_and_readiness() {
     assert_eq!(probe.ready, Some(true));
     // Pool directory removed behind the driver's back: the driver still serves (ready), the
     // pool refuses work and says why.
-    std::fs::remove_dir(h.pool_path()).unwrap();
+    std::fs::remove_dir_all(h.pool_path()).unwrap();
     let probe = h.identity.probe(csi::ProbeRequest {}).await.unwrap().into_inner();
     assert_eq!(probe.ready, Some(true));
     h.wait_for_metric("hpp_pool_usable{pool=\"legacy\"} 0").await;

@@ -56,6 +56,14 @@ pub enum JournalError {
     /// hold what was lost, so nothing more is trusted to this journal until the process restarts.
     #[error("an earlier flush of the journal failed ({0}); restart to recover")]
     Failed(std::io::Error),
+    /// The journal did not exist and could not be made (full or read-only filesystem, say);
+    /// nothing is left behind.
+    #[error("cannot create the journal: {0}")]
+    CannotCreate(#[source] std::io::Error),
+    /// The file under the journal's name is no longer the one opened (another filesystem was
+    /// mounted over the directory, or the file was replaced): open the journal again.
+    #[error("the journal file was replaced (another filesystem mounted over its directory?)")]
+    Replaced,
     /// The file is not a journal (no valid header).
     #[error("the file is not an hpp journal (no valid header)")]
     NotAJournal,
@@ -64,17 +72,27 @@ pub enum JournalError {
     TooLarge(usize),
 }
 
-fn io(op: &'static str) -> impl FnOnce(Errno) -> JournalError {
-    move |e| JournalError::Io {
-        op,
-        source: e.into(),
+/// The error every later call gets once a flush failed with `e` (`ESTALE`: the file was replaced).
+fn failure(e: Errno) -> JournalError {
+    match e {
+        Errno::STALE => JournalError::Replaced,
+        other => JournalError::Failed(other.into()),
     }
 }
 
-/// A journal file opened for appending.
+fn io(op: &'static str) -> impl FnOnce(Errno) -> JournalError {
+    move |e| JournalError::Io { op, source: e.into() }
+}
+
+/// A journal, ready for appending. No descriptor is held between flushes: each flush opens
+/// the file through the caller's directory descriptor and checks it is still the same file, so
+/// the journal never keeps its filesystem from being unmounted, and never writes to a file that
+/// a mount over the directory has hidden.
 #[derive(Debug)]
 pub struct Journal {
-    file: OwnedFd,
+    name: String,
+    /// Device and inode of the file.
+    identity: (u64, u64),
     capacity: u64,
     state: Mutex<State>,
     flushed: Condvar,
@@ -121,6 +139,8 @@ impl Journal {
         ) {
             Ok(fd) => fd,
             Err(Errno::NOENT) => create(dir, name, capacity)?,
+            // A directory or symlink of that name: not ours, and not touched.
+            Err(Errno::ISDIR | Errno::LOOP) => return Err(JournalError::NotAJournal),
             Err(e) => return Err(io("open")(e)),
         };
         let stat = rustix::fs::fstat(&file).map_err(io("stat"))?;
@@ -142,7 +162,8 @@ impl Journal {
         read_exact_at(file.as_fd(), &mut body, RECORDS_START)?;
         let (records, used, seq) = parse_records(&body, epoch);
         let journal = Journal {
-            file,
+            name: name.to_owned(),
+            identity: (stat.st_dev, stat.st_ino),
             capacity: size,
             state: Mutex::new(State {
                 epoch,
@@ -161,15 +182,16 @@ impl Journal {
         Ok((journal, records))
     }
 
-    /// Returns once `payload` is durable in the journal. The change it describes must already
-    /// be made. Blocks the calling thread: call it from blocking code.
-    pub fn append(&self, payload: &[u8]) -> Result<(), JournalError> {
+    /// Returns once `payload` is durable in the journal, found in `dir` (the directory it was
+    /// opened in). The change it describes must already be made. Blocks the calling thread:
+    /// call it from blocking code.
+    pub fn append(&self, dir: BorrowedFd<'_>, payload: &[u8]) -> Result<(), JournalError> {
         if payload.len() > MAX_PAYLOAD || payload.is_empty() {
             return Err(JournalError::TooLarge(payload.len()));
         }
         let mut st = self.lock();
         if let Some(e) = st.failed {
-            return Err(JournalError::Failed(e.into()));
+            return Err(failure(e));
         }
         st.enqueued += 1;
         let ticket = st.enqueued;
@@ -179,7 +201,7 @@ impl Journal {
                 return Ok(());
             }
             if let Some(e) = st.failed {
-                return Err(JournalError::Failed(e.into()));
+                return Err(failure(e));
             }
             if !st.flushing {
                 st.flushing = true;
@@ -187,7 +209,9 @@ impl Journal {
                 let last = st.enqueued;
                 let (epoch, seq, offset) = (st.epoch, st.seq, st.offset);
                 drop(st);
-                let outcome = self.write_batch(&batch, epoch, seq, offset);
+                let outcome = self
+                    .file_in(dir)
+                    .and_then(|file| self.write_batch(file.as_fd(), &batch, epoch, seq, offset));
                 st = self.lock();
                 st.flushing = false;
                 match outcome {
@@ -209,18 +233,18 @@ impl Journal {
     /// Makes every change on the journal's filesystem durable (`syncfs`) and starts a new epoch,
     /// so the records so far are no longer needed. Call after redoing what [`open`](Self::open)
     /// returned.
-    pub fn checkpoint(&self) -> Result<(), JournalError> {
+    pub fn checkpoint(&self, dir: BorrowedFd<'_>) -> Result<(), JournalError> {
         let mut st = self.lock();
         while st.flushing {
             st = self.flushed.wait(st).unwrap_or_else(PoisonError::into_inner);
         }
         if let Some(e) = st.failed {
-            return Err(JournalError::Failed(e.into()));
+            return Err(failure(e));
         }
         st.flushing = true;
         let epoch = st.epoch;
         drop(st);
-        let outcome = self.start_epoch(epoch + 1);
+        let outcome = self.file_in(dir).and_then(|file| start_epoch(file.as_fd(), epoch + 1));
         let mut st = self.lock();
         st.flushing = false;
         let result = match outcome {
@@ -231,7 +255,7 @@ impl Journal {
             }
             Err(e) => {
                 st.failed = Some(e);
-                Err(JournalError::Failed(e.into()))
+                Err(failure(e))
             }
         };
         self.flushed.notify_all();
@@ -249,7 +273,14 @@ impl Journal {
 
     /// Writes `batch` from `offset` on, checkpointing whenever the next record does not fit,
     /// then flushes. Only the leader of a round calls it.
-    fn write_batch(&self, batch: &[Vec<u8>], mut epoch: u64, mut seq: u64, mut offset: u64) -> Result<Written, Errno> {
+    fn write_batch(
+        &self,
+        file: BorrowedFd<'_>,
+        batch: &[Vec<u8>],
+        mut epoch: u64,
+        mut seq: u64,
+        mut offset: u64,
+    ) -> Result<Written, Errno> {
         let mut buf = Vec::new();
         let mut checkpoints = 0;
         for payload in batch {
@@ -259,15 +290,15 @@ impl Journal {
                 // syncfs makes the changes it describes durable.
                 buf.clear();
                 epoch += 1;
-                self.start_epoch(epoch)?;
+                start_epoch(file, epoch)?;
                 checkpoints += 1;
                 (seq, offset) = (0, RECORDS_START);
             }
             seq += 1;
             encode_record(&mut buf, epoch, seq, payload);
         }
-        write_all_at(self.file.as_fd(), &buf, offset)?;
-        rustix::fs::fdatasync(&self.file)?;
+        write_all_at(file, &buf, offset)?;
+        rustix::fs::fdatasync(file)?;
         Ok(Written {
             epoch,
             seq,
@@ -276,11 +307,20 @@ impl Journal {
         })
     }
 
-    /// `syncfs`, then the header of `epoch` in its slot, flushed.
-    fn start_epoch(&self, epoch: u64) -> Result<(), Errno> {
-        rustix::fs::syncfs(&self.file)?;
-        write_all_at(self.file.as_fd(), &encode_header(epoch), slot(epoch))?;
-        rustix::fs::fdatasync(&self.file)
+    /// The journal file in `dir`, provided it is still the one opened (else `ESTALE`).
+    fn file_in(&self, dir: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
+        let file = rustix::fs::openat(
+            dir,
+            self.name.as_str(),
+            OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )
+        .map_err(|e| if e == Errno::NOENT { Errno::STALE } else { e })?;
+        let stat = rustix::fs::fstat(&file)?;
+        if (stat.st_dev, stat.st_ino) != self.identity {
+            return Err(Errno::STALE);
+        }
+        Ok(file)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -298,19 +338,25 @@ struct Written {
 /// Creates journal `name`: a temporary filled with zeros (so later writes allocate nothing),
 /// with the epoch-1 header, synced, renamed into place and the directory synced.
 fn create(dir: BorrowedFd<'_>, name: &str, capacity: u64) -> Result<OwnedFd, JournalError> {
-    let capacity = capacity.max(MIN_CAPACITY);
     let tmp = format!("{name}.new");
-    match rustix::fs::unlinkat(dir, &tmp, AtFlags::empty()) {
+    let made = make_file(dir, &tmp, name, capacity.max(MIN_CAPACITY));
+    if made.is_err() {
+        let _ = rustix::fs::unlinkat(dir, &tmp, AtFlags::empty());
+    }
+    made.map_err(|e| JournalError::CannotCreate(e.into()))
+}
+
+fn make_file(dir: BorrowedFd<'_>, tmp: &str, name: &str, capacity: u64) -> Result<OwnedFd, Errno> {
+    match rustix::fs::unlinkat(dir, tmp, AtFlags::empty()) {
         Ok(()) | Err(Errno::NOENT) => {}
-        Err(e) => return Err(io("remove a half-made journal")(e)),
+        Err(e) => return Err(e),
     }
     let file = rustix::fs::openat(
         dir,
-        &tmp,
+        tmp,
         OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC | OFlags::NOFOLLOW,
         Mode::from_raw_mode(0o600),
-    )
-    .map_err(io("create"))?;
+    )?;
     // btrfs: overwrite in place instead of copy-on-write, so a flush writes no new extent.
     // Must be set while the file is empty; other filesystems do not know the flag.
     let _ = rustix::fs::ioctl_setflags(&file, rustix::fs::IFlags::NOCOW);
@@ -318,14 +364,21 @@ fn create(dir: BorrowedFd<'_>, name: &str, capacity: u64) -> Result<OwnedFd, Jou
     let mut at = 0;
     while at < capacity {
         let n = zeros.len().min((capacity - at) as usize);
-        write_all_at(file.as_fd(), &zeros[..n], at).map_err(io("fill"))?;
+        write_all_at(file.as_fd(), &zeros[..n], at)?;
         at += n as u64;
     }
-    write_all_at(file.as_fd(), &encode_header(1), slot(1)).map_err(io("write the header"))?;
-    rustix::fs::fsync(&file).map_err(io("sync"))?;
-    rustix::fs::renameat(dir, &tmp, dir, name).map_err(io("rename into place"))?;
-    rustix::fs::fsync(dir).map_err(io("sync the directory"))?;
+    write_all_at(file.as_fd(), &encode_header(1), slot(1))?;
+    rustix::fs::fsync(&file)?;
+    rustix::fs::renameat(dir, tmp, dir, name)?;
+    rustix::fs::fsync(dir)?;
     Ok(file)
+}
+
+/// `syncfs`, then the header of `epoch` in its slot, flushed.
+fn start_epoch(file: BorrowedFd<'_>, epoch: u64) -> Result<(), Errno> {
+    rustix::fs::syncfs(file)?;
+    write_all_at(file, &encode_header(epoch), slot(epoch))?;
+    rustix::fs::fdatasync(file)
 }
 
 fn slot(epoch: u64) -> u64 {
@@ -438,17 +491,17 @@ mod tests {
         let (j, old) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
         assert!(old.is_empty());
         for i in 0..5u8 {
-            j.append(&[i; 10]).unwrap();
+            j.append(d.as_fd(), &[i; 10]).unwrap();
         }
         drop(j);
         let (j, old) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
         assert_eq!(old, (0..5u8).map(|i| vec![i; 10]).collect::<Vec<_>>());
         // Appending after reopening continues the epoch instead of overwriting it.
-        j.append(b"six").unwrap();
+        j.append(d.as_fd(), b"six").unwrap();
         drop(j);
         let (j, old) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
         assert_eq!(old.len(), 6);
-        j.checkpoint().unwrap();
+        j.checkpoint(d.as_fd()).unwrap();
         drop(j);
         let (_, old) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
         assert!(old.is_empty(), "a checkpoint retires every earlier record");
@@ -460,7 +513,7 @@ mod tests {
         let (j, _) = Journal::open(d.as_fd(), "j", 24 << 10).unwrap();
         // 20 KiB of record space; 1,000-byte records: twenty fit, the rest go to new epochs.
         for i in 0..50u32 {
-            j.append(&[(i % 251) as u8; 1000]).unwrap();
+            j.append(d.as_fd(), &[(i % 251) as u8; 1000]).unwrap();
         }
         let stats = j.stats();
         assert!(stats.checkpoints >= 2, "{stats:?}");
@@ -475,7 +528,7 @@ mod tests {
         let (t, d) = dir();
         let (j, _) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
         for i in 0..3u8 {
-            j.append(&[i; 100]).unwrap();
+            j.append(d.as_fd(), &[i; 100]).unwrap();
         }
         drop(j);
         // Tear the second record: one flipped byte in its payload.
@@ -487,8 +540,8 @@ mod tests {
         let (j, old) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
         assert_eq!(old, vec![vec![0u8; 100]]);
         // A checkpoint's new epoch does not read the previous epoch's records behind its own.
-        j.checkpoint().unwrap();
-        j.append(b"new").unwrap();
+        j.checkpoint(d.as_fd()).unwrap();
+        j.append(d.as_fd(), b"new").unwrap();
         drop(j);
         let (_, old) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
         assert_eq!(old, vec![b"new".to_vec()]);
@@ -498,7 +551,7 @@ mod tests {
     fn a_torn_header_falls_back_to_the_other_slot() {
         let (t, d) = dir();
         let (j, _) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
-        j.append(b"epoch one").unwrap();
+        j.append(d.as_fd(), b"epoch one").unwrap();
         drop(j);
         // A crash tore the checkpoint's header write (epoch 2, slot 0): epoch 1 still stands.
         let path = t.path().join("j");
@@ -536,15 +589,15 @@ mod tests {
     fn concurrent_appends_share_flushes_and_all_survive() {
         let (_t, d) = dir();
         let (j, _) = Journal::open(d.as_fd(), "j", 1 << 20).unwrap();
-        let j = Arc::new(j);
+        let (j, d) = (Arc::new(j), Arc::new(d));
         let start = Arc::new(Barrier::new(16));
         let threads: Vec<_> = (0..16u8)
             .map(|t| {
-                let (j, start) = (j.clone(), start.clone());
+                let (j, d, start) = (j.clone(), d.clone(), start.clone());
                 std::thread::spawn(move || {
                     start.wait();
                     for i in 0..20u8 {
-                        j.append(&[t, i]).unwrap();
+                        j.append(d.as_fd(), &[t, i]).unwrap();
                     }
                 })
             })
@@ -563,11 +616,68 @@ mod tests {
     }
 
     #[test]
+    fn a_journal_that_cannot_be_made_leaves_nothing_behind() {
+        let (t, d) = dir();
+        std::fs::create_dir(t.path().join("j")).unwrap();
+        // A directory where the journal should be: not a journal, and left alone.
+        assert!(matches!(
+            Journal::open(d.as_fd(), "j", 64 << 10),
+            Err(JournalError::NotAJournal)
+        ));
+        // Too little room for the file: refused, and no half-made file stays.
+        let small = t.path().join("small");
+        std::fs::create_dir(&small).unwrap();
+        if rustix::process::geteuid().is_root() {
+            rustix::mount::mount(
+                "tmpfs",
+                &small,
+                "tmpfs",
+                rustix::mount::MountFlags::empty(),
+                c"size=64k",
+            )
+            .unwrap();
+        } else {
+            rustix::fs::chmod(&small, Mode::from_raw_mode(0o500)).unwrap();
+        }
+        let small_fd = rustix::fs::open(&small, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap();
+        let result = Journal::open(small_fd.as_fd(), "j", 1 << 20);
+        let left = std::fs::read_dir(&small).unwrap().count();
+        drop(small_fd);
+        if rustix::process::geteuid().is_root() {
+            rustix::mount::unmount(&small, rustix::mount::UnmountFlags::DETACH).unwrap();
+        }
+        assert!(matches!(result, Err(JournalError::CannotCreate(_))), "{result:?}");
+        assert_eq!(left, 0);
+    }
+
+    #[test]
+    fn a_journal_replaced_behind_its_back_is_not_written() {
+        let (t, d) = dir();
+        let (j, _) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
+        j.append(d.as_fd(), b"one").unwrap();
+        // Another journal now stands under the name (as when a filesystem is mounted over the
+        // pool): it is neither written nor taken for the first.
+        std::fs::rename(t.path().join("j"), t.path().join("old")).unwrap();
+        let (other, _) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
+        assert!(matches!(j.append(d.as_fd(), b"two"), Err(JournalError::Replaced)));
+        assert!(matches!(j.checkpoint(d.as_fd()), Err(JournalError::Replaced)));
+        drop((j, other));
+        let (_, records) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
+        assert!(records.is_empty());
+        std::fs::rename(t.path().join("old"), t.path().join("j")).unwrap();
+        let (_, records) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
+        assert_eq!(records, vec![b"one".to_vec()]);
+    }
+
+    #[test]
     fn oversized_and_empty_payloads_are_refused() {
         let (_t, d) = dir();
         let (j, _) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
-        assert!(matches!(j.append(&vec![1; MAX_PAYLOAD + 1]), Err(JournalError::TooLarge(_))));
-        assert!(matches!(j.append(&[]), Err(JournalError::TooLarge(0))));
+        assert!(matches!(
+            j.append(d.as_fd(), &vec![1; MAX_PAYLOAD + 1]),
+            Err(JournalError::TooLarge(_))
+        ));
+        assert!(matches!(j.append(d.as_fd(), &[]), Err(JournalError::TooLarge(0))));
     }
 }
 
