@@ -20,6 +20,10 @@ use crate::bench_stats::{Sample, Stats, run_threads, run_threads_sample};
 pub const MKDIR: &str = "mkdir";
 /// `mkdir` then `fsync` of the parent directory.
 pub const MKDIR_FSYNC: &str = "mkdir+fsync(parent)";
+/// `mkdir`, then a record appended to a volume journal (`hpp_fs::journal`): concurrent appends
+/// share one `fdatasync` of preallocated blocks. What the driver's CreateVolume of an empty
+/// volume pays for durability.
+pub const MKDIR_JOURNAL: &str = "mkdir+journal";
 /// `rename` within the parent, then `fsync` of the parent.
 pub const RENAME_FSYNC: &str = "rename+fsync(parent)";
 /// `rmdir`.
@@ -137,6 +141,24 @@ pub fn measure(
     for i in 0..n {
         rustix::fs::unlinkat(&*parent, format!("m{i}"), rustix::fs::AtFlags::REMOVEDIR)?;
     }
+
+    let (journal, _) = hpp_fs::journal::Journal::open(
+        std::os::fd::AsFd::as_fd(&*parent),
+        ".journal",
+        hpp_fs::journal::DEFAULT_CAPACITY,
+    )?;
+    let (fd, journal) = (parent.clone(), Arc::new(journal));
+    let journaled = run_threads(n, conc, move |i| {
+        let name = format!("j{i}");
+        rustix::fs::mkdirat(&*fd, &name, mode)?;
+        journal.append(std::os::fd::AsFd::as_fd(&*fd), name.as_bytes())?;
+        Ok(())
+    })?;
+    floors.push(MKDIR_JOURNAL, conc, journaled);
+    for i in 0..n {
+        rustix::fs::unlinkat(&*parent, format!("j{i}"), rustix::fs::AtFlags::REMOVEDIR)?;
+    }
+    rustix::fs::unlinkat(&*parent, ".journal", rustix::fs::AtFlags::empty())?;
 
     let pool = dirs.pool.clone();
     let statvfs = run_threads(n, conc, move |_| Ok(rustix::fs::statvfs(&pool).map(|_| ())?))?;
