@@ -86,6 +86,7 @@ pub struct DriverMetrics {
     pool_usable: Family<PoolLabels, Gauge>,
     pool_shared: Family<PoolLabels, Gauge>,
     pool_quota: Family<QuotaLabels, Gauge>,
+    pool_journal: Family<PoolLabels, Gauge>,
     shared_with_os: Gauge,
 }
 
@@ -101,6 +102,7 @@ impl DriverMetrics {
             pool_usable: Family::default(),
             pool_shared: Family::default(),
             pool_quota: Family::default(),
+            pool_journal: Family::default(),
             shared_with_os: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix(PREFIX);
@@ -138,6 +140,12 @@ impl DriverMetrics {
             "pool_quota_backend",
             "1 for the quota backend that enforces volume sizes in the pool (what quota auto chose)",
             m.pool_quota.clone(),
+        );
+        r.register(
+            "pool_journal",
+            "1 when creates and deletes in the pool are made durable through its volume journal, \
+             0 when through syncs of the pool directory (shared pool, journal not made or not opened yet)",
+            m.pool_journal.clone(),
         );
         registry.sub_registry_with_prefix(KUBEVIRT_PREFIX).register(
             "pool_path_shared_with_os",
@@ -177,6 +185,12 @@ impl DriverMetrics {
         self.pool_quota.get_or_create(&l).set(1);
     }
 
+    /// Publishes whether `pool` makes creates and deletes durable through its volume journal.
+    pub fn set_journal(&self, pool: &str, in_use: bool) {
+        let l = PoolLabels { pool: pool.to_owned() };
+        self.pool_journal.get_or_create(&l).set(i64::from(in_use));
+    }
+
     /// Sets KubeVirt's aggregate gauge.
     pub fn set_shared_with_os(&self, any: bool) {
         self.shared_with_os.set(i64::from(any));
@@ -205,6 +219,7 @@ mod tests {
         m.set_pool("local", &PoolHealth::default(), true);
         m.set_shared_with_os(true);
         m.set_quota_backend("local", "btrfs");
+        m.set_journal("local", true);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
         for line in [
@@ -216,6 +231,7 @@ mod tests {
             "hpp_pool_path_shared_with_os{pool=\"local\"} 1",
             "kubevirt_hpp_pool_path_shared_with_os 1",
             "hpp_pool_quota_backend{pool=\"local\",backend=\"btrfs\"} 1",
+            "hpp_pool_journal{pool=\"local\"} 1",
         ] {
             assert!(out.contains(line), "{line} missing from\n{out}");
         }

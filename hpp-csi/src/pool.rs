@@ -161,6 +161,11 @@ impl Pool {
         &self.journal
     }
 
+    /// Whether creates and deletes are made durable through the journal right now (it is open).
+    pub fn journal_in_use(&self) -> bool {
+        self.journal.is_open()
+    }
+
     /// Group commit of the snapshot directory.
     pub fn snapshot_commits(&self) -> &Commits {
         &self.snapshot_commits

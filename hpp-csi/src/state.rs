@@ -127,6 +127,7 @@ impl DriverState {
             }
             for p in self.pools.iter() {
                 m.set_quota_backend(&p.name, p.quota.name());
+                m.set_journal(&p.name, p.journal_in_use());
             }
             m.set_shared_with_os(pools.iter().any(|(_, _, s)| *s));
         }

@@ -118,6 +118,11 @@ impl VolumeJournal {
         Ok(Some(journal))
     }
 
+    /// Whether the journal is open (and so in use).
+    pub fn is_open(&self) -> bool {
+        matches!(*self.slot.lock().unwrap_or_else(PoisonError::into_inner), Slot::Open(_))
+    }
+
     /// Drops the open journal after it failed (a flush error, or its file replaced by a mount
     /// over the pool): the next create or delete opens the journal again, redoing what it
     /// holds, instead of trusting this one.

@@ -9,8 +9,8 @@
 //! NodeUnpublishVolume at c=1 and c=16, then DeleteVolume again with 10,000 volumes in each pool
 //! (KubeVirt's DeleteVolume lists every pool on each call), and the resident memory of both
 //! processes idle and holding 10,000 volumes. What is compared is each driver as it ships:
-//! hpp's CreateVolume and DeleteVolume are durable (an fsync of the pool directory each),
-//! KubeVirt's do no fsync.
+//! hpp's CreateVolume and DeleteVolume are durable (a flush of the pool's volume journal, or
+//! an fsync of the pool directory), KubeVirt's sync nothing.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -335,7 +335,7 @@ async fn round(
 fn print_rows(rows: &[Row]) {
     println!();
     println!("hpp vs the KubeVirt Go driver (same client, same filesystem, {TURNS} alternating turns)");
-    println!("  ratio = hpp ops/s / Go ops/s (>1: hpp faster); hpp's Create/DeleteVolume fsync the pool, Go's do not;");
+    println!("  ratio = hpp ops/s / Go ops/s (>1: hpp faster); hpp's Create/DeleteVolume are durable, Go's are not;");
     println!("  CPU/call = the driver process's user+system time over its turns / calls;");
     println!("  failed = calls that failed and were tried again (up to {RETRIES} times; the time counts)");
     let mut t = Table::new(&[

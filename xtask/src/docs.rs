@@ -281,6 +281,7 @@ fn exercised_registry(which: &str) -> anyhow::Result<Registry> {
             m.observe_rpc("Controller", "CreateVolume", code, 0.001);
             m.set_pool("local", &hpp_csi::pool::PoolHealth::default(), false);
             m.set_quota_backend("local", "none");
+            m.set_journal("local", true);
             m.set_shared_with_os(false);
         }
         "hpp-operator" => {
