@@ -154,7 +154,13 @@ impl Pool {
     /// The pool's volume journal (`None`: creates and deletes sync the directory instead). The
     /// first call after a start redoes what a crash lost; see [`crate::volume_journal`].
     pub fn journal(&self) -> Result<Option<Arc<Journal>>> {
-        self.journal.get(self)
+        self.journal_in(self.open()?.as_fd())
+    }
+
+    /// [`journal`](Self::journal) through the caller's descriptor of the pool directory (so
+    /// the journal is the one of the filesystem the caller is about to change).
+    pub fn journal_in(&self, dir: BorrowedFd<'_>) -> Result<Option<Arc<Journal>>> {
+        self.journal.get(self, dir)
     }
 
     pub(crate) fn journal_state(&self) -> &VolumeJournal {

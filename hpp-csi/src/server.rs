@@ -183,12 +183,14 @@ impl DriverBuilder {
             return Err(ConfigError::EndpointInUse(socket.clone()));
         }
         for pool in &pools {
-            sweep_pool(pool);
-            // Redo what the journal says a crash lost before any request is served; a pool that
-            // cannot be looked into yet (guarded, unmounted) does so on its first create or delete.
+            // Redo what the journal says a crash lost before any request is served, and before
+            // the sweep (a lost rename's temporary is renamed into place, not swept); a pool
+            // that cannot be looked into yet (guarded, unmounted) does so on its first create
+            // or delete.
             if let Err(e) = pool.journal() {
                 tracing::warn!(pool = %pool.name, error = %e, "cannot open the volume journal yet");
             }
+            sweep_pool(pool);
         }
         let os_reference = self.os_reference.unwrap_or_else(|| match &self.endpoint {
             Some(Endpoint::Unix(p)) => p.parent().map(Path::to_path_buf).unwrap_or_else(|| "/".into()),

@@ -12,7 +12,7 @@
 //! cannot bring back copied data), and shared pools (several nodes would write one journal).
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use hpp_fs::journal::{DEFAULT_CAPACITY, Journal, JournalError};
@@ -20,11 +20,46 @@ use hpp_fs::quota::Tuning;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::fsops;
 use crate::pool::Pool;
 use crate::volumes::{self, Requested};
 
 /// The journal file in a pool directory (the `.hpp-` prefix keeps it out of every listing).
 pub const JOURNAL_NAME: &str = ".hpp-journal";
+
+/// Which directory a volume was: its inode number and birth time. A volume id made again (a
+/// clone or restore under the same name, not journaled) is another directory, so a deletion
+/// redone after a crash never touches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirIdentity {
+    /// Inode number.
+    pub ino: u64,
+    /// Birth time, seconds and nanoseconds, when the filesystem records it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub born: Option<(i64, u32)>,
+}
+
+impl DirIdentity {
+    /// The identity of `name` in `dir` (not following a symlink); `None` when it is missing.
+    pub fn of(dir: BorrowedFd<'_>, name: &str) -> Result<Option<DirIdentity>> {
+        use rustix::fs::{AtFlags, StatxFlags};
+        match rustix::fs::statx(
+            dir,
+            name,
+            AtFlags::SYMLINK_NOFOLLOW,
+            StatxFlags::INO | StatxFlags::BTIME,
+        ) {
+            Ok(st) => Ok(Some(DirIdentity {
+                ino: st.stx_ino,
+                born: StatxFlags::from_bits_retain(st.stx_mask)
+                    .contains(StatxFlags::BTIME)
+                    .then_some((st.stx_btime.tv_sec, st.stx_btime.tv_nsec)),
+            })),
+            Err(rustix::io::Errno::NOENT) => Ok(None),
+            Err(e) => Err(Error::io(format!("stat {name}"), e)),
+        }
+    }
+}
 
 /// One journaled change of a volume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,28 +76,36 @@ pub enum Record {
         /// Mutable parameters applied at creation.
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         tuning: BTreeMap<String, String>,
+        /// The temporary it was built under: when the rename was lost but the temporary was
+        /// not (it may hold what a tenant wrote and synced since), it is renamed into place.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        temp: Option<String>,
     },
     /// A volume was renamed away for deletion (or found gone).
     Delete {
         /// Volume id.
         id: String,
+        /// The directory that was renamed away (`None`: it was already gone).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        was: Option<DirIdentity>,
     },
 }
 
 impl Record {
     fn id(&self) -> &str {
         match self {
-            Record::Create { id, .. } | Record::Delete { id } => id,
+            Record::Create { id, .. } | Record::Delete { id, .. } => id,
         }
     }
 
     /// A create record.
-    pub fn create(id: &str, requested: Requested, tuning: &Tuning) -> Record {
+    pub fn create(id: &str, requested: Requested, tuning: &Tuning, temp: Option<String>) -> Record {
         Record::Create {
             id: id.to_owned(),
             required: requested.required,
             limit: requested.limit,
             tuning: tuning.pairs().into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            temp,
         }
     }
 }
@@ -79,27 +122,33 @@ enum Slot {
     #[default]
     Unopened,
     Open(Arc<Journal>),
+    /// Dropped after a failure; the file it had (device, inode), whose records this process
+    /// has already redone.
+    Forgotten((u64, u64)),
     /// This process syncs the pool directory instead, until it restarts.
     Without,
 }
 
 impl VolumeJournal {
-    /// The pool's journal, or `None` when this pool syncs its directory instead: a shared pool,
-    /// or a filesystem where the journal cannot be made (full, read-only) or a foreign file
-    /// holds its name. The first call redoes what the journal holds; every create and delete
-    /// calls this before looking at the pool, so none runs before that is done.
-    pub fn get(&self, pool: &Pool) -> Result<Option<Arc<Journal>>> {
+    /// The journal of the pool directory `dir` (the caller's descriptor of `pool`), or `None`
+    /// when this pool syncs its directory instead: a shared pool, or a filesystem where the
+    /// journal cannot be made (full, read-only) or a foreign file holds its name. The first
+    /// call redoes what the journal holds; every create and delete calls this before looking
+    /// at the pool, so none runs before that is done. A journal open on another filesystem
+    /// than `dir`'s (one mounted over the pool since) is replaced by `dir`'s own.
+    pub fn get(&self, pool: &Pool, dir: BorrowedFd<'_>) -> Result<Option<Arc<Journal>>> {
         if pool.shared {
             return Ok(None);
         }
         let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
-        match &*slot {
-            Slot::Open(journal) => return Ok(Some(journal.clone())),
+        let replayed = match &*slot {
+            Slot::Open(journal) if journal.is_in(dir) => return Ok(Some(journal.clone())),
+            Slot::Open(journal) => Some(journal.identity()),
             Slot::Without => return Ok(None),
-            Slot::Unopened => {}
-        }
-        let dir = pool.open()?;
-        let (journal, records) = match Journal::open(dir.as_fd(), JOURNAL_NAME, DEFAULT_CAPACITY) {
+            Slot::Forgotten(identity) => Some(*identity),
+            Slot::Unopened => None,
+        };
+        let (journal, records) = match Journal::open(dir, JOURNAL_NAME, DEFAULT_CAPACITY) {
             Ok(opened) => opened,
             Err(e @ (JournalError::CannotCreate(_) | JournalError::NotAJournal)) => {
                 tracing::warn!(pool = %pool.name, error = %e, "no volume journal: creates and deletes sync the pool directory instead");
@@ -108,10 +157,16 @@ impl VolumeJournal {
             }
             Err(e) => return Err(journal_error(e)),
         };
-        let redone = replay(pool, dir.as_fd(), &records);
-        journal.checkpoint(dir.as_fd()).map_err(journal_error)?;
-        if redone > 0 {
-            tracing::info!(pool = %pool.name, records = records.len(), redone, "redid journaled volume changes a crash had lost");
+        // The same file again in this process (after a failed flush): nothing was lost without
+        // a crash, and requests may be in flight; its records were redone when it was opened.
+        let carried = match replayed == Some(journal.identity()) {
+            true => Vec::new(),
+            false => replay(pool, dir, &records),
+        };
+        journal.checkpoint(dir).map_err(journal_error)?;
+        // What could not be redone stays recorded, for the next start to try again.
+        for bytes in &carried {
+            journal.append(dir, bytes).map_err(journal_error)?;
         }
         let journal = Arc::new(journal);
         *slot = Slot::Open(journal.clone());
@@ -123,13 +178,12 @@ impl VolumeJournal {
         matches!(*self.slot.lock().unwrap_or_else(PoisonError::into_inner), Slot::Open(_))
     }
 
-    /// Drops the open journal after it failed (a flush error, or its file replaced by a mount
-    /// over the pool): the next create or delete opens the journal again, redoing what it
-    /// holds, instead of trusting this one.
+    /// Drops the open journal after a flush failed or its file was replaced: the next create or
+    /// delete opens the journal again instead of trusting this one.
     fn forget(&self) {
         let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
-        if matches!(*slot, Slot::Open(_)) {
-            *slot = Slot::Unopened;
+        if let Slot::Open(journal) = &*slot {
+            *slot = Slot::Forgotten(journal.identity());
         }
     }
 }
@@ -139,7 +193,9 @@ impl VolumeJournal {
 pub fn append(pool: &Pool, journal: &Journal, dir: BorrowedFd<'_>, record: &Record) -> Result<()> {
     let bytes = serde_json::to_vec(record).map_err(|e| Error::Internal(format!("encoding a journal record: {e}")))?;
     journal.append(dir, &bytes).map_err(|e| {
-        pool.journal_state().forget();
+        if matches!(e, JournalError::Failed(_) | JournalError::Replaced) {
+            pool.journal_state().forget();
+        }
         journal_error(e)
     })
 }
@@ -153,62 +209,75 @@ fn journal_error(e: JournalError) -> Error {
     }
 }
 
-/// Redoes the last record of every volume where the pool disagrees with it; returns how many
-/// changes were redone. A record that cannot be redone is logged and left: the volume stays as
-/// the crash left it, for the CO's retry (or an admin) to settle.
-fn replay(pool: &Pool, dir: BorrowedFd<'_>, records: &[Vec<u8>]) -> usize {
-    let mut last: BTreeMap<String, Record> = BTreeMap::new();
+/// Redoes the last record of every volume where the pool disagrees with it. Returns the records
+/// that could not be redone (logged): they are recorded again after the checkpoint, so a
+/// volume a crash lost is never given up for a passing error (a full filesystem, say).
+fn replay(pool: &Pool, dir: BorrowedFd<'_>, records: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let mut last: BTreeMap<String, (Record, &Vec<u8>)> = BTreeMap::new();
     for bytes in records {
         match serde_json::from_slice::<Record>(bytes) {
             Ok(record) => {
-                last.insert(record.id().to_owned(), record);
+                last.insert(record.id().to_owned(), (record, bytes));
             }
             Err(e) => tracing::warn!(pool = %pool.name, error = %e, "skipping an unreadable journal record"),
         }
     }
-    let mut redone = 0;
-    for (id, record) in last {
+    let mut carried = Vec::new();
+    for (id, (record, bytes)) in last {
         if let Err(e) = pool.check_volume_name(&id) {
             tracing::warn!(pool = %pool.name, volume_id = %id, error = %e, "skipping a journal record with an invalid volume id");
             continue;
         }
-        match redo(pool, dir, record) {
-            Ok(true) => redone += 1,
-            Ok(false) => {}
-            Err(e) => tracing::warn!(pool = %pool.name, volume_id = %id, error = %e, "cannot redo a journaled change"),
+        if let Err(e) = redo(pool, dir, record) {
+            tracing::warn!(pool = %pool.name, volume_id = %id, error = %e, "cannot redo a journaled change; kept for the next start");
+            carried.push(bytes.clone());
         }
     }
-    redone
+    carried
 }
 
-fn redo(pool: &Pool, dir: BorrowedFd<'_>, record: Record) -> Result<bool> {
+fn redo(pool: &Pool, dir: BorrowedFd<'_>, record: Record) -> Result<()> {
     match record {
         Record::Create {
             id,
             required,
             limit,
             tuning,
+            temp,
         } => {
-            if volumes::exists(pool, &id)? {
-                return Ok(false);
+            if DirIdentity::of(dir, &id)?.is_some() {
+                return Ok(());
             }
-            let requested = Requested { required, limit };
-            volumes::build(pool, dir, &id, None, requested)?;
-            let params = tuning.into_iter().collect();
-            let tuning = Tuning::parse(&params).map_err(|e| Error::InvalidArgument(e.to_string()))?;
-            crate::modify::apply(pool, &id, &tuning)?;
-            tracing::info!(pool = %pool.name, volume_id = %id, "recreated a volume whose creation a crash had lost");
-            Ok(true)
+            let kept = match &temp {
+                Some(temp) if temp.starts_with(volumes::TEMP_PREFIX) && !temp.contains('/') => {
+                    matches!(fsops::entry(dir, temp), Ok(fsops::Entry::Dir { .. }))
+                        && fsops::rename_noreplace(dir, temp, &id).is_ok()
+                }
+                _ => false,
+            };
+            if !kept {
+                volumes::build(pool, dir, &id, None, Requested { required, limit })?;
+                let params = tuning.into_iter().collect();
+                let tuning = Tuning::parse(&params).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                crate::modify::apply(pool, &id, &tuning)?;
+            }
+            tracing::info!(pool = %pool.name, volume_id = %id, from_temporary = kept, "recreated a volume whose creation a crash had lost");
+            Ok(())
         }
-        Record::Delete { id } => {
-            if !volumes::exists(pool, &id)? {
-                return Ok(false);
+        Record::Delete { id, was } => {
+            let Some(now) = DirIdentity::of(dir, &id)? else {
+                return Ok(());
+            };
+            if was != Some(now) {
+                // Made again since (a clone or restore under the same name): not the volume
+                // whose deletion was recorded.
+                return Ok(());
             }
             let mounts = hpp_fs::MountTableCache::default();
             volumes::retire(pool, dir, &id, &mounts)?;
-            pool.quota.remove(dir.as_fd(), &volumes::deleting_name(&id))?;
+            pool.quota.remove(dir, &volumes::deleting_name(&id))?;
             tracing::info!(pool = %pool.name, volume_id = %id, "deleted again a volume whose deletion a crash had lost");
-            Ok(true)
+            Ok(())
         }
     }
 }
@@ -224,14 +293,17 @@ mod tests {
             inode_limit: Some(1000),
             compression: None,
         };
-        let create = Record::create("pvc-1", Requested { required: 5, limit: 0 }, &tuning);
+        let create = Record::create("pvc-1", Requested { required: 5, limit: 0 }, &tuning, None);
         let bytes = serde_json::to_vec(&create).unwrap();
         assert_eq!(
             std::str::from_utf8(&bytes).unwrap(),
             r#"{"op":"create","id":"pvc-1","required":5,"limit":0,"tuning":{"inodeLimit":"1000"}}"#
         );
         assert_eq!(serde_json::from_slice::<Record>(&bytes).unwrap(), create);
-        let delete = Record::Delete { id: "pvc-1".into() };
+        let delete = Record::Delete {
+            id: "pvc-1".into(),
+            was: None,
+        };
         let bytes = serde_json::to_vec(&delete).unwrap();
         assert_eq!(std::str::from_utf8(&bytes).unwrap(), r#"{"op":"delete","id":"pvc-1"}"#);
     }

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::fsops::{self, Entry};
 use crate::mountinfo::MountTable;
 use crate::pool::Pool;
-use crate::volume_journal::{self, Record};
+use crate::volume_journal::{self, DirIdentity, Record};
 
 /// Mode of a new volume directory (one value for the driver and every quota backend).
 pub use hpp_fs::quota::VOLUME_MODE;
@@ -168,16 +168,16 @@ pub fn create_tuned(
     requested: Requested,
     tuning: &Tuning,
 ) -> Result<Created> {
-    // Before anything is looked at: the first use redoes what a crash lost.
-    let journal = pool.journal()?;
     let dir = pool.open()?;
-    let created = build(pool, dir.as_fd(), id, source, requested)?;
+    // Before anything is looked at: the first use redoes what a crash lost.
+    let journal = pool.journal_in(dir.as_fd())?;
+    let (created, temp) = build(pool, dir.as_fd(), id, source, requested)?;
     // Nothing is acknowledged before the sync that covers it, an existing volume included (a
     // retry after a crash between the rename and its sync); concurrent creates and deletes
     // share that sync (group commit).
     match (&journal, source) {
         (Some(journal), None) => {
-            volume_journal::append(pool, journal, dir.as_fd(), &Record::create(id, requested, tuning))
+            volume_journal::append(pool, journal, dir.as_fd(), &Record::create(id, requested, tuning, temp))
         }
         _ => pool.volume_commits().entries(dir.as_fd()),
     }
@@ -185,17 +185,18 @@ pub fn create_tuned(
     Ok(created)
 }
 
-/// Builds volume `id` in the pool directory `dir` under a temporary and renames it into place,
-/// or checks the existing one; makes nothing durable (the caller does).
+/// Builds volume `id` in the pool directory `dir` under a temporary and renames it into place
+/// (returning the temporary's name), or checks the existing one; makes nothing durable (the
+/// caller does).
 pub(crate) fn build(
     pool: &Pool,
     dir: BorrowedFd<'_>,
     id: &str,
     source: Option<&OwnedFd>,
     requested: Requested,
-) -> Result<Created> {
+) -> Result<(Created, Option<String>)> {
     match fsops::entry(dir, id).map_err(|e| Error::io(format!("stat volume {id}"), e))? {
-        Entry::Dir { .. } => return check_existing(pool, dir, id, requested),
+        Entry::Dir { .. } => return Ok((check_existing(pool, dir, id, requested)?, None)),
         Entry::Missing => {}
         Entry::Symlink | Entry::Other => {
             return Err(Error::AlreadyExists(format!(
@@ -252,10 +253,10 @@ pub(crate) fn build(
     }
     drop(tmp_fd);
     match fsops::rename_noreplace(dir, &tmp, id) {
-        Ok(()) => Ok(Created::New(stats)),
+        Ok(()) => Ok((Created::New(stats), Some(tmp))),
         Err(Errno::EXIST) | Err(Errno::NOTEMPTY) => {
             let _ = backend.remove(dir, &tmp);
-            Ok(Created::Existing)
+            Ok((Created::Existing, None))
         }
         Err(e) => {
             let _ = backend.remove(dir, &tmp);
@@ -269,12 +270,28 @@ pub(crate) fn build(
 /// Returns whether anything was deleted. The deletion is durable (journaled, or the directory
 /// synced) before its data is removed.
 pub fn delete(pool: &Pool, id: &str, mounts: &MountTableCache) -> Result<bool> {
-    let journal = pool.journal()?;
     let dir = pool.open()?;
+    let journal = match pool.journal_in(dir.as_fd()) {
+        Ok(journal) => journal,
+        // DeleteVolume asks every pool: one whose journal cannot be opened (a filesystem
+        // remounted read-only, say) must not fail the deletion of a volume it does not hold.
+        Err(e) => match fsops::entry(dir.as_fd(), id) {
+            Ok(Entry::Missing) => {
+                pool.volume_commits().entries(dir.as_fd())?;
+                return Ok(false);
+            }
+            _ => return Err(e),
+        },
+    };
+    let was = DirIdentity::of(dir.as_fd(), id)?;
     // Even when it was already gone: maybe by a rename a crash kept from being synced.
     let retired = retire(pool, dir.as_fd(), id, mounts)?;
     match &journal {
-        Some(journal) => volume_journal::append(pool, journal, dir.as_fd(), &Record::Delete { id: id.to_owned() })?,
+        Some(journal) => {
+            let was = if retired { was } else { None };
+            let record = Record::Delete { id: id.to_owned(), was };
+            volume_journal::append(pool, journal, dir.as_fd(), &record)?
+        }
         None => pool.volume_commits().entries(dir.as_fd())?,
     }
     if retired {

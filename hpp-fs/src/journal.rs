@@ -31,6 +31,8 @@ pub const DEFAULT_CAPACITY: u64 = 4 << 20;
 pub const RECORDS_START: u64 = 4096;
 /// Largest payload accepted; anything a caller needs to redo a change is far smaller.
 pub const MAX_PAYLOAD: usize = 16 << 10;
+/// Largest journal file read: a bigger file under the name is not one this code made.
+pub const MAX_CAPACITY: u64 = 64 << 20;
 /// Smallest journal file: the headers and room for the largest record.
 pub const MIN_CAPACITY: u64 = RECORDS_START + (RECORD_HEADER + MAX_PAYLOAD) as u64;
 
@@ -67,6 +69,10 @@ pub enum JournalError {
     /// The file is not a journal (no valid header).
     #[error("the file is not an hpp journal (no valid header)")]
     NotAJournal,
+    /// Appended to before [`Journal::checkpoint`] ran after [`Journal::open`]: a torn batch of
+    /// the last run may hide an older, valid record just past the write position.
+    #[error("the journal must be checkpointed after opening before it is appended to")]
+    NotCheckpointed,
     /// A record larger than [`MAX_PAYLOAD`].
     #[error("a journal record of {0} bytes is larger than the {MAX_PAYLOAD} allowed")]
     TooLarge(usize),
@@ -111,6 +117,8 @@ struct State {
     enqueued: u64,
     durable: u64,
     flushing: bool,
+    /// A checkpoint ran since the journal was opened: appending is allowed.
+    ready: bool,
     failed: Option<Errno>,
     flushes: u64,
     checkpoints: u64,
@@ -148,7 +156,7 @@ impl Journal {
             return Err(JournalError::NotAJournal);
         }
         let size = u64::try_from(stat.st_size).unwrap_or(0);
-        if size < MIN_CAPACITY {
+        if !(MIN_CAPACITY..=MAX_CAPACITY).contains(&size) {
             return Err(JournalError::NotAJournal);
         }
         let mut head = vec![0u8; RECORDS_START as usize];
@@ -157,6 +165,7 @@ impl Journal {
             .into_iter()
             .filter_map(|at| parse_header(&head[at..at + HEADER_LEN]))
             .max()
+            .filter(|epoch| *epoch < u64::MAX)
             .ok_or(JournalError::NotAJournal)?;
         let mut body = vec![0u8; (size - RECORDS_START) as usize];
         read_exact_at(file.as_fd(), &mut body, RECORDS_START)?;
@@ -173,6 +182,7 @@ impl Journal {
                 enqueued: 0,
                 durable: 0,
                 flushing: false,
+                ready: false,
                 failed: None,
                 flushes: 0,
                 checkpoints: 0,
@@ -189,9 +199,17 @@ impl Journal {
         if payload.len() > MAX_PAYLOAD || payload.is_empty() {
             return Err(JournalError::TooLarge(payload.len()));
         }
+        // The caller changed things through `dir`: its record must go to the journal there, not to
+        // one another filesystem mounted over the directory has hidden from it.
+        if !self.is_in(dir) {
+            return Err(JournalError::Replaced);
+        }
         let mut st = self.lock();
         if let Some(e) = st.failed {
             return Err(failure(e));
+        }
+        if !st.ready {
+            return Err(JournalError::NotCheckpointed);
         }
         st.enqueued += 1;
         let ticket = st.enqueued;
@@ -250,6 +268,7 @@ impl Journal {
         let result = match outcome {
             Ok(()) => {
                 st.checkpoints += 1;
+                st.ready = true;
                 (st.epoch, st.seq, st.offset) = (epoch + 1, 0, RECORDS_START);
                 Ok(())
             }
@@ -260,6 +279,18 @@ impl Journal {
         };
         self.flushed.notify_all();
         result
+    }
+
+    /// Whether the journal file under its name in `dir` is the one this journal opened (another
+    /// filesystem mounted over the directory, or a replaced file, make it another).
+    pub fn is_in(&self, dir: BorrowedFd<'_>) -> bool {
+        rustix::fs::statat(dir, self.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| (st.st_dev, st.st_ino) == self.identity)
+    }
+
+    /// The file's device and inode numbers.
+    pub fn identity(&self) -> (u64, u64) {
+        self.identity
     }
 
     /// Flushes and checkpoints so far.
@@ -490,27 +521,33 @@ mod tests {
         let (_t, d) = dir();
         let (j, old) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
         assert!(old.is_empty());
+        assert!(matches!(
+            j.append(d.as_fd(), b"early"),
+            Err(JournalError::NotCheckpointed)
+        ));
+        j.checkpoint(d.as_fd()).unwrap();
         for i in 0..5u8 {
             j.append(d.as_fd(), &[i; 10]).unwrap();
         }
         drop(j);
         let (j, old) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
         assert_eq!(old, (0..5u8).map(|i| vec![i; 10]).collect::<Vec<_>>());
-        // Appending after reopening continues the epoch instead of overwriting it.
-        j.append(d.as_fd(), b"six").unwrap();
+        // Reopening reads the same records again until a checkpoint retires them.
         drop(j);
         let (j, old) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
-        assert_eq!(old.len(), 6);
+        assert_eq!(old.len(), 5);
         j.checkpoint(d.as_fd()).unwrap();
+        j.append(d.as_fd(), b"six").unwrap();
         drop(j);
         let (_, old) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
-        assert!(old.is_empty(), "a checkpoint retires every earlier record");
+        assert_eq!(old, vec![b"six".to_vec()], "a checkpoint retires every earlier record");
     }
 
     #[test]
     fn a_full_file_checkpoints_and_keeps_only_what_follows() {
         let (_t, d) = dir();
         let (j, _) = Journal::open(d.as_fd(), "j", 24 << 10).unwrap();
+        j.checkpoint(d.as_fd()).unwrap();
         // 20 KiB of record space; 1,000-byte records: twenty fit, the rest go to new epochs.
         for i in 0..50u32 {
             j.append(d.as_fd(), &[(i % 251) as u8; 1000]).unwrap();
@@ -527,6 +564,7 @@ mod tests {
     fn a_torn_record_ends_the_journal_and_an_older_epoch_is_not_replayed() {
         let (t, d) = dir();
         let (j, _) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
+        j.checkpoint(d.as_fd()).unwrap();
         for i in 0..3u8 {
             j.append(d.as_fd(), &[i; 100]).unwrap();
         }
@@ -551,17 +589,19 @@ mod tests {
     fn a_torn_header_falls_back_to_the_other_slot() {
         let (t, d) = dir();
         let (j, _) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
-        j.append(d.as_fd(), b"epoch one").unwrap();
+        j.checkpoint(d.as_fd()).unwrap();
+        j.append(d.as_fd(), b"epoch two").unwrap();
         drop(j);
-        // A crash tore the checkpoint's header write (epoch 2, slot 0): epoch 1 still stands.
+        // A crash tore the next checkpoint's header write (epoch 3, slot 1): epoch 2 still stands.
         let path = t.path().join("j");
         let mut bytes = std::fs::read(&path).unwrap();
-        let mut torn = encode_header(2);
+        let mut torn = encode_header(3);
         torn[17] ^= 1;
-        bytes[..HEADER_LEN].copy_from_slice(&torn);
+        let at = slot(3) as usize;
+        bytes[at..at + HEADER_LEN].copy_from_slice(&torn);
         std::fs::write(&path, &bytes).unwrap();
         let (_, old) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
-        assert_eq!(old, vec![b"epoch one".to_vec()]);
+        assert_eq!(old, vec![b"epoch two".to_vec()]);
     }
 
     #[test]
@@ -583,12 +623,28 @@ mod tests {
         assert!(old.is_empty());
         std::fs::write(t.path().join("short"), b"HPPJRNL1").unwrap();
         assert!(Journal::open(d.as_fd(), "short", 64 << 10).is_err());
+        // The last epoch there is: no checkpoint could follow it.
+        let mut last = vec![0u8; 64 << 10];
+        last[..HEADER_LEN].copy_from_slice(&encode_header(u64::MAX));
+        std::fs::write(t.path().join("last"), &last).unwrap();
+        assert!(matches!(
+            Journal::open(d.as_fd(), "last", 64 << 10),
+            Err(JournalError::NotAJournal)
+        ));
+        // Larger than any journal: not read into memory.
+        let huge = std::fs::File::create(t.path().join("huge")).unwrap();
+        huge.set_len(MAX_CAPACITY + 1).unwrap();
+        assert!(matches!(
+            Journal::open(d.as_fd(), "huge", 64 << 10),
+            Err(JournalError::NotAJournal)
+        ));
     }
 
     #[test]
     fn concurrent_appends_share_flushes_and_all_survive() {
         let (_t, d) = dir();
         let (j, _) = Journal::open(d.as_fd(), "j", 1 << 20).unwrap();
+        j.checkpoint(d.as_fd()).unwrap();
         let (j, d) = (Arc::new(j), Arc::new(d));
         let start = Arc::new(Barrier::new(16));
         let threads: Vec<_> = (0..16u8)
@@ -654,6 +710,7 @@ mod tests {
     fn a_journal_replaced_behind_its_back_is_not_written() {
         let (t, d) = dir();
         let (j, _) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
+        j.checkpoint(d.as_fd()).unwrap();
         j.append(d.as_fd(), b"one").unwrap();
         // Another journal now stands under the name (as when a filesystem is mounted over the
         // pool): it is neither written nor taken for the first.
@@ -673,6 +730,7 @@ mod tests {
     fn oversized_and_empty_payloads_are_refused() {
         let (_t, d) = dir();
         let (j, _) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
+        j.checkpoint(d.as_fd()).unwrap();
         assert!(matches!(
             j.append(d.as_fd(), &vec![1; MAX_PAYLOAD + 1]),
             Err(JournalError::TooLarge(_))
