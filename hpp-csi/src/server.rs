@@ -427,6 +427,15 @@ impl BoundDriver {
             }
         };
         refresher.abort();
+        // A clean stop leaves no records to redo: a later start (or another driver in the
+        // meantime, KubeVirt's after a rollback) finds the pools as they are.
+        let state = driver.state.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            for pool in &state.pools {
+                pool.retire_journal();
+            }
+        })
+        .await;
         Ok(result?)
     }
 }

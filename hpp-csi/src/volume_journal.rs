@@ -173,6 +173,15 @@ impl VolumeJournal {
         Ok(Some(journal))
     }
 
+    /// Checkpoints the journal if it is open and still the one in `dir`.
+    pub fn checkpoint_open(&self, dir: BorrowedFd<'_>) -> Result<()> {
+        let slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*slot {
+            Slot::Open(journal) if journal.is_in(dir) => journal.checkpoint(dir).map_err(journal_error),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether the journal is open (and so in use).
     pub fn is_open(&self) -> bool {
         matches!(*self.slot.lock().unwrap_or_else(PoisonError::into_inner), Slot::Open(_))

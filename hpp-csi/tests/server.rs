@@ -442,3 +442,29 @@ async fn a_stale_probe_refreshes_the_gauges_when_nothing_watches() {
     // Fails unless the probe's measurement refreshes the gauges.
     wait_for_text(|| text(&registry), "hpp_pool_usable{pool=\"legacy\"} 1").await;
 }
+
+/// A clean stop checkpoints every pool's volume journal: nothing is left for a later start (or
+/// for KubeVirt's driver after a rollback) to redo, and the gauge said the journal was in use.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clean_stop_leaves_the_volume_journal_empty() {
+    let mut h = Harness::start().await;
+    h.create("pvc-j").await;
+    h.wait_for_metric("hpp_pool_journal{pool=\"legacy\"} 1").await;
+    let pool = h.pool_path();
+    // Keep the pool after the harness is gone.
+    let _kept = std::mem::replace(&mut h.dir, tempfile::tempdir().unwrap());
+    h.stop().await;
+    let dir = rustix::fs::open(
+        &pool,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+        rustix::fs::Mode::empty(),
+    )
+    .unwrap();
+    let (_, records) = hpp_fs::journal::Journal::open(
+        std::os::fd::AsFd::as_fd(&dir),
+        hpp_csi::volume_journal::JOURNAL_NAME,
+        1 << 20,
+    )
+    .unwrap();
+    assert!(records.is_empty(), "{} records left", records.len());
+}
