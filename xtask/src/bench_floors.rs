@@ -147,6 +147,7 @@ pub fn measure(
         ".journal",
         hpp_fs::journal::DEFAULT_CAPACITY,
     )?;
+    journal.checkpoint(std::os::fd::AsFd::as_fd(&*parent))?;
     let (fd, journal) = (parent.clone(), Arc::new(journal));
     let journaled = run_threads(n, conc, move |i| {
         let name = format!("j{i}");
