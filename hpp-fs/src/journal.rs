@@ -433,13 +433,18 @@ fn parse_header(h: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(body[8..16].try_into().ok()?))
 }
 
-fn encode_record(buf: &mut Vec<u8>, epoch: u64, seq: u64, payload: &[u8]) {
+/// The checksum a record carries: over its epoch, sequence number and payload.
+fn record_crc(epoch: u64, seq: u64, payload: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
     h.update(&epoch.to_le_bytes());
     h.update(&seq.to_le_bytes());
     h.update(payload);
+    h.finalize()
+}
+
+fn encode_record(buf: &mut Vec<u8>, epoch: u64, seq: u64, payload: &[u8]) {
     buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    buf.extend_from_slice(&h.finalize().to_le_bytes());
+    buf.extend_from_slice(&record_crc(epoch, seq, payload).to_le_bytes());
     buf.extend_from_slice(&epoch.to_le_bytes());
     buf.extend_from_slice(&seq.to_le_bytes());
     buf.extend_from_slice(payload);
@@ -459,11 +464,7 @@ fn parse_records(body: &[u8], epoch: u64) -> (Vec<Vec<u8>>, usize, u64) {
         let Some(payload) = body.get(at + RECORD_HEADER..at + RECORD_HEADER + len) else {
             break;
         };
-        let mut h = crc32fast::Hasher::new();
-        h.update(&rec_epoch.to_le_bytes());
-        h.update(&rec_seq.to_le_bytes());
-        h.update(payload);
-        if h.finalize() != crc {
+        if record_crc(rec_epoch, rec_seq, payload) != crc {
             break;
         }
         out.push(payload.to_vec());
