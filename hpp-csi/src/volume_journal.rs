@@ -266,8 +266,7 @@ fn redo(pool: &Pool, dir: BorrowedFd<'_>, record: Record) -> Result<()> {
             };
             if !kept {
                 volumes::build(pool, dir, &id, None, Requested { required, limit })?;
-                let params = tuning.into_iter().collect();
-                let tuning = Tuning::parse(&params).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+                let tuning = crate::modify::parse(pool, &tuning.into_iter().collect())?;
                 crate::modify::apply(pool, &id, &tuning)?;
             }
             tracing::info!(pool = %pool.name, volume_id = %id, from_temporary = kept, "recreated a volume whose creation a crash had lost");
