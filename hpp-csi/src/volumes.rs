@@ -283,7 +283,11 @@ pub fn delete(pool: &Pool, id: &str, mounts: &MountTableCache) -> Result<bool> {
             _ => return Err(e),
         },
     };
-    let was = DirIdentity::of(dir.as_fd(), id)?;
+    // Which directory is deleted: only a journal record needs it.
+    let was = match &journal {
+        Some(_) => DirIdentity::of(dir.as_fd(), id)?,
+        None => None,
+    };
     // Even when it was already gone: maybe by a rename a crash kept from being synced.
     let retired = retire(pool, dir.as_fd(), id, mounts)?;
     match &journal {
