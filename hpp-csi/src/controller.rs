@@ -1,7 +1,7 @@
 //! The CSI Controller service: volumes (create, clone, restore, delete, list, get, validate,
 //! expand, modify), capacity and reflink snapshots.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use hpp_api::constants::TOPOLOGY_KEY;
@@ -39,11 +39,22 @@ fn record(field: &str, value: &str) {
 }
 
 pub(crate) fn require_usable(pool: &Pool) -> Result<PoolHealth> {
-    let h = pool.measure();
-    match &h.reason {
-        Some(reason) if pool.require_mount_point && !h.mount_point => Err(Error::FailedPrecondition(reason.clone())),
-        Some(reason) => Err(Error::Unavailable(reason.clone())),
-        None => Ok(h),
+    open_usable(pool).map(|(h, _)| h)
+}
+
+/// [`require_usable`], with the pool directory it opened (mount guard passed) to work in.
+pub(crate) fn open_usable(pool: &Pool) -> Result<(PoolHealth, OwnedFd)> {
+    match pool.measure_open() {
+        (h, Some(dir)) if h.reason.is_none() => Ok((h, dir)),
+        (h, _) => {
+            let reason = h
+                .reason
+                .unwrap_or_else(|| format!("storage pool {} is not usable", pool.name));
+            match pool.require_mount_point && !h.mount_point {
+                true => Err(Error::FailedPrecondition(reason)),
+                false => Err(Error::Unavailable(reason)),
+            }
+        }
     }
 }
 
@@ -247,11 +258,11 @@ impl ControllerService {
             // Looked up here, not on the async worker: a pool on a hung filesystem must stall
             // only this request.
             let source = source.map(|s| s.locate(&state, &p)).transpose()?;
-            let health = require_usable(&p)?;
+            let (health, dir) = open_usable(&p)?;
             let size = enforced.unwrap_or(required);
             // A retry of an existing volume is judged by its record (AlreadyExists when it does
             // not satisfy the request), not by the pool's size or the budget.
-            let exists = volumes::exists(&p, &n)?;
+            let exists = volumes::exists_in(dir.as_fd(), &n)?;
             if !exists {
                 if let Some(other) = held_elsewhere(&state, &n, &p) {
                     return Err(Error::AlreadyExists(format!(
@@ -276,13 +287,13 @@ impl ControllerService {
                 None => None,
             };
             let requested = volumes::Requested { required: size, limit };
-            let created = volumes::create_tuned(&p, &n, src_fd.as_ref(), requested, &tuning)?;
+            let created = volumes::create_tuned(&p, dir.as_fd(), &n, src_fd.as_ref(), requested, &tuning)?;
             // From here on the volume exists: a failure is for a retry to finish.
             let recorded = (|| {
                 // The class's settings, applied again on a retry (tuning is idempotent).
                 modify::apply(&p, &n, &tuning)?;
                 match enforced {
-                    Some(_) => volumes::recorded_capacity(p.open()?.as_fd(), &n),
+                    Some(_) => volumes::recorded_capacity(dir.as_fd(), &n),
                     None => Ok(None),
                 }
             })()

@@ -293,6 +293,15 @@ impl Pool {
         self.health_with(|| fsops::listed_as_mount_point(&self.path))
     }
 
+    /// [`measure`](Self::measure), also returning the directory it opened when the pool is
+    /// usable: it passed the mount guard [`open`](Self::open) applies, so a request can work
+    /// through it instead of opening the pool again.
+    pub fn measure_open(&self) -> (PoolHealth, Option<OwnedFd>) {
+        let (h, dir) = self.measure_now(|| fsops::listed_as_mount_point(&self.path));
+        self.remember(&h);
+        (h, dir)
+    }
+
     /// The last measurement if it is at most `max_age` old. Every measurement is kept, the
     /// background one after each mount-table change included, so a pool that breaks is seen
     /// within `max_age` or at once after an unmount.
@@ -304,18 +313,23 @@ impl Pool {
     }
 
     fn health_with(&self, in_mount_table: impl FnOnce() -> bool) -> PoolHealth {
-        let h = self.measure_now(in_mount_table);
-        *self.last_measured.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), h.clone()));
+        let (h, _) = self.measure_now(in_mount_table);
+        self.remember(&h);
         h
     }
 
-    fn measure_now(&self, in_mount_table: impl FnOnce() -> bool) -> PoolHealth {
+    fn remember(&self, h: &PoolHealth) {
+        *self.last_measured.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), h.clone()));
+    }
+
+    /// The pool's health, and its directory when usable.
+    fn measure_now(&self, in_mount_table: impl FnOnce() -> bool) -> (PoolHealth, Option<OwnedFd>) {
         let mut h = PoolHealth::default();
         let dir = match self.open_unguarded() {
             Ok(d) => d,
             Err(e) => {
                 h.reason = Some(e.to_string());
-                return h;
+                return (h, None);
             }
         };
         h.mount_point = fsops::fd_is_mount_root(dir.as_fd()).unwrap_or_else(in_mount_table);
@@ -326,7 +340,7 @@ impl Pool {
                 self.name,
                 self.path.display()
             ));
-            return h;
+            return (h, None);
         }
         match rustix::fs::fstatvfs(dir.as_fd()) {
             Ok(st) => {
@@ -335,10 +349,13 @@ impl Pool {
                 h.total_inodes = st.f_files;
                 h.free_inodes = st.f_favail;
                 h.usable = true;
+                (h, Some(dir))
             }
-            Err(e) => h.reason = Some(format!("statvfs of storage pool {}: {e}", self.name)),
+            Err(e) => {
+                h.reason = Some(format!("statvfs of storage pool {}: {e}", self.name));
+                (h, None)
+            }
         }
-        h
     }
 
     /// Whether the pool lives on the same device as `os_path` (the root disk).

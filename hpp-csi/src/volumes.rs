@@ -156,30 +156,31 @@ pub enum Created {
 /// Returns once the volume is durable: through the pool's journal for an empty volume, else a
 /// directory sync.
 pub fn create(pool: &Pool, id: &str, source: Option<&OwnedFd>, requested: Requested) -> Result<Created> {
-    create_tuned(pool, id, source, requested, &Tuning::default())
+    create_tuned(pool, pool.open()?.as_fd(), id, source, requested, &Tuning::default())
 }
 
 /// [`create`] for a volume the caller then applies `tuning` to: the journal record carries it,
-/// so a volume a crash lost comes back with its class's settings.
+/// so a volume a crash lost comes back with its class's settings. `dir` is the pool directory,
+/// opened by [`Pool::open`] (or measured usable by [`Pool::measure_open`]).
 pub fn create_tuned(
     pool: &Pool,
+    dir: BorrowedFd<'_>,
     id: &str,
     source: Option<&OwnedFd>,
     requested: Requested,
     tuning: &Tuning,
 ) -> Result<Created> {
-    let dir = pool.open()?;
     // Before anything is looked at: the first use redoes what a crash lost.
-    let journal = pool.journal_in(dir.as_fd())?;
-    let (created, temp) = build(pool, dir.as_fd(), id, source, requested)?;
+    let journal = pool.journal_in(dir)?;
+    let (created, temp) = build(pool, dir, id, source, requested)?;
     // Nothing is acknowledged before the sync that covers it, an existing volume included (a
     // retry after a crash between the rename and its sync); concurrent creates and deletes
     // share that sync (group commit).
     match (&journal, source) {
         (Some(journal), None) => {
-            volume_journal::append(pool, journal, dir.as_fd(), &Record::create(id, requested, tuning, temp))
+            volume_journal::append(pool, journal, dir, &Record::create(id, requested, tuning, temp))
         }
-        _ => pool.volume_commits().entries(dir.as_fd()),
+        _ => pool.volume_commits().entries(dir),
     }
     .map_err(Error::after_visible)?;
     Ok(created)
@@ -394,9 +395,13 @@ pub fn open(pool: &Pool, id: &str) -> Result<OwnedFd> {
 /// not applied, so an unmounted guarded pool's volume is reported with an abnormal condition
 /// rather than as missing); serving it goes through the guard.
 pub fn exists(pool: &Pool, id: &str) -> Result<bool> {
-    let dir = pool.open_unguarded()?;
+    exists_in(pool.open_unguarded()?.as_fd(), id)
+}
+
+/// [`exists`] in the pool directory `dir`, already open.
+pub fn exists_in(dir: BorrowedFd<'_>, id: &str) -> Result<bool> {
     Ok(matches!(
-        fsops::entry(dir.as_fd(), id).map_err(|e| Error::io(format!("stat volume {id}"), e))?,
+        fsops::entry(dir, id).map_err(|e| Error::io(format!("stat volume {id}"), e))?,
         Entry::Dir { .. }
     ))
 }

@@ -8,7 +8,11 @@
 //!
 //! The caller makes its change first (in the page cache), then [`Journal::append`]s a record
 //! that is enough to redo it, and acknowledges only after `append` returns. Concurrent appends
-//! share one write and one `fdatasync` (group commit). After a crash the records that survived
+//! share one write and one `fdatasync` (group commit): an append that finds no flush running
+//! flushes itself; one that finds a flush running queues its record, and when that flush ends
+//! with records queued, they go to the journal's flusher thread, which keeps flushing while
+//! records keep coming, so under load the device never waits for a sleeping thread to wake up
+//! and take the next batch. After a crash the records that survived
 //! ([`Journal::open`]) are redone by the caller, who then calls [`Journal::checkpoint`]. When
 //! the file is full, a checkpoint runs `syncfs` (every change recorded so far is then on disk
 //! by ordinary means) and starts a new epoch at the front of the file.
@@ -20,7 +24,7 @@
 //! current epoch: a torn write, a stale record of an older epoch, or zeros.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
@@ -40,6 +44,8 @@ const MAGIC: &[u8; 8] = b"HPPJRNL1";
 const HEADER_SLOT: u64 = 512;
 const HEADER_LEN: usize = 20;
 const RECORD_HEADER: usize = 24;
+/// The flusher thread's stack: it only encodes records and makes system calls.
+const FLUSHER_STACK: usize = 64 << 10;
 
 /// What can go wrong with a journal.
 #[derive(Debug, thiserror::Error)]
@@ -90,18 +96,26 @@ fn io(op: &'static str) -> impl FnOnce(Errno) -> JournalError {
     move |e| JournalError::Io { op, source: e.into() }
 }
 
-/// A journal, ready for appending. No descriptor is held between flushes: each flush opens
-/// the file through the caller's directory descriptor and checks it is still the same file, so
-/// the journal never keeps its filesystem from being unmounted, and never writes to a file that
-/// a mount over the directory has hidden.
+/// A journal, ready for appending. No descriptor is held while the journal is idle: each flush
+/// opens the file through a caller's directory descriptor and checks it is still the same file,
+/// so the journal never keeps its filesystem from being unmounted, and never writes to a file
+/// that a mount over the directory has hidden.
 #[derive(Debug)]
 pub struct Journal {
+    shared: Arc<Shared>,
+}
+
+/// What the appending callers and the flusher thread share.
+#[derive(Debug)]
+struct Shared {
     name: String,
     /// Device and inode of the file.
     identity: (u64, u64),
     capacity: u64,
     state: Mutex<State>,
     flushed: Condvar,
+    /// Wakes the flusher thread: a batch was handed to it, or the journal was dropped.
+    handed_off: Condvar,
 }
 
 #[derive(Debug)]
@@ -122,6 +136,21 @@ struct State {
     failed: Option<Errno>,
     flushes: u64,
     checkpoints: u64,
+    handoffs: u64,
+    flusher: Flusher,
+    /// The directory the flusher flushes through: a duplicate of the descriptor of the caller
+    /// who handed it the queue, dropped as soon as the queue runs dry.
+    handoff_dir: Option<OwnedFd>,
+    dropped: bool,
+}
+
+/// The flusher thread, started at the first hand-off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flusher {
+    NotStarted,
+    Running,
+    /// It could not be started: callers take turns flushing instead.
+    Unavailable,
 }
 
 /// Counters for metrics and tests.
@@ -131,6 +160,8 @@ pub struct JournalStats {
     pub flushes: u64,
     /// Checkpoints (each a `syncfs` and a new epoch).
     pub checkpoints: u64,
+    /// Times a flush ended with records queued and handed them to the flusher thread.
+    pub handoffs: u64,
 }
 
 impl Journal {
@@ -170,7 +201,7 @@ impl Journal {
         let mut body = vec![0u8; (size - RECORDS_START) as usize];
         read_exact_at(file.as_fd(), &mut body, RECORDS_START)?;
         let (records, used, seq) = parse_records(&body, epoch);
-        let journal = Journal {
+        let shared = Shared {
             name: name.to_owned(),
             identity: (stat.st_dev, stat.st_ino),
             capacity: size,
@@ -186,10 +217,20 @@ impl Journal {
                 failed: None,
                 flushes: 0,
                 checkpoints: 0,
+                handoffs: 0,
+                flusher: Flusher::NotStarted,
+                handoff_dir: None,
+                dropped: false,
             }),
             flushed: Condvar::new(),
+            handed_off: Condvar::new(),
         };
-        Ok((journal, records))
+        Ok((
+            Journal {
+                shared: Arc::new(shared),
+            },
+            records,
+        ))
     }
 
     /// Returns once `payload` is durable in the journal, found in `dir` (the directory it was
@@ -204,7 +245,8 @@ impl Journal {
         if !self.is_in(dir) {
             return Err(JournalError::Replaced);
         }
-        let mut st = self.lock();
+        let shared = &*self.shared;
+        let mut st = shared.lock();
         if let Some(e) = st.failed {
             return Err(failure(e));
         }
@@ -223,38 +265,54 @@ impl Journal {
             }
             if !st.flushing {
                 st.flushing = true;
-                let batch = std::mem::take(&mut st.queue);
-                let last = st.enqueued;
-                let (epoch, seq, offset) = (st.epoch, st.seq, st.offset);
-                drop(st);
-                let outcome = self
-                    .file_in(dir)
-                    .and_then(|file| self.write_batch(file.as_fd(), &batch, epoch, seq, offset));
-                st = self.lock();
-                st.flushing = false;
-                match outcome {
-                    Ok(done) => {
-                        st.flushes += 1;
-                        st.checkpoints += done.checkpoints;
-                        (st.epoch, st.seq, st.offset) = (done.epoch, done.seq, done.offset);
-                        st.durable = last;
-                    }
-                    Err(e) => st.failed = Some(e),
+                st = shared.flush_queue(st, dir);
+                // Records queued while this flush ran are the flusher's to write; this caller's
+                // own record is durable (or failed), so it answers without waiting for them.
+                if st.queue.is_empty() || st.failed.is_some() || !self.hand_off(&mut st, dir) {
+                    st.flushing = false;
                 }
-                self.flushed.notify_all();
+                shared.flushed.notify_all();
                 continue;
             }
-            st = self.flushed.wait(st).unwrap_or_else(PoisonError::into_inner);
+            st = shared.flushed.wait(st).unwrap_or_else(PoisonError::into_inner);
         }
+    }
+
+    /// Gives the queued records to the flusher thread (started on first use), with a duplicate
+    /// of `dir` to flush through. False when the thread or the duplicate cannot be had: the
+    /// queued callers then take turns, as they would without the thread.
+    fn hand_off(&self, st: &mut State, dir: BorrowedFd<'_>) -> bool {
+        if st.flusher == Flusher::NotStarted {
+            let shared = self.shared.clone();
+            let started = std::thread::Builder::new()
+                .name("hpp-journal".to_owned())
+                .stack_size(FLUSHER_STACK)
+                .spawn(move || shared.run_flusher());
+            st.flusher = match started {
+                Ok(_) => Flusher::Running,
+                Err(_) => Flusher::Unavailable,
+            };
+        }
+        if st.flusher != Flusher::Running {
+            return false;
+        }
+        let Ok(dup) = rustix::io::fcntl_dupfd_cloexec(dir, 0) else {
+            return false;
+        };
+        st.handoff_dir = Some(dup);
+        st.handoffs += 1;
+        self.shared.handed_off.notify_one();
+        true
     }
 
     /// Makes every change on the journal's filesystem durable (`syncfs`) and starts a new epoch,
     /// so the records so far are no longer needed. Call after redoing what [`open`](Self::open)
     /// returned.
     pub fn checkpoint(&self, dir: BorrowedFd<'_>) -> Result<(), JournalError> {
-        let mut st = self.lock();
+        let shared = &*self.shared;
+        let mut st = shared.lock();
         while st.flushing {
-            st = self.flushed.wait(st).unwrap_or_else(PoisonError::into_inner);
+            st = shared.flushed.wait(st).unwrap_or_else(PoisonError::into_inner);
         }
         if let Some(e) = st.failed {
             return Err(failure(e));
@@ -262,8 +320,10 @@ impl Journal {
         st.flushing = true;
         let epoch = st.epoch;
         drop(st);
-        let outcome = self.file_in(dir).and_then(|file| start_epoch(file.as_fd(), epoch + 1));
-        let mut st = self.lock();
+        let outcome = shared
+            .file_in(dir)
+            .and_then(|file| start_epoch(file.as_fd(), epoch + 1));
+        let mut st = shared.lock();
         st.flushing = false;
         let result = match outcome {
             Ok(()) => {
@@ -277,29 +337,95 @@ impl Journal {
                 Err(failure(e))
             }
         };
-        self.flushed.notify_all();
+        shared.flushed.notify_all();
         result
     }
 
     /// Whether the journal file under its name in `dir` is the one this journal opened (another
     /// filesystem mounted over the directory, or a replaced file, make it another).
     pub fn is_in(&self, dir: BorrowedFd<'_>) -> bool {
-        rustix::fs::statat(dir, self.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
-            .is_ok_and(|st| (st.st_dev, st.st_ino) == self.identity)
+        rustix::fs::statat(dir, self.shared.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| (st.st_dev, st.st_ino) == self.shared.identity)
     }
 
     /// The file's device and inode numbers.
     pub fn identity(&self) -> (u64, u64) {
-        self.identity
+        self.shared.identity
     }
 
-    /// Flushes and checkpoints so far.
+    /// Flushes, checkpoints and hand-offs so far.
     pub fn stats(&self) -> JournalStats {
-        let st = self.lock();
+        let st = self.shared.lock();
         JournalStats {
             flushes: st.flushes,
             checkpoints: st.checkpoints,
+            handoffs: st.handoffs,
         }
+    }
+}
+
+impl Drop for Journal {
+    /// Lets the flusher thread end. It holds nothing then: a journal is dropped only when no
+    /// append is waiting, and the flusher gives its directory back when the queue runs dry.
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        st.dropped = true;
+        drop(st);
+        self.shared.handed_off.notify_all();
+    }
+}
+
+impl Shared {
+    /// The flusher thread: flushes what is handed to it, and goes on while records keep
+    /// coming, until the queue is empty.
+    fn run_flusher(&self) {
+        let mut st = self.lock();
+        loop {
+            if st.dropped {
+                return;
+            }
+            let Some(dir) = st.handoff_dir.take() else {
+                st = self.handed_off.wait(st).unwrap_or_else(PoisonError::into_inner);
+                continue;
+            };
+            // `flushing` stays set from the hand-off on, so no caller starts a flush meanwhile.
+            loop {
+                st = self.flush_queue(st, dir.as_fd());
+                if st.queue.is_empty() || st.failed.is_some() {
+                    break;
+                }
+                self.flushed.notify_all();
+            }
+            st.flushing = false;
+            self.flushed.notify_all();
+            drop(st);
+            drop(dir);
+            st = self.lock();
+        }
+    }
+
+    /// Writes and flushes every queued record through `dir`, with the lock released meanwhile;
+    /// the caller set `flushing`. Returns with the lock held and the outcome recorded, but
+    /// waiters not yet woken.
+    fn flush_queue<'a>(&'a self, mut st: MutexGuard<'a, State>, dir: BorrowedFd<'_>) -> MutexGuard<'a, State> {
+        let batch = std::mem::take(&mut st.queue);
+        let last = st.enqueued;
+        let (epoch, seq, offset) = (st.epoch, st.seq, st.offset);
+        drop(st);
+        let outcome = self
+            .file_in(dir)
+            .and_then(|file| self.write_batch(file.as_fd(), &batch, epoch, seq, offset));
+        let mut st = self.lock();
+        match outcome {
+            Ok(done) => {
+                st.flushes += 1;
+                st.checkpoints += done.checkpoints;
+                (st.epoch, st.seq, st.offset) = (done.epoch, done.seq, done.offset);
+                st.durable = last;
+            }
+            Err(e) => st.failed = Some(e),
+        }
+        st
     }
 
     /// Writes `batch` from `offset` on, checkpointing whenever the next record does not fit,
@@ -670,6 +796,37 @@ mod tests {
         seen.sort_unstable();
         let want: Vec<_> = (0..16u8).flat_map(|t| (0..20u8).map(move |i| (t, i))).collect();
         assert_eq!(seen, want);
+    }
+
+    #[test]
+    fn records_handed_to_the_flusher_thread_become_durable_and_the_thread_ends_with_the_journal() {
+        let (_t, d) = dir();
+        let (j, _) = Journal::open(d.as_fd(), "j", 1 << 20).unwrap();
+        j.checkpoint(d.as_fd()).unwrap();
+        {
+            // What a flush that ends with two records queued leaves behind.
+            let mut st = j.shared.lock();
+            st.queue.extend([b"one".to_vec(), b"two".to_vec()]);
+            st.enqueued += 2;
+            st.flushing = true;
+            assert!(j.hand_off(&mut st, d.as_fd()));
+        }
+        // Queues behind the flusher (or leads, if it is already done) and returns once covered.
+        j.append(d.as_fd(), b"three").unwrap();
+        let stats = j.stats();
+        assert_eq!(stats.handoffs, 1);
+        assert!(stats.flushes >= 1, "{stats:?}");
+        let shared = Arc::downgrade(&j.shared);
+        drop(j);
+        for _ in 0..1000 {
+            if shared.strong_count() == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(shared.strong_count(), 0, "the flusher thread outlived its journal");
+        let (_, old) = Journal::open(d.as_fd(), "j", 1 << 20).unwrap();
+        assert_eq!(old, [b"one".to_vec(), b"two".to_vec(), b"three".to_vec()]);
     }
 
     #[test]
