@@ -254,7 +254,8 @@ impl ControllerService {
         let shared_key: Vec<String> = source.iter().map(SourceRef::shared_key).collect();
         let guard = self.state.inflight.acquire(&[volume_key(&name)], &shared_key)?;
         let (p, n, state) = (pool.clone(), name.clone(), self.state.clone());
-        let (health, created, recorded) = blocking_locked(guard, move || {
+        let (health, created, recorded, durable, guard) = blocking(move || {
+            let guard = guard;
             // Looked up here, not on the async worker: a pool on a hung filesystem must stall
             // only this request.
             let source = source.map(|s| s.locate(&state, &p)).transpose()?;
@@ -287,7 +288,8 @@ impl ControllerService {
                 None => None,
             };
             let requested = volumes::Requested { required: size, limit };
-            let created = volumes::create_tuned(&p, dir.as_fd(), &n, src_fd.as_ref(), requested, &tuning)?;
+            let (created, durable) =
+                volumes::create_deferred(&p, dir.as_fd(), &n, src_fd.as_ref(), requested, &tuning)?;
             // From here on the volume exists: a failure is for a retry to finish.
             let recorded = (|| {
                 // The class's settings, applied again on a retry (tuning is idempotent).
@@ -301,9 +303,15 @@ impl ControllerService {
             if let Some(promised) = promised {
                 promised.settle(&p, Some(recorded.unwrap_or(0)));
             }
-            Ok((health, created, recorded))
+            Ok((health, created, recorded, durable, guard))
         })
         .await?;
+        // The flush is awaited here, not on a blocking thread; the volume stays locked until it
+        // is durable, so a concurrent request for it waits for the same outcome.
+        if let Some(durable) = durable {
+            durable.durable().await.map_err(Error::after_visible)?;
+        }
+        drop(guard);
         match created {
             Created::New(stats) => {
                 tracing::info!(volume_id = %name, pool = %pool.name, files = stats.files, reflinked = stats.reflinked, "volume created")

@@ -163,7 +163,7 @@ impl Pool {
         self.journal.get(self, dir)
     }
 
-    pub(crate) fn journal_state(&self) -> &VolumeJournal {
+    pub(crate) fn journal_state(&self) -> &Arc<VolumeJournal> {
         &self.journal
     }
 

@@ -209,6 +209,45 @@ pub fn append(pool: &Pool, journal: &Journal, dir: BorrowedFd<'_>, record: &Reco
     })
 }
 
+/// [`append`] without holding the thread: the record is queued, and the returned [`Deferred`]
+/// resolves once it is durable. For async callers, so a request waiting for its flush holds no
+/// blocking thread and is woken straight from the flush.
+pub fn append_deferred(pool: &Pool, journal: &Journal, dir: BorrowedFd<'_>, record: &Record) -> Result<Deferred> {
+    let bytes = serde_json::to_vec(record).map_err(|e| Error::Internal(format!("encoding a journal record: {e}")))?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let state = pool.journal_state().clone();
+    let done = Box::new(move |outcome: std::result::Result<(), JournalError>| {
+        let _ = tx.send(outcome.map_err(|e| {
+            if matches!(e, JournalError::Failed(_) | JournalError::Replaced) {
+                state.forget();
+            }
+            journal_error(e)
+        }));
+    });
+    journal.append_then(dir, &bytes, done).map_err(|e| {
+        if matches!(e, JournalError::Failed(_) | JournalError::Replaced) {
+            pool.journal_state().forget();
+        }
+        journal_error(e)
+    })?;
+    Ok(Deferred(rx))
+}
+
+/// A journal record on its way to disk ([`append_deferred`]).
+#[derive(Debug)]
+pub struct Deferred(tokio::sync::oneshot::Receiver<Result<()>>);
+
+impl Deferred {
+    /// Waits until the record is durable.
+    pub async fn durable(self) -> Result<()> {
+        self.0.await.unwrap_or_else(|_| {
+            Err(Error::Unavailable(
+                "the pool's volume journal stopped before flushing the record".to_owned(),
+            ))
+        })
+    }
+}
+
 fn journal_error(e: JournalError) -> Error {
     match e {
         JournalError::Io { source, .. } => Error::io("the pool's volume journal", source),

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::fsops::{self, Entry};
 use crate::mountinfo::MountTable;
 use crate::pool::Pool;
-use crate::volume_journal::{self, DirIdentity, Record};
+use crate::volume_journal::{self, Deferred, DirIdentity, Record};
 
 /// Mode of a new volume directory (one value for the driver and every quota backend).
 pub use hpp_fs::quota::VOLUME_MODE;
@@ -170,20 +170,50 @@ pub fn create_tuned(
     requested: Requested,
     tuning: &Tuning,
 ) -> Result<Created> {
+    let (created, _) = create_in(pool, dir, id, source, requested, tuning, false)?;
+    Ok(created)
+}
+
+/// [`create_tuned`] for an async caller: when the volume is made durable through the journal,
+/// returns without waiting for the flush, with the [`Deferred`] to await before acknowledging.
+pub fn create_deferred(
+    pool: &Pool,
+    dir: BorrowedFd<'_>,
+    id: &str,
+    source: Option<&OwnedFd>,
+    requested: Requested,
+    tuning: &Tuning,
+) -> Result<(Created, Option<Deferred>)> {
+    create_in(pool, dir, id, source, requested, tuning, true)
+}
+
+fn create_in(
+    pool: &Pool,
+    dir: BorrowedFd<'_>,
+    id: &str,
+    source: Option<&OwnedFd>,
+    requested: Requested,
+    tuning: &Tuning,
+    defer: bool,
+) -> Result<(Created, Option<Deferred>)> {
     // Before anything is looked at: the first use redoes what a crash lost.
     let journal = pool.journal_in(dir)?;
     let (created, temp) = build(pool, dir, id, source, requested)?;
     // Nothing is acknowledged before the sync that covers it, an existing volume included (a
     // retry after a crash between the rename and its sync); concurrent creates and deletes
     // share that sync (group commit).
-    match (&journal, source) {
+    let deferred = match (&journal, source) {
         (Some(journal), None) => {
-            volume_journal::append(pool, journal, dir, &Record::create(id, requested, tuning, temp))
+            let record = Record::create(id, requested, tuning, temp);
+            match defer {
+                true => volume_journal::append_deferred(pool, journal, dir, &record).map(Some),
+                false => volume_journal::append(pool, journal, dir, &record).map(|()| None),
+            }
         }
-        _ => pool.volume_commits().entries(dir),
+        _ => pool.volume_commits().entries(dir).map(|()| None),
     }
     .map_err(Error::after_visible)?;
-    Ok(created)
+    Ok((created, deferred))
 }
 
 /// Builds volume `id` in the pool directory `dir` under a temporary and renames it into place

@@ -118,7 +118,6 @@ struct Shared {
     handed_off: Condvar,
 }
 
-#[derive(Debug)]
 struct State {
     epoch: u64,
     /// Sequence number of the last record written in this epoch.
@@ -127,6 +126,8 @@ struct State {
     offset: u64,
     /// Payloads waiting for the next flush.
     queue: Vec<Vec<u8>>,
+    /// Callbacks of queued [`Journal::append_then`] records, called once their flush is done.
+    callbacks: Vec<Durable>,
     /// Tickets handed out (one per append) and the last one made durable.
     enqueued: u64,
     durable: u64,
@@ -143,6 +144,24 @@ struct State {
     handoff_dir: Option<OwnedFd>,
     dropped: bool,
 }
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("epoch", &self.epoch)
+            .field("seq", &self.seq)
+            .field("queued", &self.queue.len())
+            .field("enqueued", &self.enqueued)
+            .field("durable", &self.durable)
+            .field("flushing", &self.flushing)
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Called once, from whichever thread ran the flush, with the outcome of a record appended by
+/// [`Journal::append_then`]. It should only hand the outcome on (it delays the flushes behind it).
+pub type Durable = Box<dyn FnOnce(Result<(), JournalError>) + Send>;
 
 /// The flusher thread, started at the first hand-off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,6 +229,7 @@ impl Journal {
                 seq,
                 offset: RECORDS_START + used as u64,
                 queue: Vec::new(),
+                callbacks: Vec::new(),
                 enqueued: 0,
                 durable: 0,
                 flushing: false,
@@ -268,7 +288,9 @@ impl Journal {
                 st = shared.flush_queue(st, dir);
                 // Records queued while this flush ran are the flusher's to write; this caller's
                 // own record is durable (or failed), so it answers without waiting for them.
-                if st.queue.is_empty() || st.failed.is_some() || !self.hand_off(&mut st, dir) {
+                let handed_off = !st.queue.is_empty() && st.failed.is_none() && self.hand_off(&mut st, dir);
+                if !handed_off {
+                    st = shared.drain(st, dir);
                     st.flushing = false;
                 }
                 shared.flushed.notify_all();
@@ -276,6 +298,43 @@ impl Journal {
             }
             st = shared.flushed.wait(st).unwrap_or_else(PoisonError::into_inner);
         }
+    }
+
+    /// Queues `payload` and returns without waiting: `done` is called with the outcome once the
+    /// flush that covers it ends, on the thread that ran it (the flusher's, usually). For callers
+    /// that should not hold a thread while the record is flushed (an async task, say); what
+    /// [`append`](Self::append) requires of `dir` and the change holds here too. An error
+    /// returned here means the record was not queued, and `done` is dropped uncalled.
+    pub fn append_then(&self, dir: BorrowedFd<'_>, payload: &[u8], done: Durable) -> Result<(), JournalError> {
+        if payload.len() > MAX_PAYLOAD || payload.is_empty() {
+            return Err(JournalError::TooLarge(payload.len()));
+        }
+        if !self.is_in(dir) {
+            return Err(JournalError::Replaced);
+        }
+        let shared = &*self.shared;
+        let mut st = shared.lock();
+        if let Some(e) = st.failed {
+            return Err(failure(e));
+        }
+        if !st.ready {
+            return Err(JournalError::NotCheckpointed);
+        }
+        st.enqueued += 1;
+        st.queue.push(payload.to_vec());
+        st.callbacks.push(done);
+        if st.flushing {
+            // The running flush hands the queue on when it ends.
+            return Ok(());
+        }
+        st.flushing = true;
+        if !self.hand_off(&mut st, dir) {
+            // No flusher thread to be had: this caller flushes after all.
+            st = shared.drain(st, dir);
+            st.flushing = false;
+            shared.flushed.notify_all();
+        }
+        Ok(())
     }
 
     /// Gives the queued records to the flusher thread (started on first use), with a duplicate
@@ -324,7 +383,6 @@ impl Journal {
             .file_in(dir)
             .and_then(|file| start_epoch(file.as_fd(), epoch + 1));
         let mut st = shared.lock();
-        st.flushing = false;
         let result = match outcome {
             Ok(()) => {
                 st.checkpoints += 1;
@@ -337,6 +395,14 @@ impl Journal {
                 Err(failure(e))
             }
         };
+        // Records queued meanwhile by callers that do not wait in `append` have no one else to
+        // flush (or fail) them.
+        let handed_off = !st.queue.is_empty() && st.failed.is_none() && self.hand_off(&mut st, dir);
+        if !handed_off {
+            st = shared.drain(st, dir);
+            st = shared.fail_stranded(st);
+            st.flushing = false;
+        }
         shared.flushed.notify_all();
         result
     }
@@ -389,13 +455,7 @@ impl Shared {
                 continue;
             };
             // `flushing` stays set from the hand-off on, so no caller starts a flush meanwhile.
-            loop {
-                st = self.flush_queue(st, dir.as_fd());
-                if st.queue.is_empty() || st.failed.is_some() {
-                    break;
-                }
-                self.flushed.notify_all();
-            }
+            st = self.drain(st, dir.as_fd());
             st.flushing = false;
             self.flushed.notify_all();
             drop(st);
@@ -404,11 +464,22 @@ impl Shared {
         }
     }
 
+    /// Flushes through `dir` until nothing is queued (or a flush failed), waking the callers
+    /// each flush covered; the caller set `flushing` and clears it.
+    fn drain<'a>(&'a self, mut st: MutexGuard<'a, State>, dir: BorrowedFd<'_>) -> MutexGuard<'a, State> {
+        while !st.queue.is_empty() && st.failed.is_none() {
+            st = self.flush_queue(st, dir);
+            self.flushed.notify_all();
+        }
+        st
+    }
+
     /// Writes and flushes every queued record through `dir`, with the lock released meanwhile;
     /// the caller set `flushing`. Returns with the lock held and the outcome recorded, but
     /// waiters not yet woken.
     fn flush_queue<'a>(&'a self, mut st: MutexGuard<'a, State>, dir: BorrowedFd<'_>) -> MutexGuard<'a, State> {
         let batch = std::mem::take(&mut st.queue);
+        let mut callbacks = std::mem::take(&mut st.callbacks);
         let last = st.enqueued;
         let (epoch, seq, offset) = (st.epoch, st.seq, st.offset);
         drop(st);
@@ -425,7 +496,35 @@ impl Shared {
             }
             Err(e) => st.failed = Some(e),
         }
-        st
+        if st.failed.is_some() {
+            // Nothing is flushed after a failure: what is still queued fails with it.
+            st.queue.clear();
+            callbacks.append(&mut st.callbacks);
+        }
+        self.call_back(st, callbacks)
+    }
+
+    /// After a failure, fails the callbacks of records still queued.
+    fn fail_stranded<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        if st.failed.is_none() {
+            return st;
+        }
+        st.queue.clear();
+        let stranded = std::mem::take(&mut st.callbacks);
+        self.call_back(st, stranded)
+    }
+
+    /// Calls `callbacks` with the journal's state (failed or not), with the lock released.
+    fn call_back<'a>(&'a self, st: MutexGuard<'a, State>, callbacks: Vec<Durable>) -> MutexGuard<'a, State> {
+        if callbacks.is_empty() {
+            return st;
+        }
+        let failed = st.failed;
+        drop(st);
+        for done in callbacks {
+            done(failed.map_or(Ok(()), |e| Err(failure(e))));
+        }
+        self.lock()
     }
 
     /// Writes `batch` from `offset` on, checkpointing whenever the next record does not fit,
@@ -882,6 +981,76 @@ mod tests {
         std::fs::rename(t.path().join("old"), t.path().join("j")).unwrap();
         let (_, records) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
         assert_eq!(records, vec![b"one".to_vec()]);
+    }
+
+    /// A callback that sends the outcome (as a string, `ok` or the error) down a channel.
+    fn reporting(tx: &std::sync::mpsc::Sender<(u8, String)>, tag: u8) -> Durable {
+        let tx = tx.clone();
+        Box::new(move |outcome: Result<(), JournalError>| {
+            let _ = tx.send((tag, outcome.map_or_else(|e| e.to_string(), |()| "ok".to_owned())));
+        })
+    }
+
+    #[test]
+    fn records_appended_without_waiting_are_reported_durable_and_survive_mixed_with_waiting_ones() {
+        let (_t, d) = dir();
+        let (j, _) = Journal::open(d.as_fd(), "j", 1 << 20).unwrap();
+        j.checkpoint(d.as_fd()).unwrap();
+        let (j, d) = (Arc::new(j), Arc::new(d));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let threads: Vec<_> = (0..8u8)
+            .map(|t| {
+                let (j, d, tx) = (j.clone(), d.clone(), tx.clone());
+                std::thread::spawn(move || {
+                    for i in 0..20u8 {
+                        match t % 2 {
+                            0 => j.append_then(d.as_fd(), &[t, i], reporting(&tx, t)).unwrap(),
+                            _ => j.append(d.as_fd(), &[t, i]).unwrap(),
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        drop(tx);
+        let reports: Vec<_> = rx.iter().collect();
+        assert_eq!(reports.len(), 80, "every callback is called once");
+        assert!(reports.iter().all(|(_, r)| r == "ok"), "{reports:?}");
+        drop(j);
+        let (_, old) = Journal::open(d.as_fd(), "j", 1 << 20).unwrap();
+        let mut seen: Vec<_> = old.iter().map(|p| (p[0], p[1])).collect();
+        seen.sort_unstable();
+        let want: Vec<_> = (0..8u8).flat_map(|t| (0..20u8).map(move |i| (t, i))).collect();
+        assert_eq!(seen, want);
+    }
+
+    #[test]
+    fn a_failed_flush_fails_every_record_waiting_for_it_and_every_later_append() {
+        let (t, d) = dir();
+        let (j, _) = Journal::open(d.as_fd(), "j", 64 << 10).unwrap();
+        j.checkpoint(d.as_fd()).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        j.shared.lock().flushing = true;
+        // Queued behind a flush (held here): nothing is written yet.
+        j.append_then(d.as_fd(), b"one", reporting(&tx, 1)).unwrap();
+        j.append_then(d.as_fd(), b"two", reporting(&tx, 2)).unwrap();
+        assert!(rx.try_recv().is_err());
+        // The file is replaced before the queue is flushed: the flush refuses to write it.
+        std::fs::rename(t.path().join("j"), t.path().join("old")).unwrap();
+        std::fs::copy(t.path().join("old"), t.path().join("j")).unwrap();
+        {
+            let mut st = j.shared.lock();
+            assert!(j.hand_off(&mut st, d.as_fd()));
+        }
+        let mut reports: Vec<_> = rx.iter().take(2).collect();
+        reports.sort();
+        assert_eq!(reports.iter().map(|(tag, _)| *tag).collect::<Vec<_>>(), [1, 2]);
+        assert!(reports.iter().all(|(_, r)| r.contains("replaced")), "{reports:?}");
+        let later = j.append_then(d.as_fd(), b"three", reporting(&tx, 3));
+        assert!(matches!(later, Err(JournalError::Replaced)));
+        assert!(matches!(j.append(d.as_fd(), b"four"), Err(JournalError::Replaced)));
     }
 
     #[test]
