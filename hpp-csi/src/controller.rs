@@ -253,8 +253,12 @@ impl ControllerService {
         }
         let shared_key: Vec<String> = source.iter().map(SourceRef::shared_key).collect();
         let guard = self.state.inflight.acquire(&[volume_key(&name)], &shared_key)?;
+        // An empty volume in a node-local pool is a few quick system calls: the pool's lane runs
+        // it without a thread wake-up per request. A copy can take long, and a shared pool's
+        // filesystem can wait on the network for several requests at once: blocking pool.
+        let on_lane = source.is_none() && !pool.shared;
         let (p, n, state) = (pool.clone(), name.clone(), self.state.clone());
-        let (health, created, recorded, durable, guard) = blocking(move || {
+        let work = move || {
             let guard = guard;
             // Looked up here, not on the async worker: a pool on a hung filesystem must stall
             // only this request.
@@ -304,8 +308,11 @@ impl ControllerService {
                 promised.settle(&p, Some(recorded.unwrap_or(0)));
             }
             Ok((health, created, recorded, durable, guard))
-        })
-        .await?;
+        };
+        let (health, created, recorded, durable, guard) = match on_lane {
+            true => pool.lane().run(work).await?,
+            false => blocking(work).await?,
+        };
         // The flush is awaited here, not on a blocking thread; the volume stays locked until it
         // is durable, so a concurrent request for it waits for the same outcome.
         if let Some(durable) = durable {

@@ -31,6 +31,7 @@ pub mod fsops;
 pub mod health;
 pub mod identity;
 pub mod inflight;
+pub mod lane;
 pub mod ledger;
 pub mod metrics;
 pub mod modify;

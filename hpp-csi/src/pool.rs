@@ -15,6 +15,7 @@ use std::path::{Component, Path, PathBuf};
 use crate::config::{ConfigError, PoolConfig};
 use crate::error::{Error, Result};
 use crate::fsops;
+use crate::lane::Lane;
 use crate::mountinfo::MountTable;
 use crate::validate::{self, INTERNAL_PREFIX};
 use crate::volume_journal::VolumeJournal;
@@ -56,6 +57,8 @@ pub struct Pool {
     last_measured: Arc<Mutex<Option<(Instant, PoolHealth)>>>,
     /// The volume journal, opened on first use (shared by every clone of this pool).
     journal: Arc<VolumeJournal>,
+    /// The thread that runs the pool's empty-volume creates (shared by every clone).
+    lane: Arc<Lane>,
 }
 
 /// Shared syncs of one directory: its entries (`fsync` of the directory) and the data written
@@ -143,6 +146,7 @@ impl Pool {
             snapshot_commits: Arc::default(),
             last_measured: Arc::default(),
             journal: Arc::default(),
+            lane: Arc::default(),
         })
     }
 
@@ -161,6 +165,11 @@ impl Pool {
     /// the journal is the one of the filesystem the caller is about to change).
     pub fn journal_in(&self, dir: BorrowedFd<'_>) -> Result<Option<Arc<Journal>>> {
         self.journal.get(self, dir)
+    }
+
+    /// The pool's lane, for short filesystem jobs ([`crate::lane`]).
+    pub fn lane(&self) -> &Lane {
+        &self.lane
     }
 
     pub(crate) fn journal_state(&self) -> &Arc<VolumeJournal> {

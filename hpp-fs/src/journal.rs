@@ -431,8 +431,8 @@ impl Journal {
 }
 
 impl Drop for Journal {
-    /// Lets the flusher thread end. It holds nothing then: a journal is dropped only when no
-    /// append is waiting, and the flusher gives its directory back when the queue runs dry.
+    /// Lets the flusher thread end, once it has flushed what it was handed (records of
+    /// [`append_then`](Journal::append_then) callers may still be queued).
     fn drop(&mut self) {
         let mut st = self.shared.lock();
         st.dropped = true;
@@ -447,10 +447,12 @@ impl Shared {
     fn run_flusher(&self) {
         let mut st = self.lock();
         loop {
-            if st.dropped {
-                return;
-            }
+            // A batch handed over is flushed even when the journal was dropped meanwhile: its
+            // callers did not wait in `append`, so the journal's owner may be gone.
             let Some(dir) = st.handoff_dir.take() else {
+                if st.dropped {
+                    return;
+                }
                 st = self.handed_off.wait(st).unwrap_or_else(PoisonError::into_inner);
                 continue;
             };
