@@ -253,10 +253,13 @@ impl ControllerService {
         }
         let shared_key: Vec<String> = source.iter().map(SourceRef::shared_key).collect();
         let guard = self.state.inflight.acquire(&[volume_key(&name)], &shared_key)?;
-        // An empty volume in a node-local pool is a few quick system calls: the pool's lane runs
-        // it without a thread wake-up per request. A copy can take long, and a shared pool's
-        // filesystem can wait on the network for several requests at once: blocking pool.
-        let on_lane = source.is_none() && !pool.shared;
+        // An empty, plain volume in a node-local pool whose journal is open is a few quick system
+        // calls and no sync: the pool's lane runs it without a thread wake-up per request. The
+        // rest stays on the blocking pool, where requests wait side by side: a copy can take
+        // long, a shared pool's filesystem can wait on the network, a quota backend may commit
+        // its filesystem, and a pool without its journal syncs its directory (concurrent
+        // callers share that sync; one after another they would each pay for it).
+        let on_lane = source.is_none() && !pool.shared && enforced.is_none() && pool.journal_in_use();
         let (p, n, state) = (pool.clone(), name.clone(), self.state.clone());
         let work = move || {
             let guard = guard;

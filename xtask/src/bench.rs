@@ -82,6 +82,11 @@ pub struct Args {
     /// floors, at c=1 and c=16 (no memory readings): a quick loop for profiling the durable path.
     #[arg(long)]
     durable_only: bool,
+    /// Only N CreateVolume calls at c=16 against the driver, nothing else (prints ops/s and
+    /// the driver's CPU time per call): a steady load to profile the create path under
+    /// (`perf record -p` on the driver, per-thread CPU in `/proc`).
+    #[arg(long, value_name = "N")]
+    create_loop: Option<usize>,
     /// Measure this `hpp-csi-driver` executable (e.g. `target/release/hpp-csi-driver`, built
     /// from the same tree) instead of the driver served from this binary. Same code and flags,
     /// but its resident memory is the shipped executable's, not this larger binary's.
@@ -275,6 +280,9 @@ async fn suite(dir: &Path, label: &str, args: &Args) -> anyhow::Result<()> {
     let driver_dir = dir.join("driver");
     let driver = spawn_hpp(args, &driver_dir).await?;
     let mut memory = vec![("after start".to_owned(), ProcStatus::of(driver.pid())?)];
+    if let Some(n) = args.create_loop {
+        return create_loop(&driver, n).await;
+    }
     if args.durable_only {
         return durable_only(&driver, dir, args.ops).await;
     }
@@ -370,6 +378,27 @@ async fn compare_with_go(dir: &Path, args: &Args, root: bool) -> anyhow::Result<
     };
     let counts = (args.ops, args.mount_ops, args.rss_volumes, args.idle_wait);
     crate::bench_go::compare(&hpp, &exe, go_bin, dir, counts, root).await
+}
+
+/// `--create-loop`: CreateVolume at c=16, alone.
+async fn create_loop(driver: &Server, n: usize) -> anyhow::Result<()> {
+    let ctl = ControllerClient::new(driver.channel.clone());
+    let cpu_before = crate::bench_proc::cpu_time(driver.pid())?;
+    let st = each("CreateVolume", n, 16, ctl, |mut c, i| async move {
+        c.create_volume(create_request(format!("pvc-loop-{i:07}")))
+            .await
+            .map(drop)
+    })
+    .await?;
+    let cpu = crate::bench_proc::cpu_time(driver.pid())?.saturating_sub(cpu_before);
+    println!(
+        "CreateVolume c=16 x{n}: {:.0} ops/s, p50 {:?}, p99 {:?}, driver CPU {:?} per call",
+        st.ops_per_sec,
+        st.p50,
+        st.p99,
+        cpu / u32::try_from(n.max(1)).unwrap_or(u32::MAX)
+    );
+    Ok(())
 }
 
 /// `--durable-only`: CreateVolume and DeleteVolume against the durable-floor server.
