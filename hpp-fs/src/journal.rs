@@ -257,25 +257,8 @@ impl Journal {
     /// opened in). The change it describes must already be made. Blocks the calling thread:
     /// call it from blocking code.
     pub fn append(&self, dir: BorrowedFd<'_>, payload: &[u8]) -> Result<(), JournalError> {
-        if payload.len() > MAX_PAYLOAD || payload.is_empty() {
-            return Err(JournalError::TooLarge(payload.len()));
-        }
-        // The caller changed things through `dir`: its record must go to the journal there, not to
-        // one another filesystem mounted over the directory has hidden from it.
-        if !self.is_in(dir) {
-            return Err(JournalError::Replaced);
-        }
         let shared = &*self.shared;
-        let mut st = shared.lock();
-        if let Some(e) = st.failed {
-            return Err(failure(e));
-        }
-        if !st.ready {
-            return Err(JournalError::NotCheckpointed);
-        }
-        st.enqueued += 1;
-        let ticket = st.enqueued;
-        st.queue.push(payload.to_vec());
+        let (mut st, ticket) = self.enqueue(dir, payload, None)?;
         loop {
             if st.durable >= ticket {
                 return Ok(());
@@ -288,12 +271,7 @@ impl Journal {
                 st = shared.flush_queue(st, dir);
                 // Records queued while this flush ran are the flusher's to write; this caller's
                 // own record is durable (or failed), so it answers without waiting for them.
-                let handed_off = !st.queue.is_empty() && st.failed.is_none() && self.hand_off(&mut st, dir);
-                if !handed_off {
-                    st = shared.drain(st, dir);
-                    st.flushing = false;
-                }
-                shared.flushed.notify_all();
+                st = self.pass_on(st, dir);
                 continue;
             }
             st = shared.flushed.wait(st).unwrap_or_else(PoisonError::into_inner);
@@ -306,14 +284,32 @@ impl Journal {
     /// [`append`](Self::append) requires of `dir` and the change holds here too. An error
     /// returned here means the record was not queued, and `done` is dropped uncalled.
     pub fn append_then(&self, dir: BorrowedFd<'_>, payload: &[u8], done: Durable) -> Result<(), JournalError> {
+        let (mut st, _) = self.enqueue(dir, payload, Some(done))?;
+        if !st.flushing {
+            st.flushing = true;
+            drop(self.pass_on(st, dir));
+        }
+        // Otherwise the running flush passes the queue on when it ends.
+        Ok(())
+    }
+
+    /// Checks an append and queues its record (with `done`, when the caller does not wait);
+    /// returns the lock and the record's ticket.
+    fn enqueue(
+        &self,
+        dir: BorrowedFd<'_>,
+        payload: &[u8],
+        done: Option<Durable>,
+    ) -> Result<(MutexGuard<'_, State>, u64), JournalError> {
         if payload.len() > MAX_PAYLOAD || payload.is_empty() {
             return Err(JournalError::TooLarge(payload.len()));
         }
+        // The caller changed things through `dir`: its record must go to the journal there, not to
+        // one another filesystem mounted over the directory has hidden from it.
         if !self.is_in(dir) {
             return Err(JournalError::Replaced);
         }
-        let shared = &*self.shared;
-        let mut st = shared.lock();
+        let mut st = self.shared.lock();
         if let Some(e) = st.failed {
             return Err(failure(e));
         }
@@ -322,19 +318,23 @@ impl Journal {
         }
         st.enqueued += 1;
         st.queue.push(payload.to_vec());
-        st.callbacks.push(done);
-        if st.flushing {
-            // The running flush hands the queue on when it ends.
-            return Ok(());
-        }
-        st.flushing = true;
-        if !self.hand_off(&mut st, dir) {
-            // No flusher thread to be had: this caller flushes after all.
-            st = shared.drain(st, dir);
+        st.callbacks.extend(done);
+        let ticket = st.enqueued;
+        Ok((st, ticket))
+    }
+
+    /// With `flushing` held and a flush just ended: gives what is queued to the flusher thread,
+    /// or, without one, flushes (or fails) it here and clears `flushing`; then wakes the callers
+    /// waiting in `append`.
+    fn pass_on<'a>(&'a self, mut st: MutexGuard<'a, State>, dir: BorrowedFd<'_>) -> MutexGuard<'a, State> {
+        let handed_off = !st.queue.is_empty() && st.failed.is_none() && self.hand_off(&mut st, dir);
+        if !handed_off {
+            st = self.shared.drain(st, dir);
+            st = self.shared.fail_stranded(st);
             st.flushing = false;
-            shared.flushed.notify_all();
         }
-        Ok(())
+        self.shared.flushed.notify_all();
+        st
     }
 
     /// Gives the queued records to the flusher thread (started on first use), with a duplicate
@@ -397,13 +397,7 @@ impl Journal {
         };
         // Records queued meanwhile by callers that do not wait in `append` have no one else to
         // flush (or fail) them.
-        let handed_off = !st.queue.is_empty() && st.failed.is_none() && self.hand_off(&mut st, dir);
-        if !handed_off {
-            st = shared.drain(st, dir);
-            st = shared.fail_stranded(st);
-            st.flushing = false;
-        }
-        shared.flushed.notify_all();
+        drop(self.pass_on(st, dir));
         result
     }
 
