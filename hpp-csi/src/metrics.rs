@@ -87,6 +87,8 @@ pub struct DriverMetrics {
     pool_shared: Family<PoolLabels, Gauge>,
     pool_quota: Family<QuotaLabels, Gauge>,
     pool_journal: Family<PoolLabels, Gauge>,
+    pool_journal_flushes: Family<PoolLabels, Counter>,
+    pool_journal_records: Family<PoolLabels, Counter>,
     shared_with_os: Gauge,
 }
 
@@ -103,6 +105,8 @@ impl DriverMetrics {
             pool_shared: Family::default(),
             pool_quota: Family::default(),
             pool_journal: Family::default(),
+            pool_journal_flushes: Family::default(),
+            pool_journal_records: Family::default(),
             shared_with_os: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix(PREFIX);
@@ -146,6 +150,16 @@ impl DriverMetrics {
             "1 when creates and deletes in the pool are made durable through its volume journal, \
              0 when through syncs of the pool directory (shared pool, journal not made or not opened yet)",
             m.pool_journal.clone(),
+        );
+        r.register(
+            "pool_journal_flushes",
+            "Flushes (fdatasync) of the pool's volume journal; concurrent creates and deletes share one",
+            m.pool_journal_flushes.clone(),
+        );
+        r.register(
+            "pool_journal_records",
+            "Create and delete records the pool's volume journal made durable (over flushes: requests per flush)",
+            m.pool_journal_records.clone(),
         );
         registry.sub_registry_with_prefix(KUBEVIRT_PREFIX).register(
             "pool_path_shared_with_os",
@@ -191,6 +205,22 @@ impl DriverMetrics {
         self.pool_journal.get_or_create(&l).set(i64::from(in_use));
     }
 
+    /// Publishes the volume journal's counters for `pool` (totals since the start; the
+    /// counters only move forward).
+    pub fn set_journal_counts(&self, pool: &str, flushes: u64, records: u64) {
+        let l = PoolLabels { pool: pool.to_owned() };
+        for (counter, total) in [
+            (&self.pool_journal_flushes, flushes),
+            (&self.pool_journal_records, records),
+        ] {
+            let counter = counter.get_or_create(&l);
+            let seen = counter.get();
+            if total > seen {
+                counter.inc_by(total - seen);
+            }
+        }
+    }
+
     /// Sets KubeVirt's aggregate gauge.
     pub fn set_shared_with_os(&self, any: bool) {
         self.shared_with_os.set(i64::from(any));
@@ -220,6 +250,9 @@ mod tests {
         m.set_shared_with_os(true);
         m.set_quota_backend("local", "btrfs");
         m.set_journal("local", true);
+        m.set_journal_counts("local", 3, 10);
+        m.set_journal_counts("local", 5, 12);
+        m.set_journal_counts("local", 4, 11);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
         for line in [
@@ -232,6 +265,8 @@ mod tests {
             "kubevirt_hpp_pool_path_shared_with_os 1",
             "hpp_pool_quota_backend{pool=\"local\",backend=\"btrfs\"} 1",
             "hpp_pool_journal{pool=\"local\"} 1",
+            "hpp_pool_journal_flushes_total{pool=\"local\"} 5",
+            "hpp_pool_journal_records_total{pool=\"local\"} 12",
         ] {
             assert!(out.contains(line), "{line} missing from\n{out}");
         }

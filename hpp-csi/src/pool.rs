@@ -184,6 +184,11 @@ impl Pool {
         }
     }
 
+    /// The volume journal's flushes and the records they made durable, since the start.
+    pub fn journal_stats(&self) -> hpp_fs::journal::JournalStats {
+        self.journal.stats()
+    }
+
     /// Whether creates and deletes are made durable through the journal right now (it is open).
     pub fn journal_in_use(&self) -> bool {
         self.journal.is_open()

@@ -128,6 +128,8 @@ impl DriverState {
             for p in self.pools.iter() {
                 m.set_quota_backend(&p.name, p.quota.name());
                 m.set_journal(&p.name, p.journal_in_use());
+                let counts = p.journal_stats();
+                m.set_journal_counts(&p.name, counts.flushes, counts.records);
             }
             m.set_shared_with_os(pools.iter().any(|(_, _, s)| *s));
         }

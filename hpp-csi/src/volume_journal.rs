@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use hpp_fs::journal::{DEFAULT_CAPACITY, Journal, JournalError};
+use hpp_fs::journal::{DEFAULT_CAPACITY, Journal, JournalError, JournalStats};
 use hpp_fs::quota::Tuning;
 use serde::{Deserialize, Serialize};
 
@@ -114,6 +114,9 @@ impl Record {
 #[derive(Debug, Default)]
 pub struct VolumeJournal {
     slot: Mutex<Slot>,
+    /// Flushes and records of the journals this process dropped after a failure (so the
+    /// counters exported as metrics never go back).
+    retired: Mutex<JournalStats>,
 }
 
 #[derive(Debug, Default)]
@@ -192,7 +195,29 @@ impl VolumeJournal {
     fn forget(&self) {
         let mut slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
         if let Slot::Open(journal) = &*slot {
+            let last = journal.stats();
+            let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+            retired.flushes += last.flushes;
+            retired.records += last.records;
             *slot = Slot::Forgotten(journal.identity());
+        }
+    }
+
+    /// Flushes and the records they made durable, over every journal this process opened for
+    /// the pool.
+    pub fn stats(&self) -> JournalStats {
+        let slot = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let retired = *self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*slot {
+            Slot::Open(journal) => {
+                let now = journal.stats();
+                JournalStats {
+                    flushes: retired.flushes + now.flushes,
+                    records: retired.records + now.records,
+                    ..JournalStats::default()
+                }
+            }
+            _ => retired,
         }
     }
 }

@@ -136,6 +136,7 @@ struct State {
     ready: bool,
     failed: Option<Errno>,
     flushes: u64,
+    records: u64,
     checkpoints: u64,
     handoffs: u64,
     flusher: Flusher,
@@ -173,10 +174,12 @@ enum Flusher {
 }
 
 /// Counters for metrics and tests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct JournalStats {
     /// `fdatasync` calls that made appends durable.
     pub flushes: u64,
+    /// Records those flushes made durable (over `flushes`: how many requests shared a flush).
+    pub records: u64,
     /// Checkpoints (each a `syncfs` and a new epoch).
     pub checkpoints: u64,
     /// Times a flush ended with records queued and handed them to the flusher thread.
@@ -236,6 +239,7 @@ impl Journal {
                 ready: false,
                 failed: None,
                 flushes: 0,
+                records: 0,
                 checkpoints: 0,
                 handoffs: 0,
                 flusher: Flusher::NotStarted,
@@ -418,6 +422,7 @@ impl Journal {
         let st = self.shared.lock();
         JournalStats {
             flushes: st.flushes,
+            records: st.records,
             checkpoints: st.checkpoints,
             handoffs: st.handoffs,
         }
@@ -486,6 +491,7 @@ impl Shared {
         match outcome {
             Ok(done) => {
                 st.flushes += 1;
+                st.records += batch.len() as u64;
                 st.checkpoints += done.checkpoints;
                 (st.epoch, st.seq, st.offset) = (done.epoch, done.seq, done.offset);
                 st.durable = last;
@@ -883,8 +889,9 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        let flushes = j.stats().flushes;
-        assert!(flushes < 320, "{flushes} flushes for 320 appends");
+        let stats = j.stats();
+        assert!(stats.flushes < 320, "{stats:?} for 320 appends");
+        assert_eq!(stats.records, 320);
         drop(j);
         let (_, old) = Journal::open(d.as_fd(), "j", 1 << 20).unwrap();
         let mut seen: Vec<_> = old.iter().map(|p| (p[0], p[1])).collect();

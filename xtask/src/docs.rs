@@ -282,6 +282,7 @@ fn exercised_registry(which: &str) -> anyhow::Result<Registry> {
             m.set_pool("local", &hpp_csi::pool::PoolHealth::default(), false);
             m.set_quota_backend("local", "none");
             m.set_journal("local", true);
+            m.set_journal_counts("local", 1, 1);
             m.set_shared_with_os(false);
         }
         "hpp-operator" => {
