@@ -296,7 +296,7 @@ impl ControllerService {
             };
             let requested = volumes::Requested { required: size, limit };
             let (created, durable) =
-                volumes::create_deferred(&p, dir.as_fd(), &n, src_fd.as_ref(), requested, &tuning)?;
+                volumes::create_in(&p, dir.as_fd(), &n, src_fd.as_ref(), requested, &tuning, true)?;
             // From here on the volume exists: a failure is for a retry to finish.
             let recorded = (|| {
                 // The class's settings, applied again on a retry (tuning is idempotent).

@@ -174,20 +174,10 @@ pub fn create_tuned(
     Ok(created)
 }
 
-/// [`create_tuned`] for an async caller: when the volume is made durable through the journal,
-/// returns without waiting for the flush, with the [`Deferred`] to await before acknowledging.
-pub fn create_deferred(
-    pool: &Pool,
-    dir: BorrowedFd<'_>,
-    id: &str,
-    source: Option<&OwnedFd>,
-    requested: Requested,
-    tuning: &Tuning,
-) -> Result<(Created, Option<Deferred>)> {
-    create_in(pool, dir, id, source, requested, tuning, true)
-}
-
-fn create_in(
+/// [`create_tuned`], or with `defer`, for an async caller: when the volume is made durable
+/// through the journal, returns without waiting for the flush, with the [`Deferred`] to await
+/// before acknowledging.
+pub(crate) fn create_in(
     pool: &Pool,
     dir: BorrowedFd<'_>,
     id: &str,
