@@ -272,7 +272,7 @@ impl Journal {
             }
             if !st.flushing {
                 st.flushing = true;
-                st = shared.flush_queue(st, dir);
+                st = shared.flush_queue(st, dir, &mut None);
                 // Records queued while this flush ran are the flusher's to write; this caller's
                 // own record is durable (or failed), so it answers without waiting for them.
                 st = self.pass_on(st, dir);
@@ -468,25 +468,38 @@ impl Shared {
     /// Flushes through `dir` until nothing is queued (or a flush failed), waking the callers
     /// each flush covered; the caller set `flushing` and clears it.
     fn drain<'a>(&'a self, mut st: MutexGuard<'a, State>, dir: BorrowedFd<'_>) -> MutexGuard<'a, State> {
+        // The file is opened (and checked) once for the whole run of flushes, not per flush.
+        let mut file = None;
         while !st.queue.is_empty() && st.failed.is_none() {
-            st = self.flush_queue(st, dir);
+            st = self.flush_queue(st, dir, &mut file);
             self.flushed.notify_all();
         }
         st
     }
 
-    /// Writes and flushes every queued record through `dir`, with the lock released meanwhile;
-    /// the caller set `flushing`. Returns with the lock held and the outcome recorded, but
+    /// Writes and flushes every queued record through `file`, opened through `dir` when `None`
+    /// (and kept for the next flush), with the lock released meanwhile; the caller set `flushing`. Returns with the lock held and the outcome recorded, but
     /// waiters not yet woken.
-    fn flush_queue<'a>(&'a self, mut st: MutexGuard<'a, State>, dir: BorrowedFd<'_>) -> MutexGuard<'a, State> {
+    fn flush_queue<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        dir: BorrowedFd<'_>,
+        file: &mut Option<OwnedFd>,
+    ) -> MutexGuard<'a, State> {
         let batch = std::mem::take(&mut st.queue);
         let mut callbacks = std::mem::take(&mut st.callbacks);
         let last = st.enqueued;
         let (epoch, seq, offset) = (st.epoch, st.seq, st.offset);
         drop(st);
-        let outcome = self
-            .file_in(dir)
-            .and_then(|file| self.write_batch(file.as_fd(), &batch, epoch, seq, offset));
+        let opened = match file.take() {
+            Some(f) => Ok(f),
+            None => self.file_in(dir),
+        };
+        let outcome = opened.and_then(|f| {
+            let written = self.write_batch(f.as_fd(), &batch, epoch, seq, offset);
+            *file = Some(f);
+            written
+        });
         let mut st = self.lock();
         match outcome {
             Ok(done) => {
