@@ -225,37 +225,39 @@ impl VolumeJournal {
 /// Appends `record` to `pool`'s `journal`, found in the pool directory `dir`; returns once it is
 /// durable.
 pub fn append(pool: &Pool, journal: &Journal, dir: BorrowedFd<'_>, record: &Record) -> Result<()> {
-    let bytes = serde_json::to_vec(record).map_err(|e| Error::Internal(format!("encoding a journal record: {e}")))?;
-    journal.append(dir, &bytes).map_err(|e| {
-        if matches!(e, JournalError::Failed(_) | JournalError::Replaced) {
-            pool.journal_state().forget();
-        }
-        journal_error(e)
-    })
+    let state = pool.journal_state();
+    journal
+        .append(dir, &encode(record)?)
+        .map_err(|e| append_error(state, e))
 }
 
 /// [`append`] without holding the thread: the record is queued, and the returned [`Deferred`]
 /// resolves once it is durable. For async callers, so a request waiting for its flush holds no
 /// blocking thread and is woken straight from the flush.
 pub fn append_deferred(pool: &Pool, journal: &Journal, dir: BorrowedFd<'_>, record: &Record) -> Result<Deferred> {
-    let bytes = serde_json::to_vec(record).map_err(|e| Error::Internal(format!("encoding a journal record: {e}")))?;
+    let bytes = encode(record)?;
     let (tx, rx) = tokio::sync::oneshot::channel();
     let state = pool.journal_state().clone();
     let done = Box::new(move |outcome: std::result::Result<(), JournalError>| {
-        let _ = tx.send(outcome.map_err(|e| {
-            if matches!(e, JournalError::Failed(_) | JournalError::Replaced) {
-                state.forget();
-            }
-            journal_error(e)
-        }));
+        let _ = tx.send(outcome.map_err(|e| append_error(&state, e)));
     });
-    journal.append_then(dir, &bytes, done).map_err(|e| {
-        if matches!(e, JournalError::Failed(_) | JournalError::Replaced) {
-            pool.journal_state().forget();
-        }
-        journal_error(e)
-    })?;
+    journal
+        .append_then(dir, &bytes, done)
+        .map_err(|e| append_error(pool.journal_state(), e))?;
     Ok(Deferred(rx))
+}
+
+fn encode(record: &Record) -> Result<Vec<u8>> {
+    serde_json::to_vec(record).map_err(|e| Error::Internal(format!("encoding a journal record: {e}")))
+}
+
+/// The error of a failed append; a journal that failed or was replaced is dropped, so the next
+/// request opens it again instead of trusting it.
+fn append_error(state: &VolumeJournal, e: JournalError) -> Error {
+    if matches!(e, JournalError::Failed(_) | JournalError::Replaced) {
+        state.forget();
+    }
+    journal_error(e)
 }
 
 /// A journal record on its way to disk ([`append_deferred`]).
