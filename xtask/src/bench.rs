@@ -84,7 +84,8 @@ pub struct Args {
     durable_only: bool,
     /// Only N CreateVolume calls at c=16 against the driver, nothing else (prints ops/s and
     /// the driver's CPU time per call): a steady load to profile the create path under
-    /// (`perf record -p` on the driver, per-thread CPU in `/proc`).
+    /// (`perf record -p` on the driver, per-thread CPU in `/proc`). With `--go-driver-bin`,
+    /// the same loop then runs against the Go driver on a fresh pool in the same filesystem.
     #[arg(long, value_name = "N")]
     create_loop: Option<usize>,
     /// Measure this `hpp-csi-driver` executable (e.g. `target/release/hpp-csi-driver`, built
@@ -281,7 +282,14 @@ async fn suite(dir: &Path, label: &str, args: &Args) -> anyhow::Result<()> {
     let driver = spawn_hpp(args, &driver_dir).await?;
     let mut memory = vec![("after start".to_owned(), ProcStatus::of(driver.pid())?)];
     if let Some(n) = args.create_loop {
-        return create_loop(&driver, n).await;
+        create_loop(&driver, n).await?;
+        drop(driver);
+        if let Some(go_bin) = &args.go_driver_bin {
+            let go = crate::bench_go::spawn_go(go_bin, &dir.join("go-loop")).await?;
+            println!("driver: {}", go_bin.display());
+            create_loop(&go, n).await?;
+        }
+        return Ok(());
     }
     if args.durable_only {
         return durable_only(&driver, dir, args.ops).await;

@@ -162,7 +162,7 @@ fn turn_order(turn: usize) -> [usize; 2] {
 }
 
 /// Starts the Go driver `bin` on `dir` with [`go_driver_args`].
-async fn spawn_go(bin: &Path, dir: &Path) -> anyhow::Result<Server> {
+pub async fn spawn_go(bin: &Path, dir: &Path) -> anyhow::Result<Server> {
     let mut cmd = std::process::Command::new(bin);
     cmd.args(go_driver_args(dir)?.iter().skip(1));
     Server::start(cmd, &bin.display().to_string(), dir).await
