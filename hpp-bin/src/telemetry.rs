@@ -2,6 +2,8 @@
 //! (default `info`), text or JSON lines on stderr, and OpenTelemetry trace export over OTLP/gRPC
 //! when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (the standard OTEL_* variables configure it further).
 
+use std::io::IsTerminal as _;
+
 use anyhow::Context as _;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
@@ -52,7 +54,13 @@ pub fn init(service: &'static str, format: LogFormat) -> anyhow::Result<Telemetr
         .as_ref()
         .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(service)));
     let lines = match format {
-        LogFormat::Text => fmt::layer().with_writer(std::io::stderr).boxed(),
+        LogFormat::Text => fmt::layer()
+            .with_ansi(colours_wanted(
+                std::io::stderr().is_terminal(),
+                std::env::var_os("NO_COLOR"),
+            ))
+            .with_writer(std::io::stderr)
+            .boxed(),
         LogFormat::Json => fmt::layer().json().with_writer(std::io::stderr).boxed(),
     };
     tracing_subscriber::registry()
@@ -65,6 +73,12 @@ pub fn init(service: &'static str, format: LogFormat) -> anyhow::Result<Telemetr
         tracing::info!(%endpoint, "exporting traces over OTLP");
     }
     Ok(TelemetryGuard { provider })
+}
+
+/// Colour escapes only on a terminal: `kubectl logs` and log collectors read stderr from a
+/// pipe or file, where they are noise. `NO_COLOR` (any non-empty value) turns them off there too.
+fn colours_wanted(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 fn otlp_endpoint() -> Option<String> {
@@ -82,4 +96,17 @@ fn tracer_provider(service: &'static str) -> anyhow::Result<SdkTracerProvider> {
         .with_batch_exporter(exporter)
         .with_resource(Resource::builder().with_service_name(service).build())
         .build())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::colours_wanted;
+
+    #[test]
+    fn colour_escapes_only_reach_a_terminal_without_no_color() {
+        assert!(colours_wanted(true, None));
+        assert!(colours_wanted(true, Some("".into())));
+        assert!(!colours_wanted(true, Some("1".into())));
+        assert!(!colours_wanted(false, None));
+    }
 }
