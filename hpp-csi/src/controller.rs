@@ -12,6 +12,7 @@ use crate::csi::{self, controller_service_capability::rpc::Type as Cap, volume_c
 use crate::error::{Error, Result};
 use crate::expand::{self, ExpansionMode};
 use crate::inflight::{snapshot_key, volume_key};
+use crate::lane::Reply;
 use crate::modify;
 use crate::pagination::{self, pool_key};
 use crate::pool::{Pool, PoolHealth};
@@ -19,6 +20,7 @@ use crate::sizing::{self, Range};
 use crate::snapshots::{self, SnapshotInfo};
 use crate::state::{DriverState, blocking, blocking_locked};
 use crate::validate::check_id;
+use crate::volume_journal::Deferred;
 use crate::volumes::{self, Created};
 
 /// Controller service over the configured pools.
@@ -94,6 +96,18 @@ fn held_elsewhere(state: &DriverState, id: &str, chosen: &Pool) -> Option<String
         .filter(|p| p.name != chosen.name && !p.is_reserved(id))
         .find(|p| volumes::exists(p, id).unwrap_or(false))
         .map(|p| p.name.clone())
+}
+
+/// Answers a lane job's caller with what the job made once its journal record is durable (at
+/// once when it has none); a failed flush comes after the change was visible.
+fn answer_when_durable<T: Send + 'static>(outcome: Result<(T, Option<Deferred>)>, reply: Reply<T>) {
+    match outcome {
+        Ok((made, Some(durable))) => {
+            durable.then(move |flushed| reply.send(flushed.map_err(Error::after_visible).map(|()| made)))
+        }
+        Ok((made, None)) => reply.send(Ok(made)),
+        Err(e) => reply.send(Err(e)),
+    }
 }
 
 /// The snapshot called `id` in any pool, preferring `first`.
@@ -310,17 +324,26 @@ impl ControllerService {
             if let Some(promised) = promised {
                 promised.settle(&p, Some(recorded.unwrap_or(0)));
             }
-            Ok((health, created, recorded, durable, guard))
+            Ok(((health, created, recorded, guard), durable))
         };
-        let (health, created, recorded, durable, guard) = match on_lane {
-            true => pool.lane().run(work).await?,
-            false => blocking(work).await?,
+        // The volume stays locked (`guard`) until it is durable, so a concurrent request for it
+        // waits for the same outcome. The flush is not waited for on a thread: a lane job
+        // answers from the flush's callback (one wake-up of this task per request), a blocking
+        // job's caller awaits it here.
+        let (health, created, recorded, guard) = match on_lane {
+            true => {
+                pool.lane()
+                    .run_replying(move |reply| answer_when_durable(work(), reply))
+                    .await?
+            }
+            false => {
+                let (made, durable) = blocking(work).await?;
+                if let Some(durable) = durable {
+                    durable.durable().await.map_err(Error::after_visible)?;
+                }
+                made
+            }
         };
-        // The flush is awaited here, not on a blocking thread; the volume stays locked until it
-        // is durable, so a concurrent request for it waits for the same outcome.
-        if let Some(durable) = durable {
-            durable.durable().await.map_err(Error::after_visible)?;
-        }
         drop(guard);
         match created {
             Created::New(stats) => {

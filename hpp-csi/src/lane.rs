@@ -58,6 +58,19 @@ impl std::fmt::Debug for State {
     }
 }
 
+/// Where a lane job sends its answer: at once, or later from another thread (a journal flush's
+/// callback), so the waiting caller is woken once, when the answer is final. Dropped unsent (the
+/// job panicked), the caller hears Internal.
+#[derive(Debug)]
+pub struct Reply<T>(tokio::sync::oneshot::Sender<Result<T>>);
+
+impl<T> Reply<T> {
+    /// Answers the caller (nothing happens when it stopped waiting).
+    pub fn send(self, outcome: Result<T>) {
+        let _ = self.0.send(outcome);
+    }
+}
+
 impl Lane {
     /// Runs `f` on the lane and returns its result. A job already started runs to its end when
     /// the caller stops waiting (as on the blocking pool). When no thread can be started, `f`
@@ -67,12 +80,19 @@ impl Lane {
         F: FnOnce() -> Result<T> + Send + 'static,
         T: Send + 'static,
     {
+        self.run_replying(move |reply| reply.send(f())).await
+    }
+
+    /// [`run`](Self::run) for a job that answers through its [`Reply`], possibly after it has
+    /// returned: the caller waits for that answer.
+    pub async fn run_replying<T, F>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(Reply<T>) + Send + 'static,
+        T: Send + 'static,
+    {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let job: Job = Box::new(move || {
-            let outcome = std::panic::catch_unwind(AssertUnwindSafe(f))
-                .unwrap_or_else(|_| Err(Error::Internal("a pool lane job panicked".to_owned())));
-            let _ = tx.send(outcome);
-        });
+        // A panic drops the reply unsent; the lane goes on with the next job.
+        let job: Job = Box::new(move || drop(std::panic::catch_unwind(AssertUnwindSafe(move || f(Reply(tx))))));
         if let Err(job) = self.submit(job) {
             blocking(move || {
                 job();
@@ -80,8 +100,11 @@ impl Lane {
             })
             .await?;
         }
-        rx.await
-            .unwrap_or_else(|_| Err(Error::Internal("a pool lane job ended without an answer".to_owned())))
+        rx.await.unwrap_or_else(|_| {
+            Err(Error::Internal(
+                "a pool lane job panicked before it answered".to_owned(),
+            ))
+        })
     }
 
     /// Queues `job`, starting the thread when none serves the queue. Gives the job back when no
@@ -185,6 +208,24 @@ mod tests {
         let panicked = lane.run(|| -> Result<()> { panic!("a bug") }).await;
         assert!(matches!(panicked, Err(Error::Internal(_))), "{panicked:?}");
         assert_eq!(lane.run(|| Ok(7)).await.unwrap(), 7);
+    }
+
+    #[tokio::test]
+    async fn a_job_may_answer_after_it_returned_from_another_thread() {
+        let lane = Arc::new(Lane::default());
+        let (hand_tx, hand_rx) = std::sync::mpsc::channel::<Reply<u32>>();
+        let answered = tokio::spawn({
+            let lane = lane.clone();
+            async move { lane.run_replying(move |reply| hand_tx.send(reply).unwrap()).await }
+        });
+        // The job has returned, its reply is held elsewhere: the lane runs the next job.
+        assert_eq!(lane.run(|| Ok(1)).await.unwrap(), 1);
+        assert!(!answered.is_finished());
+        let reply = hand_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        std::thread::spawn(move || reply.send(Ok(42))).join().unwrap();
+        assert_eq!(answered.await.unwrap().unwrap(), 42);
+        let dropped = lane.run_replying(|reply: Reply<()>| drop(reply)).await;
+        assert!(matches!(dropped, Err(Error::Internal(_))), "{dropped:?}");
     }
 
     #[tokio::test]

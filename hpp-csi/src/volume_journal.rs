@@ -236,15 +236,16 @@ pub fn append(pool: &Pool, journal: &Journal, dir: BorrowedFd<'_>, record: &Reco
 /// blocking thread and is woken straight from the flush.
 pub fn append_deferred(pool: &Pool, journal: &Journal, dir: BorrowedFd<'_>, record: &Record) -> Result<Deferred> {
     let bytes = encode(record)?;
-    let (tx, rx) = tokio::sync::oneshot::channel();
+    let deferred = Deferred(Arc::new(Mutex::new(Rendezvous::Flushing)));
+    let flush = Flush(deferred.0.clone());
     let state = pool.journal_state().clone();
     let done = Box::new(move |outcome: std::result::Result<(), JournalError>| {
-        let _ = tx.send(outcome.map_err(|e| append_error(&state, e)));
+        flush.finish(outcome.map_err(|e| append_error(&state, e)));
     });
     journal
         .append_then(dir, &bytes, done)
         .map_err(|e| append_error(pool.journal_state(), e))?;
-    Ok(Deferred(rx))
+    Ok(deferred)
 }
 
 fn encode(record: &Record) -> Result<Vec<u8>> {
@@ -260,19 +261,82 @@ fn append_error(state: &VolumeJournal, e: JournalError) -> Error {
     journal_error(e)
 }
 
-/// A journal record on its way to disk ([`append_deferred`]).
+/// A journal record on its way to disk ([`append_deferred`]). Its continuation runs once, on
+/// whichever side comes second: the flush's thread, or the caller's when the flush was first.
 #[derive(Debug)]
-pub struct Deferred(tokio::sync::oneshot::Receiver<Result<()>>);
+pub struct Deferred(Arc<Mutex<Rendezvous>>);
 
-impl Deferred {
-    /// Waits until the record is durable.
-    pub async fn durable(self) -> Result<()> {
-        self.0.await.unwrap_or_else(|_| {
-            Err(Error::Unavailable(
-                "the pool's volume journal stopped before flushing the record".to_owned(),
-            ))
+type Continuation = Box<dyn FnOnce(Result<()>) + Send>;
+
+enum Rendezvous {
+    Flushing,
+    Flushed(Result<()>),
+    Then(Continuation),
+    Done,
+}
+
+impl std::fmt::Debug for Rendezvous {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Rendezvous::Flushing => "Flushing",
+            Rendezvous::Flushed(_) => "Flushed",
+            Rendezvous::Then(_) => "Then",
+            Rendezvous::Done => "Done",
         })
     }
+}
+
+impl Deferred {
+    /// Runs `f` with the flush's outcome once the record is durable (or its flush failed): at
+    /// once when it already is, else on the thread that flushed it. `f` must be quick.
+    pub fn then(self, f: impl FnOnce(Result<()>) + Send + 'static) {
+        let mut st = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match std::mem::replace(&mut *st, Rendezvous::Done) {
+            Rendezvous::Flushed(outcome) => {
+                drop(st);
+                f(outcome);
+            }
+            _ => *st = Rendezvous::Then(Box::new(f)),
+        }
+    }
+
+    /// Waits until the record is durable.
+    pub async fn durable(self) -> Result<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.then(move |outcome| {
+            let _ = tx.send(outcome);
+        });
+        rx.await.unwrap_or_else(|_| Err(stopped()))
+    }
+}
+
+/// The flush's side of a [`Deferred`]; dropped without [`finish`](Flush::finish) (the journal
+/// went away with the record queued), it reports that.
+struct Flush(Arc<Mutex<Rendezvous>>);
+
+impl Flush {
+    fn finish(&self, outcome: Result<()>) {
+        let mut st = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match std::mem::replace(&mut *st, Rendezvous::Done) {
+            Rendezvous::Flushing => *st = Rendezvous::Flushed(outcome),
+            Rendezvous::Then(f) => {
+                drop(st);
+                f(outcome);
+            }
+            // Already finished: keep what was there.
+            other => *st = other,
+        }
+    }
+}
+
+impl Drop for Flush {
+    fn drop(&mut self) {
+        self.finish(Err(stopped()));
+    }
+}
+
+fn stopped() -> Error {
+    Error::Unavailable("the pool's volume journal stopped before flushing the record".to_owned())
 }
 
 fn journal_error(e: JournalError) -> Error {
@@ -360,6 +424,44 @@ fn redo(pool: &Pool, dir: BorrowedFd<'_>, record: Record) -> Result<()> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    fn pending() -> (Deferred, Flush) {
+        let deferred = Deferred(Arc::new(Mutex::new(Rendezvous::Flushing)));
+        let flush = Flush(deferred.0.clone());
+        (deferred, flush)
+    }
+
+    fn heard(deferred: Deferred) -> std::sync::mpsc::Receiver<Result<()>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        deferred.then(move |outcome| tx.send(outcome).unwrap());
+        rx
+    }
+
+    #[test]
+    fn a_deferred_continuation_runs_once_whichever_side_comes_second() {
+        // The flush first: the continuation runs when it is attached.
+        let (deferred, flush) = pending();
+        flush.finish(Ok(()));
+        drop(flush);
+        let rx = heard(deferred);
+        assert!(rx.try_recv().unwrap().is_ok());
+        assert!(rx.try_recv().is_err(), "ran twice");
+
+        // The continuation first: the flush runs it, with its error.
+        let (deferred, flush) = pending();
+        let rx = heard(deferred);
+        assert!(rx.try_recv().is_err(), "ran before the flush");
+        flush.finish(Err(Error::Unavailable("flush failed".to_owned())));
+        assert!(matches!(rx.try_recv().unwrap(), Err(Error::Unavailable(m)) if m == "flush failed"));
+        drop(flush);
+        assert!(rx.try_recv().is_err(), "ran twice");
+
+        // A journal dropping the queued record: the waiter hears that it stopped.
+        let (deferred, flush) = pending();
+        let rx = heard(deferred);
+        drop(flush);
+        assert!(matches!(rx.try_recv().unwrap(), Err(Error::Unavailable(m)) if m.contains("stopped")));
+    }
 
     #[test]
     fn records_are_small_json_lines_that_round_trip() {
