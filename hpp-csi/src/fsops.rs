@@ -145,6 +145,18 @@ pub fn usage(dir: BorrowedFd<'_>) -> Result<(u64, u64)> {
     Ok((u.bytes, u.inodes))
 }
 
+/// Whether directory `dir` holds nothing but `.` and `..` (reads up to its first entry).
+pub fn is_empty_dir(dir: BorrowedFd<'_>) -> rustix::io::Result<bool> {
+    let mut d = rustix::fs::Dir::read_from(dir)?;
+    while let Some(entry) = d.read() {
+        let entry = entry?;
+        if !matches!(entry.file_name().to_bytes(), b"." | b"..") {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// Raw names in a directory (including non-UTF-8 ones), without `.` and `..`.
 pub fn list_names_bytes(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<Vec<u8>>> {
     let mut d = rustix::fs::Dir::read_from(dir)?;

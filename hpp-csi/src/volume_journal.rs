@@ -385,6 +385,13 @@ fn redo(pool: &Pool, dir: BorrowedFd<'_>, record: Record) -> Result<()> {
             temp,
         } => {
             if DirIdentity::of(dir, &id)?.is_some() {
+                // An in-place create keeps its directory through a crash, but maybe not its
+                // mode, capacity record or settings.
+                if volumes::finish_if_cut_short(pool, dir, &id, required)? {
+                    let tuning = crate::modify::parse(pool, &tuning.into_iter().collect())?;
+                    crate::modify::apply(pool, &id, &tuning)?;
+                    tracing::info!(pool = %pool.name, volume_id = %id, "finished a volume whose creation a crash had cut short");
+                }
                 return Ok(());
             }
             let kept = match &temp {

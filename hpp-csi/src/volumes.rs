@@ -1,9 +1,12 @@
-//! Creating and deleting volume directories with crash safety. A volume is built under a
-//! temporary name unique to the attempt, `.hpp-tmp-<id>-<attempt>`, and renamed into place in
-//! one atomic step, so a crash leaves either no volume or a complete one. No attempt ever
-//! touches another attempt's temporary (an abandoned attempt may still be copying); temporaries
-//! left by a crash are swept when the driver starts ([`sweep`]). Deletion renames to `.hpp-del-<id>` first, so a half-deleted volume is never
-//! served and a retry finishes the job.
+//! Creating and deleting volume directories with crash safety. A volume with contents (a
+//! clone, a restore) or with a quota backend's attachments is built under a temporary name
+//! unique to the attempt, `.hpp-tmp-<id>-<attempt>`, and renamed into place in one atomic step,
+//! so a crash leaves either no volume or a complete one. No attempt ever touches another
+//! attempt's temporary (an abandoned attempt may still be copying); temporaries left by a crash
+//! are swept when the driver starts ([`sweep`]). An empty plain directory in a node-local pool
+//! is made in place instead (one atomic `mkdir`; what a crash may leave unfinished, its mode and
+//! capacity record, is finished by the retry or the journal's redo). Deletion renames to
+//! `.hpp-del-<id>` first, so a half-deleted volume is never served and a retry finishes the job.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
@@ -122,11 +125,30 @@ pub fn recorded_capacity(pool_dir: std::os::fd::BorrowedFd<'_>, id: &str) -> Res
         Err(Errno::NOENT) => return Ok(None),
         Err(e) => return Err(Error::io(format!("opening volume {id}"), e)),
     };
+    read_capacity(dir.as_fd(), id)
+}
+
+/// The capacity recorded on the open volume directory `volume`.
+fn read_capacity(volume: BorrowedFd<'_>, id: &str) -> Result<Option<u64>> {
     let mut buf = [0u8; 32];
-    match rustix::fs::fgetxattr(&dir, CAPACITY_XATTR, &mut buf[..]) {
+    match rustix::fs::fgetxattr(volume, CAPACITY_XATTR, &mut buf[..]) {
         Ok(n) => Ok(std::str::from_utf8(&buf[..n]).ok().and_then(|s| s.parse().ok())),
         Err(Errno::NODATA | Errno::OPNOTSUPP | Errno::RANGE) => Ok(None),
         Err(e) => Err(Error::io(format!("reading the capacity of volume {id}"), e)),
+    }
+}
+
+/// What is already at `id`: nothing (`None`), a volume that satisfies `want` (finished if an
+/// in-place create was cut short), or an error (AlreadyExists when it does not satisfy it or is
+/// not a directory).
+fn existing(pool: &Pool, dir: BorrowedFd<'_>, id: &str, want: Requested) -> Result<Option<Created>> {
+    match fsops::entry(dir, id).map_err(|e| Error::io(format!("stat volume {id}"), e))? {
+        Entry::Missing => Ok(None),
+        Entry::Dir { .. } => check_existing(pool, dir, id, want).map(Some),
+        Entry::Symlink | Entry::Other => Err(Error::AlreadyExists(format!(
+            "{} exists and is not a directory; it is not an hpp volume",
+            pool.volume_path(id).display()
+        ))),
     }
 }
 
@@ -137,8 +159,69 @@ fn check_existing(pool: &Pool, dir: BorrowedFd<'_>, id: &str, want: Requested) -
              satisfy the requested range (required {}, limit {})",
             pool.name, want.required, want.limit
         ))),
-        _ => Ok(Created::Existing),
+        Some(_) => Ok(Created::Existing),
+        None => {
+            // The caller applies the class's settings again.
+            finish_if_cut_short(pool, dir, id, want.required)?;
+            Ok(Created::Existing)
+        }
     }
+}
+
+/// An empty volume in a node-local pool whose backend enforces nothing: one `mkdir` under its
+/// own name, then its mode and capacity record. No temporary and rename: on a large ext4
+/// directory the rename costs about as much again as the `mkdir`, and an empty directory has
+/// nothing to hide while half-made. A crash may keep the directory but not its mode or record
+/// (nothing was acknowledged then); the retry finishes it ([`finish_if_cut_short`]), and so
+/// does the journal's redo of an acknowledged create.
+fn build_in_place(pool: &Pool, dir: BorrowedFd<'_>, id: &str, requested: Requested) -> Result<Created> {
+    match rustix::fs::mkdirat(dir, id, rustix::fs::Mode::from_raw_mode(VOLUME_MODE)) {
+        Ok(()) => {}
+        Err(Errno::EXIST) => {
+            return existing(pool, dir, id, requested)?
+                .ok_or_else(|| Error::Aborted(format!("volume {id} appeared and went while being created; retry")));
+        }
+        Err(e) => return Err(Error::io(format!("creating {}", pool.volume_path(id).display()), e)),
+    }
+    let finished = fsops::open_child_dir(dir, id)
+        .map_err(|e| Error::io(format!("opening volume {id}"), e))
+        .and_then(|fd| finish(pool, fd.as_fd(), id, requested.required));
+    if let Err(e) = finished {
+        // Made by this call and never acknowledged: nothing else can be in it yet.
+        if let Err(cleanup) = rustix::fs::unlinkat(dir, id, rustix::fs::AtFlags::REMOVEDIR) {
+            tracing::warn!(volume_id = %id, error = %cleanup, "cannot remove a volume whose creation failed; a retry finishes it");
+        }
+        return Err(e);
+    }
+    Ok(Created::New(CopyStats::default()))
+}
+
+/// Sets a new volume's mode (the process umask never decides it) and records its capacity.
+fn finish(pool: &Pool, volume: BorrowedFd<'_>, id: &str, required: u64) -> Result<()> {
+    rustix::fs::fchmod(volume, rustix::fs::Mode::from_raw_mode(VOLUME_MODE))
+        .map_err(|e| Error::io(format!("chmod volume {id}"), e))?;
+    record_capacity(pool, volume, required)
+}
+
+/// Finishes volume `id` when it is what an in-place create cut short by a crash leaves: an
+/// empty directory without a capacity record, in a pool where creates are made in place. A
+/// volume with contents (a KubeVirt volume adopted as it is, say) is left alone. Returns
+/// whether it was finished.
+pub(crate) fn finish_if_cut_short(pool: &Pool, dir: BorrowedFd<'_>, id: &str, required: u64) -> Result<bool> {
+    if pool.shared || pool.quota.enforces() {
+        return Ok(false);
+    }
+    let volume = match fsops::open_child_dir(dir, id) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(false),
+        Err(e) => return Err(Error::io(format!("opening volume {id}"), e)),
+    };
+    let empty = fsops::is_empty_dir(volume.as_fd()).map_err(|e| Error::io(format!("listing volume {id}"), e))?;
+    if empty && read_capacity(volume.as_fd(), id)?.is_none() {
+        finish(pool, volume.as_fd(), id, required)?;
+        return Ok(true);
+    }
+    Ok(false)
 }
 
 /// Outcome of [`create`].
@@ -216,15 +299,11 @@ pub(crate) fn build(
     source: Option<&OwnedFd>,
     requested: Requested,
 ) -> Result<(Created, Option<String>)> {
-    match fsops::entry(dir, id).map_err(|e| Error::io(format!("stat volume {id}"), e))? {
-        Entry::Dir { .. } => return Ok((check_existing(pool, dir, id, requested)?, None)),
-        Entry::Missing => {}
-        Entry::Symlink | Entry::Other => {
-            return Err(Error::AlreadyExists(format!(
-                "{} exists and is not a directory; it is not an hpp volume",
-                pool.volume_path(id).display()
-            )));
-        }
+    if source.is_none() && !pool.shared && !pool.quota.enforces() {
+        return Ok((build_in_place(pool, dir, id, requested)?, None));
+    }
+    if let Some(existing) = existing(pool, dir, id, requested)? {
+        return Ok((existing, None));
     }
     let tmp = temp_name(id);
     let backend = &*pool.quota;
