@@ -282,25 +282,29 @@ impl ControllerService {
             let source = source.map(|s| s.locate(&state, &p)).transpose()?;
             let (health, dir) = open_usable(&p)?;
             let size = enforced.unwrap_or(required);
-            // A retry of an existing volume is judged by its record (AlreadyExists when it does
-            // not satisfy the request), not by the pool's size or the budget.
-            let exists = volumes::exists_in(dir.as_fd(), &n)?;
-            if !exists {
-                if let Some(other) = held_elsewhere(&state, &n, &p) {
-                    return Err(Error::AlreadyExists(format!(
-                        "volume {n} already exists in storage pool {other}, not in the requested pool {}",
-                        p.name
-                    )));
-                }
-                if size > health.total_bytes {
-                    return Err(Error::OutOfRange(format!(
-                        "requested {size} bytes but storage pool {} is only {} bytes",
-                        p.name, health.total_bytes
-                    )));
-                }
+            // Checks only a new volume must pass: a retry of an existing one is judged by its
+            // record (AlreadyExists when it does not satisfy the request), not by another pool,
+            // the pool's size or the budget. The pool is looked into only when that matters.
+            let refused = match held_elsewhere(&state, &n, &p) {
+                Some(other) => Some(Error::AlreadyExists(format!(
+                    "volume {n} already exists in storage pool {other}, not in the requested pool {}",
+                    p.name
+                ))),
+                None if size > health.total_bytes => Some(Error::OutOfRange(format!(
+                    "requested {size} bytes but storage pool {} is only {} bytes",
+                    p.name, health.total_bytes
+                ))),
+                None => None,
+            };
+            let is_new = match (refused.is_some(), enforced) {
+                (false, None) => None,
+                _ => Some(!volumes::exists_in(dir.as_fd(), &n)?),
+            };
+            if let (Some(refused), Some(true)) = (refused, is_new) {
+                return Err(refused);
             }
             let promised = match enforced {
-                Some(bytes) if !exists => Some(state.ledger.reserve(&p, &health, &n, bytes, 0)?),
+                Some(bytes) if is_new == Some(true) => Some(state.ledger.reserve(&p, &health, &n, bytes, 0)?),
                 _ => None,
             };
             let src_fd = match &source {
