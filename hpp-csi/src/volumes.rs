@@ -217,11 +217,21 @@ pub(crate) fn finish_if_cut_short(pool: &Pool, dir: BorrowedFd<'_>, id: &str, re
         Err(e) => return Err(Error::io(format!("opening volume {id}"), e)),
     };
     let empty = fsops::is_empty_dir(volume.as_fd()).map_err(|e| Error::io(format!("listing volume {id}"), e))?;
-    if empty && read_capacity(volume.as_fd(), id)?.is_none() {
-        finish(pool, volume.as_fd(), id, required)?;
-        return Ok(true);
+    if !empty || read_capacity(volume.as_fd(), id)?.is_some() {
+        return Ok(false);
     }
-    Ok(false)
+    // Only bits a umask took are given back: a mode someone widened (KubeVirt's legacy 0777, a
+    // kubelet's fsGroup setgid) stays.
+    let mode = rustix::fs::fstat(&volume)
+        .map_err(|e| Error::io(format!("stat volume {id}"), e))?
+        .st_mode
+        & 0o7777;
+    if mode & VOLUME_MODE != VOLUME_MODE {
+        rustix::fs::fchmod(&volume, rustix::fs::Mode::from_raw_mode(mode | VOLUME_MODE))
+            .map_err(|e| Error::io(format!("chmod volume {id}"), e))?;
+    }
+    record_capacity(pool, volume.as_fd(), required)?;
+    Ok(true)
 }
 
 /// Outcome of [`create`].

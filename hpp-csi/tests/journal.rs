@@ -271,6 +271,7 @@ fn the_start_finishes_an_acknowledged_volume_a_crash_cut_short() {
 /// KubeVirt) is answered as it is, untouched.
 #[test]
 fn a_retry_finishes_a_create_a_crash_cut_short_and_leaves_a_kubevirt_volume_alone() {
+    use std::os::unix::fs::PermissionsExt as _;
     let t = tempfile::tempdir().unwrap();
     let p = pool(t.path());
     p.journal().unwrap();
@@ -280,6 +281,13 @@ fn a_retry_finishes_a_create_a_crash_cut_short_and_leaves_a_kubevirt_volume_alon
         volumes::Created::Existing
     );
     assert_eq!(mode(&path), volumes::VOLUME_MODE);
+
+    // Empty, without a record, but a mode someone widened (KubeVirt's legacy provisioner makes
+    // 0777): the record is added, the mode kept.
+    let wide = cut_short(t.path(), "pvc-wide");
+    std::fs::set_permissions(&wide, std::fs::Permissions::from_mode(0o2777)).unwrap();
+    volumes::create(&p, "pvc-wide", None, SIZE).unwrap();
+    assert_eq!(mode(&wide), 0o2777);
 
     let legacy = cut_short(t.path(), "pvc-kubevirt");
     std::fs::write(legacy.join("disk.img"), b"data").unwrap();
