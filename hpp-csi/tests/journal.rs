@@ -330,3 +330,114 @@ fn a_change_that_cannot_be_redone_is_kept_for_the_next_start() {
     third.journal().unwrap();
     assert!(!t.path().join("pool/pvc-m").exists(), "redone once it was unmounted");
 }
+
+const CRASH_CHILD: &str = "HPP_TEST_JOURNAL_CRASH_CHILD_ROOT";
+
+/// Not a test on its own: when the kill test runs this binary with [`CRASH_CHILD`] set, it
+/// creates plain volumes and deletes every third, until it is killed, writing what it was
+/// answered to `<root>/answers` (`c ID` after a create, `D ID` before a delete, `d ID` after).
+#[test]
+fn plain_crash_child() {
+    use std::io::Write as _;
+    let Ok(root) = std::env::var(CRASH_CHILD) else {
+        return;
+    };
+    let root = std::path::PathBuf::from(root);
+    let p = pool(&root);
+    let mut answers = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(root.join("answers"))
+        .unwrap();
+    let mounts = MountTableCache::default();
+    std::fs::write(root.join(format!("started-{}", std::process::id())), b"").unwrap();
+    for i in 0u64.. {
+        let id = format!("pvc-{}-{i}", std::process::id());
+        volumes::create(&p, &id, None, SIZE).unwrap();
+        answers.write_all(format!("c {id}\n").as_bytes()).unwrap();
+        if i % 3 == 2 {
+            let old = format!("pvc-{}-{}", std::process::id(), i - 1);
+            answers.write_all(format!("D {old}\n").as_bytes()).unwrap();
+            volumes::delete(&p, &old, &mounts).unwrap();
+            answers.write_all(format!("d {old}\n").as_bytes()).unwrap();
+        }
+    }
+}
+
+/// kill -9 of a process creating and deleting plain volumes (made in place, journaled), at many
+/// moments: after a start (the journal's redo and the sweep), every volume whose create was
+/// answered is complete (mode and size record), every answered deletion stays done, and a
+/// retried create finishes whatever else a kill left.
+#[test]
+fn killing_a_process_creating_plain_volumes_converges() {
+    use std::collections::BTreeSet;
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().canonicalize().unwrap();
+    drop(pool(&root));
+    let exe = std::env::current_exe().unwrap();
+    for round in 0..10u64 {
+        let mut child = std::process::Command::new(&exe)
+            .args(["--exact", "plain_crash_child", "--nocapture", "--test-threads=1"])
+            .env(CRASH_CHILD, &root)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = root.join(format!("started-{}", child.id()));
+        for _ in 0..30_000 {
+            if started.exists() || child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(round * 7));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let _ = std::fs::remove_file(&started);
+    }
+
+    let answers = std::fs::read_to_string(root.join("answers")).unwrap_or_default();
+    let with = |tag: &str| -> BTreeSet<String> {
+        answers
+            .lines()
+            .filter_map(|l| l.strip_prefix(tag))
+            .map(str::to_owned)
+            .collect()
+    };
+    let (created, deleting, deleted) = (with("c "), with("D "), with("d "));
+    assert!(
+        created.len() >= 10,
+        "the children created too little: {}",
+        created.len()
+    );
+    eprintln!("answered: {} creates, {} deletes", created.len(), deleted.len());
+
+    // What the driver does when it starts.
+    let again = pool(&root);
+    again.journal().unwrap();
+    let dir = again.open().unwrap();
+    volumes::sweep(dir.as_fd(), &*again.quota).unwrap();
+    let on_disk: BTreeSet<String> = again.list_volumes().unwrap().into_iter().collect();
+    let complete = |id: &str| {
+        assert_eq!(mode(&root.join("pool").join(id)), volumes::VOLUME_MODE, "{id}");
+        assert_eq!(
+            volumes::recorded_capacity(dir.as_fd(), id).unwrap(),
+            Some(SIZE.required),
+            "{id}"
+        );
+    };
+    for id in created.difference(&deleting) {
+        assert!(on_disk.contains(id), "{id} was answered created and is gone");
+        complete(id);
+    }
+    for id in &deleted {
+        assert!(!on_disk.contains(id), "{id} was answered deleted and is back");
+    }
+    // The CO retries every create it was not answered; each one is finished.
+    let unanswered: Vec<_> = on_disk.difference(&created).collect();
+    eprintln!("{} volumes on disk whose create was not answered", unanswered.len());
+    for id in unanswered {
+        volumes::create(&again, id, None, SIZE).unwrap();
+        complete(id);
+    }
+}
