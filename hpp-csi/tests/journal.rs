@@ -5,6 +5,8 @@
 //! put back, behind the first pool's back.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod crash_child;
+
 use std::os::fd::AsFd;
 
 use hpp_csi::PoolConfig;
@@ -350,7 +352,7 @@ fn plain_crash_child() {
         .open(root.join("answers"))
         .unwrap();
     let mounts = MountTableCache::default();
-    std::fs::write(root.join(format!("started-{}", std::process::id())), b"").unwrap();
+    crash_child::mark_started(&root);
     for i in 0u64.. {
         let id = format!("pvc-{}-{i}", std::process::id());
         volumes::create(&p, &id, None, SIZE).unwrap();
@@ -374,27 +376,13 @@ fn killing_a_process_creating_plain_volumes_converges() {
     let t = tempfile::tempdir().unwrap();
     let root = t.path().canonicalize().unwrap();
     drop(pool(&root));
-    let exe = std::env::current_exe().unwrap();
-    for round in 0..10u64 {
-        let mut child = std::process::Command::new(&exe)
-            .args(["--exact", "plain_crash_child", "--nocapture", "--test-threads=1"])
-            .env(CRASH_CHILD, &root)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let started = root.join(format!("started-{}", child.id()));
-        for _ in 0..30_000 {
-            if started.exists() || child.try_wait().unwrap().is_some() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(round * 7));
-        child.kill().unwrap();
-        child.wait().unwrap();
-        let _ = std::fs::remove_file(&started);
-    }
+    crash_child::kill_at_moments(
+        "plain_crash_child",
+        CRASH_CHILD,
+        &root,
+        10,
+        std::time::Duration::from_millis(7),
+    );
 
     let answers = std::fs::read_to_string(root.join("answers")).unwrap_or_default();
     let with = |tag: &str| -> BTreeSet<String> {

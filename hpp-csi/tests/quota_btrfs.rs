@@ -4,6 +4,7 @@
 //! create, snapshot, clone, expand, modify and delete converges.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod crash_child;
 #[path = "../../hpp-fs/tests/common/mod.rs"]
 mod loopfs;
 
@@ -149,7 +150,7 @@ fn crash_child() {
         required: 4 * MIB,
         limit: 0,
     };
-    std::fs::write(root.join(format!("started-{}", std::process::id())), b"").unwrap();
+    crash_child::mark_started(&root);
     for i in 0u64.. {
         let (vol, snap, clone) = (format!("vol-{i}"), format!("snap-{i}"), format!("clone-{i}"));
         volumes::create(&pool, &vol, None, want).unwrap();
@@ -177,29 +178,13 @@ fn killing_the_driver_at_any_moment_converges() {
     };
     let root = fs.path().to_path_buf();
     crash_pool(&root);
-    let exe = std::env::current_exe().unwrap();
-    for round in 0..12u64 {
-        let mut child = std::process::Command::new(&exe)
-            .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
-            .env(CRASH_CHILD, &root)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        // Once the child is at work, a different moment each round; where the kill lands does
-        // not matter to the checks.
-        let started = root.join(format!("started-{}", child.id()));
-        for _ in 0..30_000 {
-            if started.exists() || child.try_wait().unwrap().is_some() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(round * 17));
-        child.kill().unwrap();
-        child.wait().unwrap();
-        let _ = std::fs::remove_file(&started);
-    }
+    crash_child::kill_at_moments(
+        "crash_child",
+        CRASH_CHILD,
+        &root,
+        12,
+        std::time::Duration::from_millis(17),
+    );
     // What the driver does at start-up.
     let pool = crash_pool(&root);
     let dir = pool.open().unwrap();
@@ -325,7 +310,7 @@ fn resize_crash_child() {
         .open(root.join(format!("journal-{round}")))
         .unwrap();
     let mut step = |line: String| writeln!(journal, "{line}").unwrap();
-    std::fs::write(root.join(format!("started-{}", std::process::id())), b"").unwrap();
+    crash_child::mark_started(&root);
     for i in 0u64.. {
         let vol = format!("r{round}-vol-{i}");
         step(format!("create {vol}"));
@@ -395,7 +380,7 @@ fn killing_the_driver_while_expanding_or_modifying_converges() {
             "round {round}: the child ended with {status}: {}",
             std::fs::read_to_string(root.join(format!("child-{round}.log"))).unwrap()
         );
-        let _ = std::fs::remove_file(root.join(format!("started-{}", child.id())));
+        let _ = std::fs::remove_file(crash_child::started_marker(&root, &child));
 
         let dir = pool.open().unwrap();
         volumes::sweep(dir.as_fd(), &*pool.quota).unwrap();

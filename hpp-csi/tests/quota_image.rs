@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+mod crash_child;
 #[path = "../../hpp-fs/tests/common/mod.rs"]
 mod loopfs;
 
@@ -256,7 +257,7 @@ fn image_crash_child() {
         .open(root.join(format!("journal-{round}")))
         .unwrap();
     let mut step = |line: String| writeln!(journal, "{line}").unwrap();
-    std::fs::write(root.join(format!("started-{}", std::process::id())), b"").unwrap();
+    crash_child::mark_started(&root);
     for i in 0u64.. {
         let (vol, clone) = (format!("r{round}-vol-{i}"), format!("r{round}-clone-{i}"));
         step(format!("create {vol}"));
@@ -341,14 +342,10 @@ fn killing_the_driver_working_on_image_volumes_converges() {
             .stderr(std::fs::File::create(root.join(format!("child-{round}.log"))).unwrap())
             .spawn()
             .unwrap();
-        let started = root.join(format!("started-{}", child.id()));
-        for _ in 0..30_000 {
-            if started.exists() || child.try_wait().unwrap().is_some() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        assert!(started.exists(), "round {round}: the child never started");
+        assert!(
+            crash_child::wait_started(&mut child, &root),
+            "round {round}: the child never started"
+        );
         // Each round aims at one kind of step, a little later into it every time it comes round.
         let aim = steps[round as usize % steps.len()];
         let journal = root.join(format!("journal-{round}"));
@@ -370,7 +367,7 @@ fn killing_the_driver_working_on_image_volumes_converges() {
             "round {round}: the child ended with {status}: {}",
             std::fs::read_to_string(root.join(format!("child-{round}.log"))).unwrap()
         );
-        std::fs::remove_file(&started).unwrap();
+        std::fs::remove_file(crash_child::started_marker(&root, &child)).unwrap();
 
         // What the driver does when it starts again: a fresh pool, swept, its journal replayed.
         let pool = image_pool(&root);
