@@ -153,7 +153,12 @@ fn existing(pool: &Pool, dir: BorrowedFd<'_>, id: &str, want: Requested) -> Resu
 }
 
 fn check_existing(pool: &Pool, dir: BorrowedFd<'_>, id: &str, want: Requested) -> Result<Created> {
-    match recorded_capacity(dir, id)? {
+    let volume = match fsops::open_child_dir(dir, id) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(Created::Existing),
+        Err(e) => return Err(Error::io(format!("opening volume {id}"), e)),
+    };
+    match read_capacity(volume.as_fd(), id)? {
         Some(have) if !want.satisfied_by(have) => Err(Error::AlreadyExists(format!(
             "volume {id} already exists in storage pool {} with capacity {have} bytes, which does not \
              satisfy the requested range (required {}, limit {})",
@@ -162,7 +167,7 @@ fn check_existing(pool: &Pool, dir: BorrowedFd<'_>, id: &str, want: Requested) -
         Some(_) => Ok(Created::Existing),
         None => {
             // The caller applies the class's settings again.
-            finish_if_cut_short(pool, dir, id, want.required)?;
+            finish_unrecorded(pool, volume.as_fd(), id, want.required)?;
             Ok(Created::Existing)
         }
     }
@@ -208,29 +213,36 @@ fn finish(pool: &Pool, volume: BorrowedFd<'_>, id: &str, required: u64) -> Resul
 /// volume with contents (a KubeVirt volume adopted as it is, say) is left alone. Returns
 /// whether it was finished.
 pub(crate) fn finish_if_cut_short(pool: &Pool, dir: BorrowedFd<'_>, id: &str, required: u64) -> Result<bool> {
-    if pool.shared || pool.quota.enforces() {
-        return Ok(false);
-    }
     let volume = match fsops::open_child_dir(dir, id) {
         Ok(fd) => fd,
         Err(Errno::NOENT) => return Ok(false),
         Err(e) => return Err(Error::io(format!("opening volume {id}"), e)),
     };
-    let empty = fsops::is_empty_dir(volume.as_fd()).map_err(|e| Error::io(format!("listing volume {id}"), e))?;
-    if !empty || read_capacity(volume.as_fd(), id)?.is_some() {
+    match read_capacity(volume.as_fd(), id)? {
+        Some(_) => Ok(false),
+        None => finish_unrecorded(pool, volume.as_fd(), id, required),
+    }
+}
+
+/// [`finish_if_cut_short`] for the open `volume`, already known to have no capacity record.
+fn finish_unrecorded(pool: &Pool, volume: BorrowedFd<'_>, id: &str, required: u64) -> Result<bool> {
+    if pool.shared || pool.quota.enforces() {
+        return Ok(false);
+    }
+    if !fsops::is_empty_dir(volume).map_err(|e| Error::io(format!("listing volume {id}"), e))? {
         return Ok(false);
     }
     // Only bits a umask took are given back: a mode someone widened (KubeVirt's legacy 0777, a
     // kubelet's fsGroup setgid) stays.
-    let mode = rustix::fs::fstat(&volume)
+    let mode = rustix::fs::fstat(volume)
         .map_err(|e| Error::io(format!("stat volume {id}"), e))?
         .st_mode
         & 0o7777;
     if mode & VOLUME_MODE != VOLUME_MODE {
-        rustix::fs::fchmod(&volume, rustix::fs::Mode::from_raw_mode(mode | VOLUME_MODE))
+        rustix::fs::fchmod(volume, rustix::fs::Mode::from_raw_mode(mode | VOLUME_MODE))
             .map_err(|e| Error::io(format!("chmod volume {id}"), e))?;
     }
-    record_capacity(pool, volume.as_fd(), required)?;
+    record_capacity(pool, volume, required)?;
     Ok(true)
 }
 
