@@ -267,12 +267,21 @@ async fn leader_election_lets_one_instance_provision() {
             )
         })
         .collect();
-    tokio::time::timeout(
-        Duration::from_secs(120),
-        fake.wait_until(|f| f.list::<PersistentVolume>().len() == 3),
-    )
-    .await
-    .expect("the leader provisions every claim");
+    // The success Event is recorded after the PV is stored, so wait for both.
+    let provisioned = |f: &FakeApiServer| {
+        f.list::<PersistentVolume>().len() == 3
+            && claims.iter().all(|c| {
+                !events_for(
+                    f,
+                    c.metadata.name.as_deref().unwrap_or_default(),
+                    "ProvisioningSucceeded",
+                )
+                .is_empty()
+            })
+    };
+    tokio::time::timeout(Duration::from_secs(120), fake.wait_until(provisioned))
+        .await
+        .expect("the leader provisions every claim");
     for c in &claims {
         assert!(host_path(&pv(&fake, &pv_name(c))).is_dir());
     }
