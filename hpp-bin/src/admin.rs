@@ -183,6 +183,7 @@ mod tests {
         assert_eq!(bound, None, "the port is taken");
         drop(taken);
         // A later attempt binds the freed port and serves.
-        assert_eq!(served_rx.await.unwrap(), addr);
+        let served = tokio::time::timeout(std::time::Duration::from_secs(60), served_rx).await;
+        assert_eq!(served.expect("the freed port is bound within a minute").unwrap(), addr);
     }
 }

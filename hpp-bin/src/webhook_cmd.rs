@@ -306,10 +306,14 @@ mod tests {
             })
             .await
         });
+        // A minute at most: the port was free a moment ago, but another program may take it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         let scrape = loop {
             match https_get(metrics_addr, "/metrics", Trust::Any, &[&rustls::version::TLS13]).await {
                 Ok(s) => break s,
-                Err(_) if !task.is_finished() => tokio::task::yield_now().await,
+                Err(_) if !task.is_finished() && std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await
+                }
                 Err(e) => panic!("metrics listener never came up: {e}"),
             }
         };

@@ -311,8 +311,9 @@ impl Pool {
     /// usable: it passed the mount guard [`open`](Self::open) applies, so a request can work
     /// through it instead of opening the pool again.
     pub fn measure_open(&self) -> (PoolHealth, Option<OwnedFd>) {
+        let started = Instant::now();
         let (h, dir) = self.measure_now(|| fsops::listed_as_mount_point(&self.path));
-        self.remember(&h);
+        self.remember(started, &h);
         (h, dir)
     }
 
@@ -327,13 +328,19 @@ impl Pool {
     }
 
     fn health_with(&self, in_mount_table: impl FnOnce() -> bool) -> PoolHealth {
+        let started = Instant::now();
         let (h, _) = self.measure_now(in_mount_table);
-        self.remember(&h);
+        self.remember(started, &h);
         h
     }
 
-    fn remember(&self, h: &PoolHealth) {
-        *self.last_measured.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), h.clone()));
+    /// Keeps `h`, measured from `started` on, unless a measurement begun later is already kept:
+    /// a slow one (a request's, a hung filesystem's) must not replace what a newer one saw.
+    fn remember(&self, started: Instant, h: &PoolHealth) {
+        let mut last = self.last_measured.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.as_ref().is_none_or(|(at, _)| *at <= started) {
+            *last = Some((started, h.clone()));
+        }
     }
 
     /// The pool's health, and its directory when usable.
@@ -554,6 +561,32 @@ mod tests {
         assert!(err.to_string().contains("prjquota"), "{err}");
         cfg.quota = QuotaMode::Auto;
         assert_eq!(Pool::prepare(&cfg).unwrap().quota.name(), "none");
+    }
+
+    #[test]
+    fn a_measurement_begun_earlier_does_not_replace_a_later_one() {
+        let root = tempfile::tempdir().unwrap();
+        let pool = Pool::prepare(&PoolConfig::new("p", root.path().join("p"))).unwrap();
+        let slow_start = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        let later = Instant::now();
+        let fresh = PoolHealth {
+            usable: false,
+            reason: Some("unmounted".into()),
+            ..PoolHealth::default()
+        };
+        pool.remember(later, &fresh);
+        // A measurement that began before and finished after (a request's, on a slow disk).
+        pool.remember(
+            slow_start,
+            &PoolHealth {
+                usable: true,
+                ..PoolHealth::default()
+            },
+        );
+        assert_eq!(pool.recent_health(Duration::from_secs(60)), Some(fresh));
+        let newer = pool.health(&MountTable::default());
+        assert_eq!(pool.recent_health(Duration::from_secs(60)), Some(newer));
     }
 
     #[test]

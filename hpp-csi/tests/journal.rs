@@ -384,7 +384,21 @@ fn killing_a_process_creating_plain_volumes_converges() {
         std::time::Duration::from_millis(7),
     );
 
-    let answers = std::fs::read_to_string(root.join("answers")).unwrap_or_default();
+    let answered = || std::fs::read_to_string(root.join("answers")).unwrap_or_default();
+    // Each create waits for its own flush, so a slow disk fits few into the moments above: more
+    // children, each given longer, until enough creates were answered to check anything.
+    for round in 1..=20 {
+        if answered().lines().filter(|l| l.starts_with("c ")).count() >= 10 {
+            break;
+        }
+        crash_child::kill_after(
+            "plain_crash_child",
+            CRASH_CHILD,
+            &root,
+            std::time::Duration::from_millis(100 * round),
+        );
+    }
+    let answers = answered();
     let with = |tag: &str| -> BTreeSet<String> {
         answers
             .lines()

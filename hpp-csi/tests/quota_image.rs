@@ -78,7 +78,7 @@ async fn image_volumes_are_loop_mounted_limited_and_freed() {
     assert!(!target.exists());
     // The loop device goes with the unmount (autoclear, done by the kernel right after).
     let mut deleted = Err(tonic::Status::internal("not tried"));
-    for _ in 0..100 {
+    for _ in 0..500 {
         deleted = h.controller.delete_volume(delete.clone()).await.map(|_| ());
         if deleted.is_ok() {
             break;

@@ -186,6 +186,8 @@ async fn one_unusable_pool_takes_only_itself_out() {
     .await;
     let guarded = h.root.join("disk");
     rustix::mount::mount("tmpfs", &guarded, "tmpfs", rustix::mount::MountFlags::empty(), None).unwrap();
+    // Usable once mounted, so the wait for "unusable" below sees the unmount, not the start.
+    h.wait_for_metric("hpp_pool_usable{pool=\"guarded\"} 1").await;
     let mut req = create_req("pvc-g");
     req.parameters = params("guarded");
     h.controller.create_volume(req).await.unwrap();

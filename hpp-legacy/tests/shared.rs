@@ -330,7 +330,9 @@ async fn standby_takes_over_when_the_leader_stops() {
             fs.path(),
             id,
         ));
-        let lease = LeaseSettings::new("hpp-ha", "kube-system", id).with_timing(3, 1);
+        // Short enough that the standby's wait for the released lease takes seconds, with a
+        // renewal margin a loaded machine's scheduling delays cannot eat.
+        let lease = LeaseSettings::new("hpp-ha", "kube-system", id).with_timing(6, 3);
         let (tx, mut rx) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(run_with_leader_election(p, lease, async move {
             let _ = rx.wait_for(|s| *s).await;

@@ -96,7 +96,9 @@ async fn start_policy_prefers_overrides() {
     assert_eq!(rx.borrow().source(), &PolicySource::Override);
     assert_eq!(rx.borrow().metrics_tls_version_flag(), "VersionTLS12");
     let mut rx2 = rx.clone();
-    tokio::task::yield_now().await;
+    // A follower of the cluster profile would have asked the API server by now.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(fake.requests().is_empty(), "{:?}", fake.requests());
     assert!(!rx2.has_changed().unwrap());
     assert_eq!(rx2.borrow_and_update().source(), &PolicySource::Override);
 }

@@ -394,7 +394,7 @@ impl ClusterState for Hanging {
 #[tokio::test]
 async fn requests_that_take_too_long_are_answered_with_an_error() {
     let options = ServerOptions {
-        request_timeout: Duration::from_millis(200),
+        request_timeout: Duration::from_secs(2),
         ..ServerOptions::default()
     };
     let hanging = Arc::new(Hanging(AtomicUsize::new(0)));

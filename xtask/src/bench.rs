@@ -392,6 +392,7 @@ async fn compare_with_go(dir: &Path, args: &Args, root: bool) -> anyhow::Result<
 async fn create_loop(driver: &Server, n: usize) -> anyhow::Result<()> {
     let ctl = ControllerClient::new(driver.channel.clone());
     let cpu_before = crate::bench_proc::cpu_time(driver.pid())?;
+    let machine_before = crate::bench_proc::MachineCpu::now()?;
     let st = each("CreateVolume", n, 16, ctl, |mut c, i| async move {
         c.create_volume(create_request(format!("pvc-loop-{i:07}")))
             .await
@@ -399,12 +400,14 @@ async fn create_loop(driver: &Server, n: usize) -> anyhow::Result<()> {
     })
     .await?;
     let cpu = crate::bench_proc::cpu_time(driver.pid())?.saturating_sub(cpu_before);
+    let machine = crate::bench_proc::MachineCpu::now()?.since(machine_before);
     println!(
-        "CreateVolume c=16 x{n}: {:.0} ops/s, p50 {:?}, p99 {:?}, driver CPU {:?} per call",
+        "CreateVolume c=16 x{n}: {:.0} ops/s, p50 {:?}, p99 {:?}, driver CPU {:?} per call, machine {}",
         st.ops_per_sec,
         st.p50,
         st.p99,
-        cpu / u32::try_from(n.max(1)).unwrap_or(u32::MAX)
+        cpu / u32::try_from(n.max(1)).unwrap_or(u32::MAX),
+        machine.shares()
     );
     Ok(())
 }

@@ -70,6 +70,65 @@ fn cpu_ticks(stat: &str) -> anyhow::Result<u64> {
     Ok(field(14)? + field(15)?)
 }
 
+/// The machine's CPU time by kind, from the `cpu` line of `/proc/stat` (clock ticks).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MachineCpu {
+    /// `user + nice`.
+    pub user: u64,
+    /// `system + irq + softirq`: kernel work, a loop device's flushes included.
+    pub system: u64,
+    /// `idle + iowait`: no runnable thread.
+    pub idle: u64,
+}
+
+impl MachineCpu {
+    /// Reads `/proc/stat` now.
+    pub fn now() -> anyhow::Result<MachineCpu> {
+        let text = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+        MachineCpu::parse(&text).context("parsing /proc/stat")
+    }
+
+    /// Parses the aggregate `cpu ` line of a `/proc/stat` text.
+    pub fn parse(text: &str) -> anyhow::Result<MachineCpu> {
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("cpu "))
+            .context("no cpu line")?;
+        let values: Vec<u64> = line
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .context("a cpu field is not a number")?;
+        let at = |i: usize| values.get(i).copied().unwrap_or(0);
+        Ok(MachineCpu {
+            user: at(0) + at(1),
+            system: at(2) + at(5) + at(6),
+            idle: at(3) + at(4),
+        })
+    }
+
+    /// The time spent between `earlier` and `self`, by kind.
+    pub fn since(self, earlier: MachineCpu) -> MachineCpu {
+        MachineCpu {
+            user: self.user.saturating_sub(earlier.user),
+            system: self.system.saturating_sub(earlier.system),
+            idle: self.idle.saturating_sub(earlier.idle),
+        }
+    }
+
+    /// `user / system / idle` as percentages of the total.
+    pub fn shares(self) -> String {
+        let total = (self.user + self.system + self.idle).max(1) as f64;
+        let pct = |v: u64| 100.0 * v as f64 / total;
+        format!(
+            "user {:.0}% / system {:.0}% / idle {:.0}%",
+            pct(self.user),
+            pct(self.system),
+            pct(self.idle)
+        )
+    }
+}
+
 /// Peak resident memory of this process (`VmHWM`) in KiB, 0 when unreadable.
 pub fn peak_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -235,6 +294,27 @@ mod tests {
         );
         let err = ProcStatus::parse("VmRSS:\t1 kB\n").unwrap_err();
         assert!(err.to_string().contains("RssAnon"), "{err}");
+    }
+
+    #[test]
+    fn machine_cpu_groups_the_stat_line_into_user_system_and_idle() {
+        let text = "cpu  100 5 40 800 20 3 2 0 0 0\ncpu0 50 2 20 400 10 1 1 0 0 0\nintr 1\n";
+        let earlier = MachineCpu::parse(text).unwrap();
+        assert_eq!(
+            earlier,
+            MachineCpu {
+                user: 105,
+                system: 45,
+                idle: 820
+            }
+        );
+        let later = MachineCpu {
+            user: 205,
+            system: 95,
+            idle: 870,
+        };
+        assert_eq!(later.since(earlier).shares(), "user 50% / system 25% / idle 25%");
+        assert!(MachineCpu::parse("intr 1\n").is_err());
     }
 
     #[test]

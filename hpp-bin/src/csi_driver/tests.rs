@@ -421,13 +421,17 @@ async fn healthz_runs_one_report_at_a_time_and_a_hung_one_answers_not_ok() {
     let reports = Arc::new(tokio::sync::Semaphore::new(1));
     let started = Arc::new(AtomicUsize::new(0));
     let (release, hung) = std::sync::mpsc::channel::<()>();
+    let (began, first_began) = std::sync::mpsc::channel::<()>();
     // A report that hangs (a pool on a dead NFS server) until released.
     let s = started.clone();
     let first = pools_usable(reports.clone(), Duration::from_millis(50), move || {
         s.fetch_add(1, Ordering::SeqCst);
+        let _ = began.send(());
         hung.recv().is_ok()
     });
     assert_eq!(first.await, None, "not finished in time: not ok");
+    // Its thread holds the permit from the start, but may begin running only now.
+    first_began.recv_timeout(Duration::from_secs(30)).unwrap();
     // While it hangs, later requests answer "not ok" without a report (a thread) of their own.
     for _ in 0..3 {
         let s = started.clone();

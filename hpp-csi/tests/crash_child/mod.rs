@@ -32,19 +32,25 @@ pub fn wait_started(child: &mut Child, root: &Path) -> bool {
 /// (SIGKILL) `round × step` after it started: a different moment each round. Where a kill
 /// lands does not matter to the caller's checks.
 pub fn kill_at_moments(test: &str, env: &str, root: &Path, rounds: u64, step: Duration) {
-    let exe = std::env::current_exe().unwrap();
     for round in 0..rounds {
-        let mut child = Command::new(&exe)
-            .args(["--exact", test, "--nocapture", "--test-threads=1"])
-            .env(env, root)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        wait_started(&mut child, root);
-        std::thread::sleep(step * u32::try_from(round).unwrap());
-        child.kill().unwrap();
-        child.wait().unwrap();
-        let _ = std::fs::remove_file(started_marker(root, &child));
+        kill_after(test, env, root, step * u32::try_from(round).unwrap());
     }
+}
+
+/// Runs this binary's test `test` alone with `env` set to `root` and kills it (SIGKILL) `delay`
+/// after it started.
+pub fn kill_after(test: &str, env: &str, root: &Path, delay: Duration) {
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Command::new(&exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(env, root)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_started(&mut child, root);
+    std::thread::sleep(delay);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = std::fs::remove_file(started_marker(root, &child));
 }
