@@ -12,7 +12,7 @@ use crate::csi::{self, controller_service_capability::rpc::Type as Cap, volume_c
 use crate::error::{Error, Result};
 use crate::expand::{self, ExpansionMode};
 use crate::inflight::{snapshot_key, volume_key};
-use crate::lane::Reply;
+use crate::lane::{Reply, blocking_replying};
 use crate::modify;
 use crate::pagination::{self, pool_key};
 use crate::pool::{Pool, PoolHealth};
@@ -98,7 +98,7 @@ fn held_elsewhere(state: &DriverState, id: &str, chosen: &Pool) -> Option<String
         .map(|p| p.name.clone())
 }
 
-/// Answers a lane job's caller with what the job made once its journal record is durable (at
+/// Answers a lane or blocking job's caller with what the job made once its journal record is durable (at
 /// once when it has none); a failed flush comes after the change was visible.
 fn answer_when_durable<T: Send + 'static>(outcome: Result<(T, Option<Deferred>)>, reply: Reply<T>) {
     match outcome {
@@ -331,22 +331,16 @@ impl ControllerService {
             Ok(((health, created, recorded, guard), durable))
         };
         // The volume stays locked (`guard`) until it is durable, so a concurrent request for it
-        // waits for the same outcome. The flush is not waited for on a thread: a lane job
-        // answers from the flush's callback (one wake-up of this task per request), a blocking
-        // job's caller awaits it here.
+        // waits for the same outcome, also when this caller stops waiting. The flush is not
+        // waited for on a thread: the job answers from the flush's callback (one wake-up of this
+        // task per request), which also releases the lock.
         let (health, created, recorded, guard) = match on_lane {
             true => {
                 pool.lane()
                     .run_replying(move |reply| answer_when_durable(work(), reply))
                     .await?
             }
-            false => {
-                let (made, durable) = blocking(work).await?;
-                if let Some(durable) = durable {
-                    durable.durable().await.map_err(Error::after_visible)?;
-                }
-                made
-            }
+            false => blocking_replying(move |reply| answer_when_durable(work(), reply)).await?,
         };
         drop(guard);
         match created {

@@ -71,6 +71,25 @@ impl<T> Reply<T> {
     }
 }
 
+/// [`Lane::run_replying`] on the blocking pool: for jobs that may wait long (a copy, a quota
+/// backend, a network filesystem), which must not hold up a pool's lane, but whose answer, like a
+/// lane job's, may come later from a flush's callback. A job runs to its end, and its answer is
+/// delivered, when the caller stops waiting.
+pub async fn blocking_replying<T, F>(f: F) -> Result<T>
+where
+    F: FnOnce(Reply<T>) + Send + 'static,
+    T: Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    blocking(move || {
+        f(Reply(tx));
+        Ok(())
+    })
+    .await?;
+    rx.await
+        .unwrap_or_else(|_| Err(Error::Internal("a job ended before it answered".to_owned())))
+}
+
 impl Lane {
     /// Runs `f` on the lane and returns its result. A job already started runs to its end when
     /// the caller stops waiting (as on the blocking pool). When no thread can be started, `f`
@@ -176,6 +195,35 @@ impl Shared {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// What a blocking job holds (a volume's lock) goes with its answer: kept after its caller
+    /// stopped waiting, until the answer is given (to nobody), then released.
+    #[tokio::test]
+    async fn a_blocking_job_keeps_what_it_holds_until_it_answers_even_without_a_caller() {
+        let held = Arc::new(());
+        let (answer, answer_now) = std::sync::mpsc::channel::<()>();
+        let h = held.clone();
+        let call = blocking_replying(move |reply: Reply<Arc<()>>| {
+            std::thread::spawn(move || {
+                let _ = answer_now.recv();
+                reply.send(Ok(h));
+            });
+        });
+        assert!(tokio::time::timeout(Duration::from_millis(20), call).await.is_err());
+        assert_eq!(Arc::strong_count(&held), 2, "released before the answer");
+        answer.send(()).unwrap();
+        for _ in 0..30_000 {
+            if Arc::strong_count(&held) == 1 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(Arc::strong_count(&held), 1, "kept after the answer");
+        let answered = blocking_replying(|reply: Reply<u32>| reply.send(Ok(7))).await;
+        assert_eq!(answered.unwrap(), 7);
+        let dropped = blocking_replying(|reply: Reply<u32>| drop(reply)).await;
+        assert!(matches!(dropped, Err(Error::Internal(_))), "{dropped:?}");
+    }
 
     #[tokio::test]
     async fn jobs_run_in_order_and_answer_their_callers() {

@@ -402,7 +402,7 @@ fn redo(pool: &Pool, dir: BorrowedFd<'_>, record: Record) -> Result<()> {
                 _ => false,
             };
             if !kept {
-                volumes::build(pool, dir, &id, None, Requested { required, limit })?;
+                volumes::build(pool, dir, &id, None, Requested { required, limit }, true)?;
                 let tuning = crate::modify::parse(pool, &tuning.into_iter().collect())?;
                 crate::modify::apply(pool, &id, &tuning)?;
             }

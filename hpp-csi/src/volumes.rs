@@ -166,8 +166,9 @@ fn check_existing(pool: &Pool, dir: BorrowedFd<'_>, id: &str, want: Requested) -
         ))),
         Some(_) => Ok(Created::Existing),
         None => {
-            // The caller applies the class's settings again.
-            finish_unrecorded(pool, volume.as_fd(), id, want.required)?;
+            // The caller applies the class's settings again. The volume is visible: a failure
+            // here is for a retry to finish, not a final answer.
+            finish_unrecorded(pool, dir, volume.as_fd(), id, want.required).map_err(Error::after_visible)?;
             Ok(Created::Existing)
         }
     }
@@ -195,6 +196,8 @@ fn build_in_place(pool: &Pool, dir: BorrowedFd<'_>, id: &str, requested: Request
         // Made by this call and never acknowledged: nothing else can be in it yet.
         if let Err(cleanup) = rustix::fs::unlinkat(dir, id, rustix::fs::AtFlags::REMOVEDIR) {
             tracing::warn!(volume_id = %id, error = %cleanup, "cannot remove a volume whose creation failed; a retry finishes it");
+            // It stays visible under its name: the CO must retry, not give up on it.
+            return Err(e.after_visible());
         }
         return Err(e);
     }
@@ -220,13 +223,27 @@ pub(crate) fn finish_if_cut_short(pool: &Pool, dir: BorrowedFd<'_>, id: &str, re
     };
     match read_capacity(volume.as_fd(), id)? {
         Some(_) => Ok(false),
-        None => finish_unrecorded(pool, volume.as_fd(), id, required),
+        None => finish_unrecorded(pool, dir, volume.as_fd(), id, required),
     }
 }
 
-/// [`finish_if_cut_short`] for the open `volume`, already known to have no capacity record.
-fn finish_unrecorded(pool: &Pool, volume: BorrowedFd<'_>, id: &str, required: u64) -> Result<bool> {
+/// [`finish_if_cut_short`] for the open `volume` in the pool directory `dir`, already known to
+/// have no capacity record.
+fn finish_unrecorded(
+    pool: &Pool,
+    dir: BorrowedFd<'_>,
+    volume: BorrowedFd<'_>,
+    id: &str,
+    required: u64,
+) -> Result<bool> {
     if pool.shared || pool.quota.enforces() {
+        return Ok(false);
+    }
+    let stat = |fd: BorrowedFd<'_>| rustix::fs::fstat(fd).map_err(|e| Error::io(format!("stat volume {id}"), e));
+    let volume_stat = stat(volume)?;
+    // A mkdir here leaves a directory of the pool's filesystem: another filesystem mounted
+    // there (or a subvolume an admin made) is not one to touch.
+    if volume_stat.st_dev != stat(dir)?.st_dev {
         return Ok(false);
     }
     if !fsops::is_empty_dir(volume).map_err(|e| Error::io(format!("listing volume {id}"), e))? {
@@ -234,15 +251,15 @@ fn finish_unrecorded(pool: &Pool, volume: BorrowedFd<'_>, id: &str, required: u6
     }
     // Only bits a umask took are given back: a mode someone widened (KubeVirt's legacy 0777, a
     // kubelet's fsGroup setgid) stays.
-    let mode = rustix::fs::fstat(volume)
-        .map_err(|e| Error::io(format!("stat volume {id}"), e))?
-        .st_mode
-        & 0o7777;
+    let mode = volume_stat.st_mode & 0o7777;
     if mode & VOLUME_MODE != VOLUME_MODE {
         rustix::fs::fchmod(volume, rustix::fs::Mode::from_raw_mode(mode | VOLUME_MODE))
             .map_err(|e| Error::io(format!("chmod volume {id}"), e))?;
     }
     record_capacity(pool, volume, required)?;
+    // Made durable here: the caller's sync may not cover it (a pool without its journal syncs
+    // only the pool directory, which this did not change). A rare path: crash recovery.
+    rustix::fs::fsync(volume).map_err(|e| Error::io(format!("syncing volume {id}"), e))?;
     Ok(true)
 }
 
@@ -293,7 +310,7 @@ pub(crate) fn create_in(
 ) -> Result<(Created, Option<Deferred>)> {
     // Before anything is looked at: the first use redoes what a crash lost.
     let journal = pool.journal_in(dir)?;
-    let (created, temp) = build(pool, dir, id, source, requested)?;
+    let (created, temp) = build(pool, dir, id, source, requested, journal.is_some())?;
     // Nothing is acknowledged before the sync that covers it, an existing volume included (a
     // retry after a crash between the rename and its sync); concurrent creates and deletes
     // share that sync (group commit).
@@ -313,15 +330,18 @@ pub(crate) fn create_in(
 
 /// Builds volume `id` in the pool directory `dir` under a temporary and renames it into place
 /// (returning the temporary's name), or checks the existing one; makes nothing durable (the
-/// caller does).
+/// caller does). With `journaled` (the pool's journal is open) an empty plain volume is made in
+/// place: the journal's record covers its mode and capacity record. Without, the rename comes
+/// last, so the sync of the pool directory covers everything done before it.
 pub(crate) fn build(
     pool: &Pool,
     dir: BorrowedFd<'_>,
     id: &str,
     source: Option<&OwnedFd>,
     requested: Requested,
+    journaled: bool,
 ) -> Result<(Created, Option<String>)> {
-    if source.is_none() && !pool.shared && !pool.quota.enforces() {
+    if journaled && source.is_none() && !pool.shared && !pool.quota.enforces() {
         return Ok((build_in_place(pool, dir, id, requested)?, None));
     }
     if let Some(existing) = existing(pool, dir, id, requested)? {

@@ -302,6 +302,37 @@ fn a_retry_finishes_a_create_a_crash_cut_short_and_leaves_a_kubevirt_volume_alon
     assert_eq!(volumes::recorded_capacity(dir.as_fd(), "pvc-kubevirt").unwrap(), None);
 }
 
+/// An empty filesystem mounted where a volume would be (no record, the root of another
+/// filesystem) is not what a cut-short create leaves: a retry answers it as it is, untouched.
+#[test]
+fn a_retry_leaves_another_filesystem_mounted_under_the_volume_name_alone() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: mounting needs root");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let p = pool(t.path());
+    p.journal().unwrap();
+    let path = cut_short(t.path(), "pvc-mnt");
+    rustix::mount::mount(
+        "tmpfs",
+        &path,
+        "tmpfs",
+        rustix::mount::MountFlags::empty(),
+        c"mode=0700",
+    )
+    .unwrap();
+    let created = volumes::create(&p, "pvc-mnt", None, SIZE);
+    let (kept_mode, record) = (
+        mode(&path),
+        volumes::recorded_capacity(p.open().unwrap().as_fd(), "pvc-mnt"),
+    );
+    rustix::mount::unmount(&path, rustix::mount::UnmountFlags::DETACH).unwrap();
+    assert_eq!(created.unwrap(), volumes::Created::Existing);
+    assert_eq!(kept_mode, 0o700);
+    assert_eq!(record.unwrap(), None);
+}
+
 /// A change that cannot be redone at start (the resurrected volume is mounted) is recorded
 /// again, not checkpointed away: the next start redoes it.
 #[test]

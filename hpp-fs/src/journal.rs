@@ -408,8 +408,7 @@ impl Journal {
     /// Whether the journal file under its name in `dir` is the one this journal opened (another
     /// filesystem mounted over the directory, or a replaced file, make it another).
     pub fn is_in(&self, dir: BorrowedFd<'_>) -> bool {
-        rustix::fs::statat(dir, self.shared.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
-            .is_ok_and(|st| (st.st_dev, st.st_ino) == self.shared.identity)
+        self.shared.named_in(dir)
     }
 
     /// The file's device and inode numbers.
@@ -491,8 +490,11 @@ impl Shared {
         let last = st.enqueued;
         let (epoch, seq, offset) = (st.epoch, st.seq, st.offset);
         drop(st);
+        // A file kept from the previous flush of this run is checked again by name: a record
+        // written to a file replaced meanwhile would be acknowledged and never read back.
         let opened = match file.take() {
-            Some(f) => Ok(f),
+            Some(f) if self.named_in(dir) => Ok(f),
+            Some(_) => Err(Errno::STALE),
             None => self.file_in(dir),
         };
         let outcome = opened.and_then(|f| {
@@ -576,6 +578,12 @@ impl Shared {
             offset: offset + buf.len() as u64,
             checkpoints,
         })
+    }
+
+    /// Whether the file under the journal's name in `dir` is still the one opened.
+    fn named_in(&self, dir: BorrowedFd<'_>) -> bool {
+        rustix::fs::statat(dir, self.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| (st.st_dev, st.st_ino) == self.identity)
     }
 
     /// The journal file in `dir`, provided it is still the one opened (else `ESTALE`).
