@@ -1,0 +1,209 @@
+//! kill -9 of the `hpp-csi-driver` process while 16 clients create and delete volumes over its
+//! socket, at several moments, each followed by a start: every create the driver answered is a
+//! volume on disk, every delete it answered stays done, every call it did not answer succeeds when
+//! sent again to the new process (the CO's retry), and nothing half-made is left in the pool.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hpp_csi::csi;
+use hpp_csi::csi::controller_client::ControllerClient;
+use hpp_csi::csi::identity_client::IdentityClient;
+use hpp_csi::endpoint::Endpoint;
+use tonic::transport::Channel;
+
+const CLIENTS: usize = 16;
+const ROUNDS: u64 = 6;
+
+fn start(dir: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_hpp-csi-driver"))
+        .env("RUST_LOG", "warn")
+        .args(["--endpoint", &format!("unix://{}", dir.join("csi.sock").display())])
+        .args(["--datadir-root", &dir.join("data").display().to_string()])
+        .args(["--drivername", "test.hpp.io", "--metrics-address", "127.0.0.1:0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// A channel to the driver once it answers Probe (30 s at most).
+async fn connected(dir: &Path) -> Channel {
+    let endpoint = Endpoint::Unix(dir.join("csi.sock"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(channel) = hpp_csi::client::connect(&endpoint).await
+            && IdentityClient::new(channel.clone())
+                .probe(csi::ProbeRequest {})
+                .await
+                .is_ok()
+        {
+            return channel;
+        }
+        assert!(Instant::now() < deadline, "the driver did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn create_request(name: &str) -> csi::CreateVolumeRequest {
+    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+    csi::CreateVolumeRequest {
+        name: name.to_owned(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: 1 << 20,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![csi::VolumeCapability {
+            access_type: Some(AccessType::Mount(MountVolume::default())),
+            access_mode: Some(AccessMode {
+                mode: Mode::SingleNodeWriter as i32,
+            }),
+        }],
+        ..Default::default()
+    }
+}
+
+fn delete_request(id: &str) -> csi::DeleteVolumeRequest {
+    csi::DeleteVolumeRequest {
+        volume_id: id.to_owned(),
+        secrets: Default::default(),
+    }
+}
+
+/// A call the driver was sent.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Call {
+    Create(String),
+    Delete(String),
+}
+
+/// What the clients were answered, and what they sent without an answer.
+#[derive(Debug, Default)]
+struct Ledger {
+    created: BTreeSet<String>,
+    deleted: BTreeSet<String>,
+    unanswered: Vec<Call>,
+}
+
+async fn send(ctl: &mut ControllerClient<Channel>, call: &Call) -> Result<(), tonic::Status> {
+    match call {
+        Call::Create(id) => ctl.create_volume(create_request(id)).await.map(drop),
+        Call::Delete(id) => ctl.delete_volume(delete_request(id)).await.map(drop),
+    }
+}
+
+fn answered(ledger: &Mutex<Ledger>, call: &Call) {
+    let mut l = ledger.lock().unwrap();
+    match call {
+        Call::Create(id) => l.created.insert(id.clone()),
+        Call::Delete(id) => l.deleted.insert(id.clone()),
+    };
+}
+
+/// One client: creates volumes, deleting every third one it made, until a call fails (the
+/// driver was killed); that call is recorded as unanswered.
+async fn client(channel: Channel, round: u64, n: usize, ledger: Arc<Mutex<Ledger>>) {
+    let mut ctl = ControllerClient::new(channel);
+    for i in 0u64.. {
+        let id = format!("pvc-r{round}-c{n}-{i}");
+        let mut calls = vec![Call::Create(id)];
+        if i % 3 == 2 {
+            calls.push(Call::Delete(format!("pvc-r{round}-c{n}-{}", i - 1)));
+        }
+        for call in calls {
+            if send(&mut ctl, &call).await.is_err() {
+                ledger.lock().unwrap().unanswered.push(call);
+                return;
+            }
+            answered(&ledger, &call);
+        }
+    }
+}
+
+fn pool_entries(pool: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(pool)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_driver_under_load_converges_after_a_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool: PathBuf = dir.path().join("data/pools/legacy");
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let mut driver = start(dir.path());
+    let mut retried = 0;
+    for round in 0..ROUNDS {
+        let channel = connected(dir.path()).await;
+        // What the last process left unanswered is sent again first, as the CO would: each
+        // must succeed against the new process.
+        let retries = std::mem::take(&mut ledger.lock().unwrap().unanswered);
+        retried += retries.len();
+        let mut ctl = ControllerClient::new(channel.clone());
+        for call in &retries {
+            send(&mut ctl, call)
+                .await
+                .unwrap_or_else(|e| panic!("{call:?} retried after a restart: {e:?}"));
+            answered(&ledger, call);
+        }
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|n| tokio::spawn(client(channel.clone(), round, n, ledger.clone())))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(40 + 60 * round)).await;
+        driver.kill().unwrap();
+        driver.wait().unwrap();
+        for c in clients {
+            tokio::time::timeout(Duration::from_secs(60), c)
+                .await
+                .expect("a client noticed the driver is gone")
+                .unwrap();
+        }
+        driver = start(dir.path());
+    }
+    let channel = connected(dir.path()).await;
+    let mut ctl = ControllerClient::new(channel);
+    let retries = std::mem::take(&mut ledger.lock().unwrap().unanswered);
+    retried += retries.len();
+    for call in &retries {
+        send(&mut ctl, call)
+            .await
+            .unwrap_or_else(|e| panic!("{call:?} retried after a restart: {e:?}"));
+        answered(&ledger, call);
+    }
+    driver.kill().unwrap();
+    driver.wait().unwrap();
+
+    let l = ledger.lock().unwrap();
+    eprintln!(
+        "answered: {} creates, {} deletes; {retried} calls cut short by a kill and sent again",
+        l.created.len(),
+        l.deleted.len()
+    );
+    assert!(
+        l.created.len() >= 50,
+        "the clients created too little: {}",
+        l.created.len()
+    );
+    // Every client had a call in flight at every kill.
+    assert_eq!(retried, CLIENTS * ROUNDS as usize);
+    let on_disk = pool_entries(&pool);
+    for id in l.created.difference(&l.deleted) {
+        assert!(on_disk.contains(id), "{id} was answered created and is gone");
+        assert!(pool.join(id).is_dir(), "{id}");
+    }
+    for id in &l.deleted {
+        assert!(!on_disk.contains(id), "{id} was answered deleted and is back");
+    }
+    // Created but never answered (the kill came first) and never retried: a volume or nothing,
+    // never a temporary or a half-deleted one.
+    let half_made: Vec<&String> = on_disk
+        .iter()
+        .filter(|name| name.starts_with(".hpp-") && name.as_str() != ".hpp-journal")
+        .collect();
+    assert!(half_made.is_empty(), "left in the pool: {half_made:?}");
+}
