@@ -175,6 +175,7 @@ async fn killing_the_driver_under_load_converges_after_a_start() {
             .unwrap_or_else(|e| panic!("{call:?} retried after a restart: {e:?}"));
         answered(&ledger, call);
     }
+    let listed = list_all(&mut ctl).await;
     driver.kill().unwrap();
     driver.wait().unwrap();
 
@@ -206,4 +207,31 @@ async fn killing_the_driver_under_load_converges_after_a_start() {
         .filter(|name| name.starts_with(".hpp-") && name.as_str() != ".hpp-journal")
         .collect();
     assert!(half_made.is_empty(), "left in the pool: {half_made:?}");
+    // ListVolumes, page by page, lists what is there.
+    let volumes: BTreeSet<String> = on_disk.into_iter().filter(|n| !n.starts_with('.')).collect();
+    assert_eq!(listed, volumes);
+}
+
+/// Every volume ListVolumes lists, 500 a page.
+async fn list_all(ctl: &mut ControllerClient<Channel>) -> BTreeSet<String> {
+    let mut listed = BTreeSet::new();
+    let mut starting_token = String::new();
+    loop {
+        let page = ctl
+            .list_volumes(csi::ListVolumesRequest {
+                max_entries: 500,
+                starting_token,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        for entry in page.entries {
+            let id = entry.volume.unwrap().volume_id;
+            assert!(listed.insert(id.clone()), "{id} listed twice");
+        }
+        if page.next_token.is_empty() {
+            return listed;
+        }
+        starting_token = page.next_token;
+    }
 }
