@@ -1,7 +1,9 @@
-//! kill -9 of the `hpp-csi-driver` process while 16 clients create and delete volumes over its
-//! socket, at several moments, each followed by a start: every create the driver answered is a
+//! kill -9 of the `hpp-csi-driver` process while 16 clients call it over its socket, at several
+//! moments, each followed by a start. Controller side: every create the driver answered is a
 //! volume on disk, every delete it answered stays done, every call it did not answer succeeds when
 //! sent again to the new process (the CO's retry), and nothing half-made is left in the pool.
+//! Node side: publishes and unpublishes cut short succeed when sent again, and at the end no
+//! mount is left and every volume can be deleted.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
 
 use std::collections::BTreeSet;
@@ -13,6 +15,7 @@ use std::time::{Duration, Instant};
 use hpp_csi::csi;
 use hpp_csi::csi::controller_client::ControllerClient;
 use hpp_csi::csi::identity_client::IdentityClient;
+use hpp_csi::csi::node_client::NodeClient;
 use hpp_csi::endpoint::Endpoint;
 use tonic::transport::Channel;
 
@@ -234,4 +237,149 @@ async fn list_all(ctl: &mut ControllerClient<Channel>) -> BTreeSet<String> {
         }
         starting_token = page.next_token;
     }
+}
+
+/// Detaches whatever is still mounted below a test's directory, also when the test fails.
+struct UnmountBelow(PathBuf);
+
+impl Drop for UnmountBelow {
+    fn drop(&mut self) {
+        if let Ok(table) = hpp_csi::mountinfo::MountTable::read() {
+            for m in table.mounts_below(&self.0).into_iter().rev() {
+                let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
+            }
+        }
+    }
+}
+
+/// A node call the driver was sent: client `n` publishes or unpublishes its volume.
+#[derive(Debug, Clone, Copy)]
+enum NodeCall {
+    Publish(usize),
+    Unpublish(usize),
+}
+
+fn volume_of(n: usize) -> String {
+    format!("pvc-node-{n}")
+}
+
+async fn send_node(node: &mut NodeClient<Channel>, targets: &Path, call: NodeCall) -> Result<(), tonic::Status> {
+    use csi::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+    match call {
+        NodeCall::Publish(n) => node
+            .node_publish_volume(csi::NodePublishVolumeRequest {
+                volume_id: volume_of(n),
+                target_path: targets.join(n.to_string()).display().to_string(),
+                volume_capability: Some(csi::VolumeCapability {
+                    access_type: Some(AccessType::Mount(MountVolume::default())),
+                    access_mode: Some(AccessMode {
+                        mode: Mode::SingleNodeWriter as i32,
+                    }),
+                }),
+                // Every other client mounts read-only (a bind made read-only before it is
+                // attached).
+                readonly: n % 2 == 1,
+                ..Default::default()
+            })
+            .await
+            .map(drop),
+        NodeCall::Unpublish(n) => node
+            .node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+                volume_id: volume_of(n),
+                target_path: targets.join(n.to_string()).display().to_string(),
+            })
+            .await
+            .map(drop),
+    }
+}
+
+/// One node client: publishes and unpublishes its volume until a call fails (the driver was
+/// killed); returns that call and how many were answered before it.
+async fn node_client(channel: Channel, targets: PathBuf, n: usize) -> (NodeCall, usize) {
+    let mut node = NodeClient::new(channel);
+    let mut answered = 0;
+    loop {
+        for call in [NodeCall::Publish(n), NodeCall::Unpublish(n)] {
+            if send_node(&mut node, &targets, call).await.is_err() {
+                return (call, answered);
+            }
+            answered += 1;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_driver_while_it_mounts_converges_after_a_start() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: publishing mounts, which needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = UnmountBelow(dir.path().to_path_buf());
+    let targets = dir.path().join("targets");
+    std::fs::create_dir(&targets).unwrap();
+    let mut driver = start(dir.path());
+    let channel = connected(dir.path()).await;
+    let mut ctl = ControllerClient::new(channel);
+    for n in 0..CLIENTS {
+        send(&mut ctl, &Call::Create(volume_of(n))).await.unwrap();
+    }
+    let mut cut_short: Vec<NodeCall> = Vec::new();
+    let mut answered = 0;
+    for round in 0..ROUNDS {
+        let channel = connected(dir.path()).await;
+        let mut node = NodeClient::new(channel.clone());
+        for call in cut_short.drain(..) {
+            send_node(&mut node, &targets, call)
+                .await
+                .unwrap_or_else(|e| panic!("{call:?} sent again after a restart: {e:?}"));
+        }
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|n| tokio::spawn(node_client(channel.clone(), targets.clone(), n)))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(40 + 60 * round)).await;
+        driver.kill().unwrap();
+        driver.wait().unwrap();
+        for c in clients {
+            let (call, calls) = tokio::time::timeout(Duration::from_secs(60), c)
+                .await
+                .expect("a client noticed the driver is gone")
+                .unwrap();
+            cut_short.push(call);
+            answered += calls;
+        }
+        driver = start(dir.path());
+    }
+    let channel = connected(dir.path()).await;
+    let mut node = NodeClient::new(channel.clone());
+    for call in cut_short.drain(..) {
+        send_node(&mut node, &targets, call)
+            .await
+            .unwrap_or_else(|e| panic!("{call:?} sent again after a restart: {e:?}"));
+    }
+    eprintln!("answered: {answered} publishes and unpublishes before the kills");
+    assert!(answered >= 50, "the clients mounted too little: {answered}");
+    // Whatever each client did last, unpublishing its target now leaves nothing mounted, and
+    // every volume can then be deleted.
+    for n in 0..CLIENTS {
+        send_node(&mut node, &targets, NodeCall::Unpublish(n))
+            .await
+            .unwrap_or_else(|e| panic!("unpublishing {n}: {e:?}"));
+    }
+    let left = hpp_csi::mountinfo::MountTable::read().unwrap().mounts_below(dir.path());
+    assert!(left.is_empty(), "still mounted: {left:?}");
+    let mut ctl = ControllerClient::new(channel);
+    for n in 0..CLIENTS {
+        send(&mut ctl, &Call::Delete(volume_of(n)))
+            .await
+            .unwrap_or_else(|e| panic!("deleting {}: {e:?}", volume_of(n)));
+    }
+    driver.kill().unwrap();
+    driver.wait().unwrap();
+    let pool = dir.path().join("data/pools/legacy");
+    let volumes: Vec<String> = pool_entries(&pool)
+        .into_iter()
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    assert!(volumes.is_empty(), "{volumes:?}");
 }
