@@ -3,10 +3,12 @@
 //! volume on disk, every delete it answered stays done, every call it did not answer succeeds when
 //! sent again to the new process (the CO's retry), and nothing half-made is left in the pool.
 //! Node side: publishes and unpublishes cut short succeed when sent again, and at the end no
-//! mount is left and every volume can be deleted.
+//! mount is left and every volume can be deleted. Snapshots and clones: the same for
+//! CreateSnapshot, CreateVolume from a snapshot and their deletes, and every clone answered
+//! holds its source's data.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -210,8 +212,11 @@ async fn killing_the_driver_under_load_converges_after_a_start() {
         .filter(|name| name.starts_with(".hpp-") && name.as_str() != ".hpp-journal")
         .collect();
     assert!(half_made.is_empty(), "left in the pool: {half_made:?}");
-    // ListVolumes, page by page, lists what is there.
+    // Every call a kill cut short was sent again and answered, so what is there is exactly what
+    // was answered; and ListVolumes, page by page, lists it.
     let volumes: BTreeSet<String> = on_disk.into_iter().filter(|n| !n.starts_with('.')).collect();
+    let expected: BTreeSet<String> = l.created.difference(&l.deleted).cloned().collect();
+    assert_eq!(volumes, expected);
     assert_eq!(listed, volumes);
 }
 
@@ -382,4 +387,199 @@ async fn killing_the_driver_while_it_mounts_converges_after_a_start() {
         .filter(|n| !n.starts_with('.'))
         .collect();
     assert!(volumes.is_empty(), "{volumes:?}");
+}
+
+/// A snapshot or clone call: snapshot `snap-…` of client `n`'s source, a clone `clone-…` of it,
+/// or the deletion of either.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum CopyCall {
+    Snapshot { n: usize, id: String },
+    Clone { snapshot: String, id: String },
+    DeleteClone(String),
+    DeleteSnapshot(String),
+}
+
+fn source_of(n: usize) -> String {
+    format!("pvc-src-{n}")
+}
+
+async fn send_copy(ctl: &mut ControllerClient<Channel>, call: &CopyCall) -> Result<(), tonic::Status> {
+    match call {
+        CopyCall::Snapshot { n, id } => {
+            let made = ctl
+                .create_snapshot(csi::CreateSnapshotRequest {
+                    source_volume_id: source_of(*n),
+                    name: id.clone(),
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            assert_eq!(made.snapshot.unwrap().snapshot_id, *id);
+            Ok(())
+        }
+        CopyCall::Clone { snapshot, id } => {
+            use csi::volume_content_source::{SnapshotSource, Type};
+            let mut req = create_request(id);
+            req.volume_content_source = Some(csi::VolumeContentSource {
+                r#type: Some(Type::Snapshot(SnapshotSource {
+                    snapshot_id: snapshot.clone(),
+                })),
+            });
+            ctl.create_volume(req).await.map(drop)
+        }
+        CopyCall::DeleteClone(id) => ctl.delete_volume(delete_request(id)).await.map(drop),
+        CopyCall::DeleteSnapshot(id) => ctl
+            .delete_snapshot(csi::DeleteSnapshotRequest {
+                snapshot_id: id.clone(),
+                secrets: Default::default(),
+            })
+            .await
+            .map(drop),
+    }
+}
+
+/// One client: snapshots its source, clones the snapshot, and deletes every other pair, until a
+/// call fails (the driver was killed); returns the calls answered and the one cut short.
+async fn copy_client(channel: Channel, round: u64, n: usize) -> (Vec<CopyCall>, CopyCall) {
+    let mut ctl = ControllerClient::new(channel);
+    let mut answered = Vec::new();
+    for i in 0u64.. {
+        let snapshot = format!("snap-r{round}-c{n}-{i}");
+        let clone = format!("clone-r{round}-c{n}-{i}");
+        let mut calls = vec![
+            CopyCall::Snapshot {
+                n,
+                id: snapshot.clone(),
+            },
+            CopyCall::Clone { snapshot, id: clone },
+        ];
+        if i % 2 == 1 {
+            calls.push(CopyCall::DeleteClone(format!("clone-r{round}-c{n}-{}", i - 1)));
+            calls.push(CopyCall::DeleteSnapshot(format!("snap-r{round}-c{n}-{}", i - 1)));
+        }
+        for call in calls {
+            if send_copy(&mut ctl, &call).await.is_err() {
+                return (answered, call);
+            }
+            answered.push(call);
+        }
+    }
+    unreachable!("the loop ends with a failed call")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_driver_while_it_snapshots_and_clones_converges_after_a_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = dir.path().join("data/pools/legacy");
+    let snapshots = dir.path().join("data/snapshots/legacy");
+    let mut driver = start(dir.path());
+    let channel = connected(dir.path()).await;
+    let mut ctl = ControllerClient::new(channel);
+    for n in 0..CLIENTS {
+        send(&mut ctl, &Call::Create(source_of(n))).await.unwrap();
+        std::fs::write(pool.join(source_of(n)).join("data.txt"), format!("source {n}")).unwrap();
+    }
+    let mut answered: Vec<CopyCall> = Vec::new();
+    let mut cut_short: Vec<CopyCall> = Vec::new();
+    for round in 0..ROUNDS {
+        let mut ctl = ControllerClient::new(connected(dir.path()).await);
+        for call in cut_short.drain(..) {
+            send_copy(&mut ctl, &call)
+                .await
+                .unwrap_or_else(|e| panic!("{call:?} sent again after a restart: {e:?}"));
+            answered.push(call);
+        }
+        let channel = connected(dir.path()).await;
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|n| tokio::spawn(copy_client(channel.clone(), round, n)))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(40 + 60 * round)).await;
+        driver.kill().unwrap();
+        driver.wait().unwrap();
+        for c in clients {
+            let (done, call) = tokio::time::timeout(Duration::from_secs(60), c)
+                .await
+                .expect("a client noticed the driver is gone")
+                .unwrap();
+            answered.extend(done);
+            cut_short.push(call);
+        }
+        driver = start(dir.path());
+    }
+    let mut ctl = ControllerClient::new(connected(dir.path()).await);
+    for call in cut_short.drain(..) {
+        send_copy(&mut ctl, &call)
+            .await
+            .unwrap_or_else(|e| panic!("{call:?} sent again after a restart: {e:?}"));
+        answered.push(call);
+    }
+    let listed = ctl
+        .list_snapshots(csi::ListSnapshotsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    driver.kill().unwrap();
+    driver.wait().unwrap();
+
+    let (mut snaps, mut clones) = (BTreeSet::new(), BTreeMap::new());
+    for call in &answered {
+        match call {
+            CopyCall::Snapshot { id, .. } => {
+                snaps.insert(id.clone());
+            }
+            CopyCall::Clone { snapshot, id } => {
+                clones.insert(id.clone(), snapshot.clone());
+            }
+            CopyCall::DeleteClone(id) => {
+                clones.remove(id);
+            }
+            CopyCall::DeleteSnapshot(id) => {
+                snaps.remove(id);
+            }
+        }
+    }
+    eprintln!(
+        "answered: {} snapshot and clone calls; {} snapshots and {} clones kept",
+        answered.len(),
+        snaps.len(),
+        clones.len()
+    );
+    assert!(answered.len() >= 50, "the clients did too little: {}", answered.len());
+    // Each clone holds the data of the source its snapshot was taken of.
+    for (id, snapshot) in &clones {
+        let n: usize = snapshot
+            .split("-c")
+            .nth(1)
+            .unwrap()
+            .split('-')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(pool.join(id).join("data.txt")).unwrap(),
+            format!("source {n}"),
+            "{id}"
+        );
+    }
+    let sources: BTreeSet<String> = (0..CLIENTS).map(source_of).collect();
+    let volumes: BTreeSet<String> = pool_entries(&pool)
+        .into_iter()
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    let expected: BTreeSet<String> = sources.into_iter().chain(clones.keys().cloned()).collect();
+    assert_eq!(volumes, expected);
+    let listed: BTreeSet<String> = listed
+        .entries
+        .into_iter()
+        .map(|e| e.snapshot.unwrap().snapshot_id)
+        .collect();
+    assert_eq!(listed, snaps);
+    for dir in [&pool, &snapshots] {
+        let half_made: Vec<String> = pool_entries(dir)
+            .into_iter()
+            .filter(|name| name.starts_with(".hpp-") && name.as_str() != ".hpp-journal")
+            .collect();
+        assert!(half_made.is_empty(), "left in {}: {half_made:?}", dir.display());
+    }
 }
