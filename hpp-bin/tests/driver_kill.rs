@@ -9,9 +9,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hpp_csi::csi;
@@ -86,14 +86,6 @@ enum Call {
     Delete(String),
 }
 
-/// What the clients were answered, and what they sent without an answer.
-#[derive(Debug, Default)]
-struct Ledger {
-    created: BTreeSet<String>,
-    deleted: BTreeSet<String>,
-    unanswered: Vec<Call>,
-}
-
 async fn send(ctl: &mut ControllerClient<Channel>, call: &Call) -> Result<(), tonic::Status> {
     match call {
         Call::Create(id) => ctl.create_volume(create_request(id)).await.map(drop),
@@ -101,18 +93,11 @@ async fn send(ctl: &mut ControllerClient<Channel>, call: &Call) -> Result<(), to
     }
 }
 
-fn answered(ledger: &Mutex<Ledger>, call: &Call) {
-    let mut l = ledger.lock().unwrap();
-    match call {
-        Call::Create(id) => l.created.insert(id.clone()),
-        Call::Delete(id) => l.deleted.insert(id.clone()),
-    };
-}
-
 /// One client: creates volumes, deleting every third one it made, until a call fails (the
-/// driver was killed); that call is recorded as unanswered.
-async fn client(channel: Channel, round: u64, n: usize, ledger: Arc<Mutex<Ledger>>) {
+/// driver was killed); returns the calls answered and the one cut short.
+async fn client(channel: Channel, round: u64, n: usize) -> (Vec<Call>, Call) {
     let mut ctl = ControllerClient::new(channel);
+    let mut answered = Vec::new();
     for i in 0u64.. {
         let id = format!("pvc-r{round}-c{n}-{i}");
         let mut calls = vec![Call::Create(id)];
@@ -121,12 +106,63 @@ async fn client(channel: Channel, round: u64, n: usize, ledger: Arc<Mutex<Ledger
         }
         for call in calls {
             if send(&mut ctl, &call).await.is_err() {
-                ledger.lock().unwrap().unanswered.push(call);
-                return;
+                return (answered, call);
             }
-            answered(&ledger, &call);
+            answered.push(call);
         }
     }
+    unreachable!("the loop ends with a failed call")
+}
+
+/// The kill loop the tests share. [`ROUNDS`] times: sends again the calls the last kill cut
+/// short (each must succeed against the new process, as the CO's retry would), runs [`CLIENTS`]
+/// clients (`client(channel, round, n)`, each calling until a call fails), kills the driver
+/// (SIGKILL) `40 + 60 × round` ms in, and starts it again. Then sends the last round's cut-short
+/// calls again. Returns every call answered, the retries included (so every call made), how
+/// many were cut short, and a channel to the driver still running.
+async fn kill_rounds<C, F, Fut, S, SFut>(
+    dir: &Path,
+    driver: &mut Child,
+    client: F,
+    send_again: S,
+) -> (Vec<C>, usize, Channel)
+where
+    C: std::fmt::Debug + Send + 'static,
+    F: Fn(Channel, u64, usize) -> Fut,
+    Fut: Future<Output = (Vec<C>, C)> + Send + 'static,
+    S: Fn(Channel, &C) -> SFut,
+    SFut: Future<Output = Result<(), tonic::Status>>,
+{
+    let (mut answered, mut cut_short, mut retried) = (Vec::new(), Vec::new(), 0);
+    for round in 0..=ROUNDS {
+        let channel = connected(dir).await;
+        retried += cut_short.len();
+        for call in cut_short.drain(..) {
+            send_again(channel.clone(), &call)
+                .await
+                .unwrap_or_else(|e| panic!("{call:?} sent again after a restart: {e:?}"));
+            answered.push(call);
+        }
+        if round == ROUNDS {
+            return (answered, retried, channel);
+        }
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|n| tokio::spawn(client(channel.clone(), round, n)))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(40 + 60 * round)).await;
+        driver.kill().unwrap();
+        driver.wait().unwrap();
+        for c in clients {
+            let (done, call) = tokio::time::timeout(Duration::from_secs(60), c)
+                .await
+                .expect("a client noticed the driver is gone")
+                .unwrap();
+            answered.extend(done);
+            cut_short.push(call);
+        }
+        *driver = start(dir);
+    }
+    unreachable!("the last round returns")
 }
 
 fn pool_entries(pool: &Path) -> BTreeSet<String> {
@@ -140,73 +176,36 @@ fn pool_entries(pool: &Path) -> BTreeSet<String> {
 async fn killing_the_driver_under_load_converges_after_a_start() {
     let dir = tempfile::tempdir().unwrap();
     let pool: PathBuf = dir.path().join("data/pools/legacy");
-    let ledger = Arc::new(Mutex::new(Ledger::default()));
     let mut driver = start(dir.path());
-    let mut retried = 0;
-    for round in 0..ROUNDS {
-        let channel = connected(dir.path()).await;
-        // What the last process left unanswered is sent again first, as the CO would: each
-        // must succeed against the new process.
-        let retries = std::mem::take(&mut ledger.lock().unwrap().unanswered);
-        retried += retries.len();
-        let mut ctl = ControllerClient::new(channel.clone());
-        for call in &retries {
-            send(&mut ctl, call)
-                .await
-                .unwrap_or_else(|e| panic!("{call:?} retried after a restart: {e:?}"));
-            answered(&ledger, call);
-        }
-        let clients: Vec<_> = (0..CLIENTS)
-            .map(|n| tokio::spawn(client(channel.clone(), round, n, ledger.clone())))
-            .collect();
-        tokio::time::sleep(Duration::from_millis(40 + 60 * round)).await;
-        driver.kill().unwrap();
-        driver.wait().unwrap();
-        for c in clients {
-            tokio::time::timeout(Duration::from_secs(60), c)
-                .await
-                .expect("a client noticed the driver is gone")
-                .unwrap();
-        }
-        driver = start(dir.path());
-    }
-    let channel = connected(dir.path()).await;
-    let mut ctl = ControllerClient::new(channel);
-    let retries = std::mem::take(&mut ledger.lock().unwrap().unanswered);
-    retried += retries.len();
-    for call in &retries {
-        send(&mut ctl, call)
-            .await
-            .unwrap_or_else(|e| panic!("{call:?} retried after a restart: {e:?}"));
-        answered(&ledger, call);
-    }
-    let listed = list_all(&mut ctl).await;
+    let (answered, retried, channel) = kill_rounds(dir.path(), &mut driver, client, |channel, call| {
+        let call = call.clone();
+        async move { send(&mut ControllerClient::new(channel), &call).await }
+    })
+    .await;
+    let listed = list_all(&mut ControllerClient::new(channel)).await;
     driver.kill().unwrap();
     driver.wait().unwrap();
 
-    let l = ledger.lock().unwrap();
+    let (mut created, mut deleted) = (BTreeSet::new(), BTreeSet::new());
+    for call in answered {
+        match call {
+            Call::Create(id) => created.insert(id),
+            Call::Delete(id) => deleted.insert(id),
+        };
+    }
     eprintln!(
         "answered: {} creates, {} deletes; {retried} calls cut short by a kill and sent again",
-        l.created.len(),
-        l.deleted.len()
+        created.len(),
+        deleted.len()
     );
-    assert!(
-        l.created.len() >= 50,
-        "the clients created too little: {}",
-        l.created.len()
-    );
+    assert!(created.len() >= 50, "the clients created too little: {}", created.len());
     // Every client had a call in flight at every kill.
     assert_eq!(retried, CLIENTS * ROUNDS as usize);
     let on_disk = pool_entries(&pool);
-    for id in l.created.difference(&l.deleted) {
-        assert!(on_disk.contains(id), "{id} was answered created and is gone");
-        assert!(pool.join(id).is_dir(), "{id}");
-    }
-    for id in &l.deleted {
+    for id in &deleted {
         assert!(!on_disk.contains(id), "{id} was answered deleted and is back");
     }
-    // Created but never answered (the kill came first) and never retried: a volume or nothing,
-    // never a temporary or a half-deleted one.
+    // Neither a temporary nor a half-deleted volume is left.
     let half_made: Vec<&String> = on_disk
         .iter()
         .filter(|name| name.starts_with(".hpp-") && name.as_str() != ".hpp-journal")
@@ -215,7 +214,7 @@ async fn killing_the_driver_under_load_converges_after_a_start() {
     // Every call a kill cut short was sent again and answered, so what is there is exactly what
     // was answered; and ListVolumes, page by page, lists it.
     let volumes: BTreeSet<String> = on_disk.into_iter().filter(|n| !n.starts_with('.')).collect();
-    let expected: BTreeSet<String> = l.created.difference(&l.deleted).cloned().collect();
+    let expected: BTreeSet<String> = created.difference(&deleted).cloned().collect();
     assert_eq!(volumes, expected);
     assert_eq!(listed, volumes);
 }
@@ -299,16 +298,16 @@ async fn send_node(node: &mut NodeClient<Channel>, targets: &Path, call: NodeCal
 }
 
 /// One node client: publishes and unpublishes its volume until a call fails (the driver was
-/// killed); returns that call and how many were answered before it.
-async fn node_client(channel: Channel, targets: PathBuf, n: usize) -> (NodeCall, usize) {
+/// killed); returns the calls answered and the one cut short.
+async fn node_client(channel: Channel, targets: PathBuf, n: usize) -> (Vec<NodeCall>, NodeCall) {
     let mut node = NodeClient::new(channel);
-    let mut answered = 0;
+    let mut answered = Vec::new();
     loop {
         for call in [NodeCall::Publish(n), NodeCall::Unpublish(n)] {
             if send_node(&mut node, &targets, call).await.is_err() {
-                return (call, answered);
+                return (answered, call);
             }
-            answered += 1;
+            answered.push(call);
         }
     }
 }
@@ -324,48 +323,30 @@ async fn killing_the_driver_while_it_mounts_converges_after_a_start() {
     let targets = dir.path().join("targets");
     std::fs::create_dir(&targets).unwrap();
     let mut driver = start(dir.path());
-    let channel = connected(dir.path()).await;
-    let mut ctl = ControllerClient::new(channel);
+    let mut ctl = ControllerClient::new(connected(dir.path()).await);
     for n in 0..CLIENTS {
         send(&mut ctl, &Call::Create(volume_of(n))).await.unwrap();
     }
-    let mut cut_short: Vec<NodeCall> = Vec::new();
-    let mut answered = 0;
-    for round in 0..ROUNDS {
-        let channel = connected(dir.path()).await;
-        let mut node = NodeClient::new(channel.clone());
-        for call in cut_short.drain(..) {
-            send_node(&mut node, &targets, call)
-                .await
-                .unwrap_or_else(|e| panic!("{call:?} sent again after a restart: {e:?}"));
-        }
-        let clients: Vec<_> = (0..CLIENTS)
-            .map(|n| tokio::spawn(node_client(channel.clone(), targets.clone(), n)))
-            .collect();
-        tokio::time::sleep(Duration::from_millis(40 + 60 * round)).await;
-        driver.kill().unwrap();
-        driver.wait().unwrap();
-        for c in clients {
-            let (call, calls) = tokio::time::timeout(Duration::from_secs(60), c)
-                .await
-                .expect("a client noticed the driver is gone")
-                .unwrap();
-            cut_short.push(call);
-            answered += calls;
-        }
-        driver = start(dir.path());
-    }
-    let channel = connected(dir.path()).await;
-    let mut node = NodeClient::new(channel.clone());
-    for call in cut_short.drain(..) {
-        send_node(&mut node, &targets, call)
-            .await
-            .unwrap_or_else(|e| panic!("{call:?} sent again after a restart: {e:?}"));
-    }
-    eprintln!("answered: {answered} publishes and unpublishes before the kills");
-    assert!(answered >= 50, "the clients mounted too little: {answered}");
+    let t = targets.clone();
+    let (answered, _, channel) = kill_rounds(
+        dir.path(),
+        &mut driver,
+        move |channel, _, n| node_client(channel, t.clone(), n),
+        |channel, call| {
+            let (targets, call) = (targets.clone(), *call);
+            async move { send_node(&mut NodeClient::new(channel), &targets, call).await }
+        },
+    )
+    .await;
+    eprintln!("answered: {} publishes and unpublishes", answered.len());
+    assert!(
+        answered.len() >= 50,
+        "the clients mounted too little: {}",
+        answered.len()
+    );
     // Whatever each client did last, unpublishing its target now leaves nothing mounted, and
     // every volume can then be deleted.
+    let mut node = NodeClient::new(channel.clone());
     for n in 0..CLIENTS {
         send_node(&mut node, &targets, NodeCall::Unpublish(n))
             .await
@@ -479,40 +460,12 @@ async fn killing_the_driver_while_it_snapshots_and_clones_converges_after_a_star
         send(&mut ctl, &Call::Create(source_of(n))).await.unwrap();
         std::fs::write(pool.join(source_of(n)).join("data.txt"), format!("source {n}")).unwrap();
     }
-    let mut answered: Vec<CopyCall> = Vec::new();
-    let mut cut_short: Vec<CopyCall> = Vec::new();
-    for round in 0..ROUNDS {
-        let mut ctl = ControllerClient::new(connected(dir.path()).await);
-        for call in cut_short.drain(..) {
-            send_copy(&mut ctl, &call)
-                .await
-                .unwrap_or_else(|e| panic!("{call:?} sent again after a restart: {e:?}"));
-            answered.push(call);
-        }
-        let channel = connected(dir.path()).await;
-        let clients: Vec<_> = (0..CLIENTS)
-            .map(|n| tokio::spawn(copy_client(channel.clone(), round, n)))
-            .collect();
-        tokio::time::sleep(Duration::from_millis(40 + 60 * round)).await;
-        driver.kill().unwrap();
-        driver.wait().unwrap();
-        for c in clients {
-            let (done, call) = tokio::time::timeout(Duration::from_secs(60), c)
-                .await
-                .expect("a client noticed the driver is gone")
-                .unwrap();
-            answered.extend(done);
-            cut_short.push(call);
-        }
-        driver = start(dir.path());
-    }
-    let mut ctl = ControllerClient::new(connected(dir.path()).await);
-    for call in cut_short.drain(..) {
-        send_copy(&mut ctl, &call)
-            .await
-            .unwrap_or_else(|e| panic!("{call:?} sent again after a restart: {e:?}"));
-        answered.push(call);
-    }
+    let (answered, _, channel) = kill_rounds(dir.path(), &mut driver, copy_client, |channel, call| {
+        let call = call.clone();
+        async move { send_copy(&mut ControllerClient::new(channel), &call).await }
+    })
+    .await;
+    let mut ctl = ControllerClient::new(channel);
     let listed = ctl
         .list_snapshots(csi::ListSnapshotsRequest::default())
         .await
