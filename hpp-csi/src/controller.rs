@@ -98,8 +98,8 @@ fn held_elsewhere(state: &DriverState, id: &str, chosen: &Pool) -> Option<String
         .map(|p| p.name.clone())
 }
 
-/// Answers a lane or blocking job's caller with what the job made once its journal record is durable (at
-/// once when it has none); a failed flush comes after the change was visible.
+/// Answers a lane or blocking job's caller with what the job made once its journal record is
+/// durable (at once when it has none); a failed flush comes after the change was visible.
 fn answer_when_durable<T: Send + 'static>(outcome: Result<(T, Option<Deferred>)>, reply: Reply<T>) {
     match outcome {
         Ok((made, Some(durable))) => {
