@@ -93,52 +93,54 @@ async fn send(ctl: &mut ControllerClient<Channel>, call: &Call) -> Result<(), to
     }
 }
 
-/// One client: creates volumes, deleting every third one it made, until a call fails (the
-/// driver was killed); returns the calls answered and the one cut short.
-async fn client(channel: Channel, round: u64, n: usize) -> (Vec<Call>, Call) {
-    let mut ctl = ControllerClient::new(channel);
-    let mut answered = Vec::new();
-    for i in 0u64.. {
-        let id = format!("pvc-r{round}-c{n}-{i}");
-        let mut calls = vec![Call::Create(id)];
+/// What client `n` sends in `round`: creates, deleting every third volume it made.
+fn volume_plan(round: u64, n: usize) -> impl Iterator<Item = Call> + Send + 'static {
+    (0u64..).flat_map(move |i| {
+        let mut calls = vec![Call::Create(format!("pvc-r{round}-c{n}-{i}"))];
         if i % 3 == 2 {
             calls.push(Call::Delete(format!("pvc-r{round}-c{n}-{}", i - 1)));
         }
-        for call in calls {
-            if send(&mut ctl, &call).await.is_err() {
-                return (answered, call);
-            }
-            answered.push(call);
+        calls
+    })
+}
+
+/// One client: sends the calls of `plan` until one fails (the driver was killed); returns the
+/// calls answered and the one cut short.
+async fn client<C, S, SFut>(channel: Channel, plan: impl Iterator<Item = C>, send: S) -> (Vec<C>, C)
+where
+    S: Fn(Channel, &C) -> SFut,
+    SFut: Future<Output = Result<(), tonic::Status>>,
+{
+    let mut answered = Vec::new();
+    for call in plan {
+        if send(channel.clone(), &call).await.is_err() {
+            return (answered, call);
         }
+        answered.push(call);
     }
-    unreachable!("the loop ends with a failed call")
+    unreachable!("a plan goes on until the driver is killed")
 }
 
 /// The kill loop the tests share. [`ROUNDS`] times: sends again the calls the last kill cut
 /// short (each must succeed against the new process, as the CO's retry would), runs [`CLIENTS`]
-/// clients (`client(channel, round, n)`, each calling until a call fails), kills the driver
-/// (SIGKILL) `40 + 60 × round` ms in, and starts it again. Then sends the last round's cut-short
-/// calls again. Returns every call answered, the retries included (so every call made), how
-/// many were cut short, and a channel to the driver still running.
-async fn kill_rounds<C, F, Fut, S, SFut>(
-    dir: &Path,
-    driver: &mut Child,
-    client: F,
-    send_again: S,
-) -> (Vec<C>, usize, Channel)
+/// clients (client `n` sends `plan(round, n)` until a call fails), kills the driver (SIGKILL)
+/// `40 + 60 × round` ms in, and starts it again. Then sends the last round's cut-short calls
+/// again. Returns every call answered, the retries included (so every call made), how many were
+/// cut short, and a channel to the driver still running.
+async fn kill_rounds<C, P, I, S, SFut>(dir: &Path, driver: &mut Child, plan: P, send: S) -> (Vec<C>, usize, Channel)
 where
     C: std::fmt::Debug + Send + 'static,
-    F: Fn(Channel, u64, usize) -> Fut,
-    Fut: Future<Output = (Vec<C>, C)> + Send + 'static,
-    S: Fn(Channel, &C) -> SFut,
-    SFut: Future<Output = Result<(), tonic::Status>>,
+    P: Fn(u64, usize) -> I,
+    I: Iterator<Item = C> + Send + 'static,
+    S: Fn(Channel, &C) -> SFut + Clone + Send + 'static,
+    SFut: Future<Output = Result<(), tonic::Status>> + Send + 'static,
 {
     let (mut answered, mut cut_short, mut retried) = (Vec::new(), Vec::new(), 0);
     for round in 0..=ROUNDS {
         let channel = connected(dir).await;
         retried += cut_short.len();
         for call in cut_short.drain(..) {
-            send_again(channel.clone(), &call)
+            send(channel.clone(), &call)
                 .await
                 .unwrap_or_else(|e| panic!("{call:?} sent again after a restart: {e:?}"));
             answered.push(call);
@@ -147,7 +149,7 @@ where
             return (answered, retried, channel);
         }
         let clients: Vec<_> = (0..CLIENTS)
-            .map(|n| tokio::spawn(client(channel.clone(), round, n)))
+            .map(|n| tokio::spawn(client(channel.clone(), plan(round, n), send.clone())))
             .collect();
         tokio::time::sleep(Duration::from_millis(40 + 60 * round)).await;
         driver.kill().unwrap();
@@ -172,12 +174,24 @@ fn pool_entries(pool: &Path) -> BTreeSet<String> {
         .collect()
 }
 
+/// The volumes (or snapshots) in `dir`, after checking it holds no temporary and no
+/// half-deleted one.
+fn complete_entries(dir: &Path) -> BTreeSet<String> {
+    let entries = pool_entries(dir);
+    let half_made: Vec<&String> = entries
+        .iter()
+        .filter(|name| name.starts_with(".hpp-") && name.as_str() != ".hpp-journal")
+        .collect();
+    assert!(half_made.is_empty(), "left in {}: {half_made:?}", dir.display());
+    entries.into_iter().filter(|n| !n.starts_with('.')).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_driver_under_load_converges_after_a_start() {
     let dir = tempfile::tempdir().unwrap();
     let pool: PathBuf = dir.path().join("data/pools/legacy");
     let mut driver = start(dir.path());
-    let (answered, retried, channel) = kill_rounds(dir.path(), &mut driver, client, |channel, call| {
+    let (answered, retried, channel) = kill_rounds(dir.path(), &mut driver, volume_plan, |channel, call| {
         let call = call.clone();
         async move { send(&mut ControllerClient::new(channel), &call).await }
     })
@@ -201,19 +215,13 @@ async fn killing_the_driver_under_load_converges_after_a_start() {
     assert!(created.len() >= 50, "the clients created too little: {}", created.len());
     // Every client had a call in flight at every kill.
     assert_eq!(retried, CLIENTS * ROUNDS as usize);
-    let on_disk = pool_entries(&pool);
-    for id in &deleted {
-        assert!(!on_disk.contains(id), "{id} was answered deleted and is back");
-    }
     // Neither a temporary nor a half-deleted volume is left.
-    let half_made: Vec<&String> = on_disk
-        .iter()
-        .filter(|name| name.starts_with(".hpp-") && name.as_str() != ".hpp-journal")
-        .collect();
-    assert!(half_made.is_empty(), "left in the pool: {half_made:?}");
+    let volumes = complete_entries(&pool);
+    for id in &deleted {
+        assert!(!volumes.contains(id), "{id} was answered deleted and is back");
+    }
     // Every call a kill cut short was sent again and answered, so what is there is exactly what
     // was answered; and ListVolumes, page by page, lists it.
-    let volumes: BTreeSet<String> = on_disk.into_iter().filter(|n| !n.starts_with('.')).collect();
     let expected: BTreeSet<String> = created.difference(&deleted).cloned().collect();
     assert_eq!(volumes, expected);
     assert_eq!(listed, volumes);
@@ -297,21 +305,6 @@ async fn send_node(node: &mut NodeClient<Channel>, targets: &Path, call: NodeCal
     }
 }
 
-/// One node client: publishes and unpublishes its volume until a call fails (the driver was
-/// killed); returns the calls answered and the one cut short.
-async fn node_client(channel: Channel, targets: PathBuf, n: usize) -> (Vec<NodeCall>, NodeCall) {
-    let mut node = NodeClient::new(channel);
-    let mut answered = Vec::new();
-    loop {
-        for call in [NodeCall::Publish(n), NodeCall::Unpublish(n)] {
-            if send_node(&mut node, &targets, call).await.is_err() {
-                return (answered, call);
-            }
-            answered.push(call);
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_driver_while_it_mounts_converges_after_a_start() {
     if !rustix::process::geteuid().is_root() {
@@ -327,13 +320,14 @@ async fn killing_the_driver_while_it_mounts_converges_after_a_start() {
     for n in 0..CLIENTS {
         send(&mut ctl, &Call::Create(volume_of(n))).await.unwrap();
     }
+    // Client `n` publishes and unpublishes its volume, over and over.
     let t = targets.clone();
     let (answered, _, channel) = kill_rounds(
         dir.path(),
         &mut driver,
-        move |channel, _, n| node_client(channel, t.clone(), n),
-        |channel, call| {
-            let (targets, call) = (targets.clone(), *call);
+        |_, n| [NodeCall::Publish(n), NodeCall::Unpublish(n)].into_iter().cycle(),
+        move |channel, call| {
+            let (targets, call) = (t.clone(), *call);
             async move { send_node(&mut NodeClient::new(channel), &targets, call).await }
         },
     )
@@ -362,11 +356,7 @@ async fn killing_the_driver_while_it_mounts_converges_after_a_start() {
     }
     driver.kill().unwrap();
     driver.wait().unwrap();
-    let pool = dir.path().join("data/pools/legacy");
-    let volumes: Vec<String> = pool_entries(&pool)
-        .into_iter()
-        .filter(|n| !n.starts_with('.'))
-        .collect();
+    let volumes = complete_entries(&dir.path().join("data/pools/legacy"));
     assert!(volumes.is_empty(), "{volumes:?}");
 }
 
@@ -375,7 +365,7 @@ async fn killing_the_driver_while_it_mounts_converges_after_a_start() {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum CopyCall {
     Snapshot { n: usize, id: String },
-    Clone { snapshot: String, id: String },
+    Clone { n: usize, snapshot: String, id: String },
     DeleteClone(String),
     DeleteSnapshot(String),
 }
@@ -398,7 +388,7 @@ async fn send_copy(ctl: &mut ControllerClient<Channel>, call: &CopyCall) -> Resu
             assert_eq!(made.snapshot.unwrap().snapshot_id, *id);
             Ok(())
         }
-        CopyCall::Clone { snapshot, id } => {
+        CopyCall::Clone { snapshot, id, .. } => {
             use csi::volume_content_source::{SnapshotSource, Type};
             let mut req = create_request(id);
             req.volume_content_source = Some(csi::VolumeContentSource {
@@ -419,12 +409,10 @@ async fn send_copy(ctl: &mut ControllerClient<Channel>, call: &CopyCall) -> Resu
     }
 }
 
-/// One client: snapshots its source, clones the snapshot, and deletes every other pair, until a
-/// call fails (the driver was killed); returns the calls answered and the one cut short.
-async fn copy_client(channel: Channel, round: u64, n: usize) -> (Vec<CopyCall>, CopyCall) {
-    let mut ctl = ControllerClient::new(channel);
-    let mut answered = Vec::new();
-    for i in 0u64.. {
+/// What client `n` sends in `round`: a snapshot of its source, a clone of that snapshot, and
+/// the deletion of every other pair.
+fn copy_plan(round: u64, n: usize) -> impl Iterator<Item = CopyCall> + Send + 'static {
+    (0u64..).flat_map(move |i| {
         let snapshot = format!("snap-r{round}-c{n}-{i}");
         let clone = format!("clone-r{round}-c{n}-{i}");
         let mut calls = vec![
@@ -432,20 +420,14 @@ async fn copy_client(channel: Channel, round: u64, n: usize) -> (Vec<CopyCall>, 
                 n,
                 id: snapshot.clone(),
             },
-            CopyCall::Clone { snapshot, id: clone },
+            CopyCall::Clone { n, snapshot, id: clone },
         ];
         if i % 2 == 1 {
             calls.push(CopyCall::DeleteClone(format!("clone-r{round}-c{n}-{}", i - 1)));
             calls.push(CopyCall::DeleteSnapshot(format!("snap-r{round}-c{n}-{}", i - 1)));
         }
-        for call in calls {
-            if send_copy(&mut ctl, &call).await.is_err() {
-                return (answered, call);
-            }
-            answered.push(call);
-        }
-    }
-    unreachable!("the loop ends with a failed call")
+        calls
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -460,7 +442,7 @@ async fn killing_the_driver_while_it_snapshots_and_clones_converges_after_a_star
         send(&mut ctl, &Call::Create(source_of(n))).await.unwrap();
         std::fs::write(pool.join(source_of(n)).join("data.txt"), format!("source {n}")).unwrap();
     }
-    let (answered, _, channel) = kill_rounds(dir.path(), &mut driver, copy_client, |channel, call| {
+    let (answered, _, channel) = kill_rounds(dir.path(), &mut driver, copy_plan, |channel, call| {
         let call = call.clone();
         async move { send_copy(&mut ControllerClient::new(channel), &call).await }
     })
@@ -480,8 +462,8 @@ async fn killing_the_driver_while_it_snapshots_and_clones_converges_after_a_star
             CopyCall::Snapshot { id, .. } => {
                 snaps.insert(id.clone());
             }
-            CopyCall::Clone { snapshot, id } => {
-                clones.insert(id.clone(), snapshot.clone());
+            CopyCall::Clone { n, id, .. } => {
+                clones.insert(id.clone(), *n);
             }
             CopyCall::DeleteClone(id) => {
                 clones.remove(id);
@@ -499,16 +481,7 @@ async fn killing_the_driver_while_it_snapshots_and_clones_converges_after_a_star
     );
     assert!(answered.len() >= 50, "the clients did too little: {}", answered.len());
     // Each clone holds the data of the source its snapshot was taken of.
-    for (id, snapshot) in &clones {
-        let n: usize = snapshot
-            .split("-c")
-            .nth(1)
-            .unwrap()
-            .split('-')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
+    for (id, n) in &clones {
         assert_eq!(
             std::fs::read_to_string(pool.join(id).join("data.txt")).unwrap(),
             format!("source {n}"),
@@ -516,10 +489,7 @@ async fn killing_the_driver_while_it_snapshots_and_clones_converges_after_a_star
         );
     }
     let sources: BTreeSet<String> = (0..CLIENTS).map(source_of).collect();
-    let volumes: BTreeSet<String> = pool_entries(&pool)
-        .into_iter()
-        .filter(|n| !n.starts_with('.'))
-        .collect();
+    let volumes = complete_entries(&pool);
     let expected: BTreeSet<String> = sources.into_iter().chain(clones.keys().cloned()).collect();
     assert_eq!(volumes, expected);
     let listed: BTreeSet<String> = listed
@@ -528,11 +498,5 @@ async fn killing_the_driver_while_it_snapshots_and_clones_converges_after_a_star
         .map(|e| e.snapshot.unwrap().snapshot_id)
         .collect();
     assert_eq!(listed, snaps);
-    for dir in [&pool, &snapshots] {
-        let half_made: Vec<String> = pool_entries(dir)
-            .into_iter()
-            .filter(|name| name.starts_with(".hpp-") && name.as_str() != ".hpp-journal")
-            .collect();
-        assert!(half_made.is_empty(), "left in {}: {half_made:?}", dir.display());
-    }
+    assert_eq!(complete_entries(&snapshots), snaps);
 }
