@@ -273,7 +273,7 @@ impl ControllerService {
         // long, a shared pool's filesystem can wait on the network, a quota backend may commit
         // its filesystem, and a pool without its journal syncs its directory (concurrent
         // callers share that sync; one after another they would each pay for it).
-        let on_lane = source.is_none() && !pool.shared && enforced.is_none() && pool.journal_in_use();
+        let on_lane = source.is_none() && volumes::makes_volumes_in_place(&pool) && pool.journal_in_use();
         let (p, n, state) = (pool.clone(), name.clone(), self.state.clone());
         let work = move || {
             let guard = guard;

@@ -311,10 +311,7 @@ impl Pool {
     /// usable: it passed the mount guard [`open`](Self::open) applies, so a request can work
     /// through it instead of opening the pool again.
     pub fn measure_open(&self) -> (PoolHealth, Option<OwnedFd>) {
-        let started = Instant::now();
-        let (h, dir) = self.measure_now(|| fsops::listed_as_mount_point(&self.path));
-        self.remember(started, &h);
-        (h, dir)
+        self.measure_kept(|| fsops::listed_as_mount_point(&self.path))
     }
 
     /// The last measurement if it is at most `max_age` old. Every measurement is kept, the
@@ -328,10 +325,15 @@ impl Pool {
     }
 
     fn health_with(&self, in_mount_table: impl FnOnce() -> bool) -> PoolHealth {
+        self.measure_kept(in_mount_table).0
+    }
+
+    /// [`measure_now`](Self::measure_now), keeping the result for [`recent_health`](Self::recent_health).
+    fn measure_kept(&self, in_mount_table: impl FnOnce() -> bool) -> (PoolHealth, Option<OwnedFd>) {
         let started = Instant::now();
-        let (h, _) = self.measure_now(in_mount_table);
+        let (h, dir) = self.measure_now(in_mount_table);
         self.remember(started, &h);
-        h
+        (h, dir)
     }
 
     /// Keeps `h`, measured from `started` on, unless a measurement begun later is already kept:

@@ -384,12 +384,16 @@ fn redo(pool: &Pool, dir: BorrowedFd<'_>, record: Record) -> Result<()> {
             tuning,
             temp,
         } => {
+            // The class's settings, applied again to a volume made again or finished.
+            let apply_tuning = |tuning: BTreeMap<String, String>| -> Result<()> {
+                let tuning = crate::modify::parse(pool, &tuning.into_iter().collect())?;
+                crate::modify::apply(pool, &id, &tuning)
+            };
             if DirIdentity::of(dir, &id)?.is_some() {
                 // An in-place create keeps its directory through a crash, but maybe not its
                 // mode, capacity record or settings.
                 if volumes::finish_if_cut_short(pool, dir, &id, required)? {
-                    let tuning = crate::modify::parse(pool, &tuning.into_iter().collect())?;
-                    crate::modify::apply(pool, &id, &tuning)?;
+                    apply_tuning(tuning)?;
                     tracing::info!(pool = %pool.name, volume_id = %id, "finished a volume whose creation a crash had cut short");
                 }
                 return Ok(());
@@ -403,8 +407,7 @@ fn redo(pool: &Pool, dir: BorrowedFd<'_>, record: Record) -> Result<()> {
             };
             if !kept {
                 volumes::build(pool, dir, &id, None, Requested { required, limit }, true)?;
-                let tuning = crate::modify::parse(pool, &tuning.into_iter().collect())?;
-                crate::modify::apply(pool, &id, &tuning)?;
+                apply_tuning(tuning)?;
             }
             tracing::info!(pool = %pool.name, volume_id = %id, from_temporary = kept, "recreated a volume whose creation a crash had lost");
             Ok(())

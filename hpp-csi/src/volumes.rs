@@ -120,12 +120,26 @@ fn record_capacity(pool: &Pool, dir: std::os::fd::BorrowedFd<'_>, bytes: u64) ->
 
 /// The capacity volume `id` was created with, when recorded.
 pub fn recorded_capacity(pool_dir: std::os::fd::BorrowedFd<'_>, id: &str) -> Result<Option<u64>> {
-    let dir = match fsops::open_child_dir(pool_dir, id) {
-        Ok(d) => d,
-        Err(Errno::NOENT) => return Ok(None),
-        Err(e) => return Err(Error::io(format!("opening volume {id}"), e)),
-    };
-    read_capacity(dir.as_fd(), id)
+    match open_if_there(pool_dir, id)? {
+        Some(volume) => read_capacity(volume.as_fd(), id),
+        None => Ok(None),
+    }
+}
+
+/// Volume `id` of the pool directory `dir`, opened; `None` when there is none.
+fn open_if_there(dir: BorrowedFd<'_>, id: &str) -> Result<Option<OwnedFd>> {
+    match fsops::open_child_dir(dir, id) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(Error::io(format!("opening volume {id}"), e)),
+    }
+}
+
+/// Whether `pool` makes an empty volume in place (one `mkdir`) rather than under a temporary:
+/// a node-local pool whose backend attaches nothing to a volume. What a crash cut short there
+/// is finished, never elsewhere.
+pub(crate) fn makes_volumes_in_place(pool: &Pool) -> bool {
+    !pool.shared && !pool.quota.enforces()
 }
 
 /// The capacity recorded on the open volume directory `volume`.
@@ -153,10 +167,8 @@ fn existing(pool: &Pool, dir: BorrowedFd<'_>, id: &str, want: Requested) -> Resu
 }
 
 fn check_existing(pool: &Pool, dir: BorrowedFd<'_>, id: &str, want: Requested) -> Result<Created> {
-    let volume = match fsops::open_child_dir(dir, id) {
-        Ok(fd) => fd,
-        Err(Errno::NOENT) => return Ok(Created::Existing),
-        Err(e) => return Err(Error::io(format!("opening volume {id}"), e)),
+    let Some(volume) = open_if_there(dir, id)? else {
+        return Ok(Created::Existing);
     };
     match read_capacity(volume.as_fd(), id)? {
         Some(have) if !want.satisfied_by(have) => Err(Error::AlreadyExists(format!(
@@ -216,10 +228,8 @@ fn finish(pool: &Pool, volume: BorrowedFd<'_>, id: &str, required: u64) -> Resul
 /// volume with contents (a KubeVirt volume adopted as it is, say) is left alone. Returns
 /// whether it was finished.
 pub(crate) fn finish_if_cut_short(pool: &Pool, dir: BorrowedFd<'_>, id: &str, required: u64) -> Result<bool> {
-    let volume = match fsops::open_child_dir(dir, id) {
-        Ok(fd) => fd,
-        Err(Errno::NOENT) => return Ok(false),
-        Err(e) => return Err(Error::io(format!("opening volume {id}"), e)),
+    let Some(volume) = open_if_there(dir, id)? else {
+        return Ok(false);
     };
     match read_capacity(volume.as_fd(), id)? {
         Some(_) => Ok(false),
@@ -236,7 +246,7 @@ fn finish_unrecorded(
     id: &str,
     required: u64,
 ) -> Result<bool> {
-    if pool.shared || pool.quota.enforces() {
+    if !makes_volumes_in_place(pool) {
         return Ok(false);
     }
     let stat = |fd: BorrowedFd<'_>| rustix::fs::fstat(fd).map_err(|e| Error::io(format!("stat volume {id}"), e));
@@ -341,7 +351,7 @@ pub(crate) fn build(
     requested: Requested,
     journaled: bool,
 ) -> Result<(Created, Option<String>)> {
-    if journaled && source.is_none() && !pool.shared && !pool.quota.enforces() {
+    if journaled && source.is_none() && makes_volumes_in_place(pool) {
         return Ok((build_in_place(pool, dir, id, requested)?, None));
     }
     if let Some(existing) = existing(pool, dir, id, requested)? {
