@@ -98,6 +98,11 @@ pub struct Args {
     /// by side on the same filesystem, in alternating turns, with the same client.
     #[arg(long, value_name = "PATH")]
     go_driver_bin: Option<PathBuf>,
+    /// With `--go-driver-bin`: the Go driver's klog `--v`. The default is what KubeVirt runs it
+    /// at (its operator's `VERBOSITY` default and its `deploy/csi` manifest), which logs every
+    /// call but Probe; 0 logs nothing per call.
+    #[arg(long, value_name = "N", default_value_t = crate::bench_go::KUBEVIRT_VERBOSITY, requires = "go_driver_bin")]
+    go_verbosity: u32,
     /// With `--go-driver-bin`: only that comparison (no floors, no other rounds).
     #[arg(long, requires = "go_driver_bin")]
     go_only: bool,
@@ -119,6 +124,14 @@ pub struct Args {
 }
 
 impl Args {
+    /// The Go driver to compare with, when `--go-driver-bin` is given.
+    fn go_driver(&self) -> Option<crate::bench_go::GoDriver> {
+        self.go_driver_bin.clone().map(|bin| crate::bench_go::GoDriver {
+            bin,
+            verbosity: self.go_verbosity,
+        })
+    }
+
     /// The runtime this process needs: a served driver runs on the shipped driver's workers
     /// ([`hpp_bin::DRIVER_WORKERS`]), and so do the bare empty-call servers, so that the
     /// difference between them is the driver's code and not a worker count; the benchmark's
@@ -284,10 +297,10 @@ async fn suite(dir: &Path, label: &str, args: &Args) -> anyhow::Result<()> {
     if let Some(n) = args.create_loop {
         create_loop(&driver, n).await?;
         drop(driver);
-        if let Some(go_bin) = &args.go_driver_bin {
-            let go = crate::bench_go::spawn_go(go_bin, &dir.join("go-loop")).await?;
-            println!("driver: {}", go_bin.display());
-            create_loop(&go, n).await?;
+        if let Some(go) = args.go_driver() {
+            let server = crate::bench_go::spawn_go(&go, &dir.join("go-loop")).await?;
+            println!("driver: {go}");
+            create_loop(&server, n).await?;
         }
         return Ok(());
     }
@@ -376,7 +389,7 @@ async fn spawn_hpp(args: &Args, dir: &Path) -> anyhow::Result<Server> {
 
 /// `--go-driver-bin`: a fresh hpp driver against the KubeVirt Go driver ([`crate::bench_go`]).
 async fn compare_with_go(dir: &Path, args: &Args, root: bool) -> anyhow::Result<()> {
-    let Some(go_bin) = &args.go_driver_bin else {
+    let Some(go) = args.go_driver() else {
         return Ok(());
     };
     let hpp = spawn_hpp(args, &dir.join("hpp-vs-go")).await?;
@@ -385,7 +398,7 @@ async fn compare_with_go(dir: &Path, args: &Args, root: bool) -> anyhow::Result<
         None => std::env::current_exe().context("locating this executable")?,
     };
     let counts = (args.ops, args.mount_ops, args.rss_volumes, args.idle_wait);
-    crate::bench_go::compare(&hpp, &exe, go_bin, dir, counts, root).await
+    crate::bench_go::compare(&hpp, &exe, &go, dir, counts, root).await
 }
 
 /// `--create-loop`: CreateVolume at c=16, alone.
@@ -1174,6 +1187,10 @@ mod tests {
         assert!(args.go_only);
         assert_eq!(args.go_driver_bin, Some(PathBuf::from("/opt/go-driver")));
         assert!(!Args::try_parse_from(["hpp-bench"]).unwrap().go_only);
+        assert_eq!(args.go_driver().unwrap().verbosity, 3, "KubeVirt's default --v");
+        let quiet = ["hpp-bench", "--go-driver-bin", "/opt/go-driver", "--go-verbosity", "0"];
+        assert_eq!(Args::try_parse_from(quiet).unwrap().go_driver().unwrap().verbosity, 0);
+        assert!(Args::try_parse_from(["hpp-bench", "--go-verbosity", "0"]).is_err());
     }
 
     #[test]

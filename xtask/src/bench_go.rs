@@ -43,9 +43,31 @@ const TURNS: usize = 10;
 /// The concurrencies compared.
 const CONCURRENCY: [usize; 2] = [1, 16];
 
+/// The klog verbosity KubeVirt runs its driver at: its operator passes `--v=$VERBOSITY`, which
+/// defaults to 3, and its `deploy/csi` manifest passes `--v=3`. At 3 the driver logs two lines per
+/// CreateVolume ("GRPC call", "Create Volume Request") and one per other call but Probe; hpp at
+/// its default level (`info`) logs one line per created or deleted volume.
+pub const KUBEVIRT_VERBOSITY: u32 = 3;
+
+/// The KubeVirt Go driver to compare with: its executable and the `--v` it runs at.
+#[derive(Debug, Clone)]
+pub struct GoDriver {
+    /// `hostpath-csi-driver`, built locally.
+    pub bin: std::path::PathBuf,
+    /// klog verbosity ([`KUBEVIRT_VERBOSITY`] as shipped; 0 logs nothing per call).
+    pub verbosity: u32,
+}
+
+impl std::fmt::Display for GoDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} --v={}", self.bin.display(), self.verbosity)
+    }
+}
+
 /// The Go driver's command line (program name first), with KubeVirt's flags: one pool `legacy`
-/// at `DIR/pool` (the `--datadir` JSON array of the upstream driver), its socket `DIR/csi.sock`.
-pub fn go_driver_args(dir: &Path) -> anyhow::Result<Vec<String>> {
+/// at `DIR/pool` (the `--datadir` JSON array of the upstream driver), its socket `DIR/csi.sock`,
+/// klog verbosity `verbosity`.
+pub fn go_driver_args(dir: &Path, verbosity: u32) -> anyhow::Result<Vec<String>> {
     let pools = serde_json::to_string(&[serde_json::json!({
         "name": "legacy",
         "path": dir.join("pool"),
@@ -62,6 +84,7 @@ pub fn go_driver_args(dir: &Path) -> anyhow::Result<Vec<String>> {
         GO_DRIVER_NAME.to_owned(),
         "--datadir".to_owned(),
         pools,
+        format!("--v={verbosity}"),
     ])
 }
 
@@ -161,39 +184,39 @@ fn turn_order(turn: usize) -> [usize; 2] {
     if turn.is_multiple_of(2) { [0, 1] } else { [1, 0] }
 }
 
-/// Starts the Go driver `bin` on `dir` with [`go_driver_args`].
-pub async fn spawn_go(bin: &Path, dir: &Path) -> anyhow::Result<Server> {
-    let mut cmd = std::process::Command::new(bin);
-    cmd.args(go_driver_args(dir)?.iter().skip(1));
-    Server::start(cmd, &bin.display().to_string(), dir).await
+/// Starts the Go driver on `dir` with [`go_driver_args`].
+pub async fn spawn_go(go: &GoDriver, dir: &Path) -> anyhow::Result<Server> {
+    let mut cmd = std::process::Command::new(&go.bin);
+    cmd.args(go_driver_args(dir, go.verbosity)?.iter().skip(1));
+    Server::start(cmd, &go.bin.display().to_string(), dir).await
 }
 
 /// The whole comparison on the filesystem holding `dir`; `hpp` is started by the caller (the
-/// same way the rest of the bench starts it), the Go driver `go_bin` here.
+/// same way the rest of the bench starts it), the Go driver `go` here.
 pub async fn compare(
     hpp: &Server,
     hpp_exe: &Path,
-    go_bin: &Path,
+    go: &GoDriver,
     dir: &Path,
     (n, mount_n, rss_volumes, idle_wait): (usize, usize, usize, u64),
     root: bool,
 ) -> anyhow::Result<()> {
-    let go = spawn_go(go_bin, &dir.join("go")).await?;
+    let go_server = spawn_go(go, &dir.join("go")).await?;
     println!();
     println!(
-        "hpp vs the KubeVirt Go driver: {} (pid {}) and {} (pid {})",
+        "hpp vs the KubeVirt Go driver: {} (pid {}) and {go} (pid {})",
         hpp_exe.display(),
         hpp.pid(),
-        go_bin.display(),
-        go.pid()
+        go_server.pid()
     );
+    let go = &go_server;
     let mut memory = vec![(
         "after start".to_owned(),
         [ProcStatus::of(hpp.pid())?, ProcStatus::of(go.pid())?],
     )];
     let pair = Pair {
-        servers: [hpp, &go],
-        clients: [Clients::of(hpp), Clients::of(&go)],
+        servers: [hpp, go],
+        clients: [Clients::of(hpp), Clients::of(go)],
     };
     let targets = dir.join("targets-vs-go");
     let mut rows = Vec::new();
@@ -405,7 +428,7 @@ mod tests {
 
     #[test]
     fn go_driver_gets_kubevirts_flags_with_its_pool_and_socket_in_its_directory() {
-        let args = go_driver_args(Path::new("/run/bench/go")).unwrap();
+        let args = go_driver_args(Path::new("/run/bench/go"), KUBEVIRT_VERBOSITY).unwrap();
         assert_eq!(
             args,
             [
@@ -420,6 +443,7 @@ mod tests {
                 "kubevirt.io.hostpath-provisioner",
                 "--datadir",
                 r#"[{"name":"legacy","path":"/run/bench/go/pool"}]"#,
+                "--v=3",
             ]
         );
     }
