@@ -8,9 +8,12 @@ use anyhow::Context as _;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt as _;
-use tracing_subscriber::{EnvFilter, Layer as _, fmt};
+use tracing_subscriber::{EnvFilter, Layer, fmt};
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -48,24 +51,14 @@ impl Drop for TelemetryGuard {
 /// Installs the global subscriber. Call once, first thing in `main`, inside the tokio runtime
 /// (the OTLP exporter needs it).
 pub fn init(service: &'static str, format: LogFormat) -> anyhow::Result<TelemetryGuard> {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let provider = otlp_endpoint().map(|_| tracer_provider(service)).transpose()?;
     let otel = provider
         .as_ref()
         .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(service)));
-    let lines = match format {
-        LogFormat::Text => fmt::layer()
-            .with_ansi(colours_wanted(
-                std::io::stderr().is_terminal(),
-                std::env::var_os("NO_COLOR"),
-            ))
-            .with_writer(std::io::stderr)
-            .boxed(),
-        LogFormat::Json => fmt::layer().json().with_writer(std::io::stderr).boxed(),
-    };
+    let ansi = colours_wanted(std::io::stderr().is_terminal(), std::env::var_os("NO_COLOR"));
     tracing_subscriber::registry()
-        .with(filter)
-        .with(lines)
+        .with(filter())
+        .with(lines(format, std::io::stderr, ansi))
         .with(otel)
         .try_init()
         .context("installing the tracing subscriber")?;
@@ -73,6 +66,59 @@ pub fn init(service: &'static str, format: LogFormat) -> anyhow::Result<Telemetr
         tracing::info!(%endpoint, "exporting traces over OTLP");
     }
     Ok(TelemetryGuard { provider })
+}
+
+/// The subscriber [`init`] installs, without trace export and writing its lines to `writer`
+/// (without colour): for measuring what the logging costs a request (`cargo xtask bench`) under
+/// exactly the shipped filter and format.
+pub fn local_subscriber<W>(format: LogFormat, writer: W) -> impl tracing::Subscriber + Send + Sync
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::registry()
+        .with(filter())
+        .with(lines(format, writer, false))
+}
+
+/// The filter `RUST_LOG` gives: `info` when unset or unparsable.
+fn filter<S>() -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+{
+    filter_for(std::env::var("RUST_LOG").ok().as_deref())
+}
+
+/// The filter for a `RUST_LOG` of `spec` (`EnvFilter` syntax). Levels and targets only (`info`,
+/// `hpp_csi=debug,warn`: the usual case) make a [`Targets`] filter, which decides once per
+/// callsite; span and field directives need an [`EnvFilter`], which also tracks every span
+/// that may match them (a lock and a map lookup when each span is made, entered and left: a
+/// measurable share of a cheap RPC).
+fn filter_for<S>(spec: Option<&str>) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+{
+    let Some(spec) = spec else {
+        return Targets::new().with_default(LevelFilter::INFO).boxed();
+    };
+    let plain = !spec.trim().is_empty() && !spec.contains(['[', '{']);
+    match spec.parse::<Targets>() {
+        Ok(targets) if plain => targets.boxed(),
+        _ => EnvFilter::try_new(spec)
+            .unwrap_or_else(|_| EnvFilter::new("info"))
+            .boxed(),
+    }
+}
+
+/// The log-line layer: text (with colour escapes when `ansi`) or JSON, written to `writer`.
+fn lines<S, W>(format: LogFormat, writer: W, ansi: bool) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    match format {
+        LogFormat::Text => fmt::layer().with_ansi(ansi).with_writer(writer).boxed(),
+        LogFormat::Json => fmt::layer().json().with_writer(writer).boxed(),
+    }
 }
 
 /// Colour escapes only on a terminal: `kubectl logs` and log collectors read stderr from a
@@ -100,7 +146,59 @@ fn tracer_provider(service: &'static str) -> anyhow::Result<SdkTracerProvider> {
 
 #[cfg(test)]
 mod tests {
-    use super::colours_wanted;
+    use super::{colours_wanted, filter_for};
+    use tracing::Level;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    /// Which of `levels` an event of target `target` gets through with `RUST_LOG=spec`.
+    fn passes(spec: Option<&str>, target_is_hpp: bool) -> Vec<Level> {
+        let subscriber = tracing_subscriber::registry().with(filter_for(spec));
+        tracing::subscriber::with_default(subscriber, || {
+            let mut out = Vec::new();
+            macro_rules! probe {
+                ($level:expr) => {{
+                    let on = if target_is_hpp {
+                        tracing::enabled!(target: "hpp_csi::controller", $level)
+                    } else {
+                        tracing::enabled!(target: "h2::proto", $level)
+                    };
+                    if on {
+                        out.push($level);
+                    }
+                }};
+            }
+            probe!(Level::ERROR);
+            probe!(Level::WARN);
+            probe!(Level::INFO);
+            probe!(Level::DEBUG);
+            probe!(Level::TRACE);
+            out
+        })
+    }
+
+    /// The cheaper filter keeps `EnvFilter`'s meaning for the directives it takes, and the rest
+    /// still go to `EnvFilter`.
+    #[test]
+    fn rust_log_means_what_envfilter_makes_of_it() {
+        use Level as L;
+        assert_eq!(passes(None, true), [L::ERROR, L::WARN, L::INFO]);
+        assert_eq!(passes(None, false), [L::ERROR, L::WARN, L::INFO]);
+        assert_eq!(passes(Some("warn"), true), [L::ERROR, L::WARN]);
+        assert_eq!(
+            passes(Some("hpp_csi=debug,warn"), true),
+            [L::ERROR, L::WARN, L::INFO, L::DEBUG]
+        );
+        assert_eq!(passes(Some("hpp_csi=debug,warn"), false), [L::ERROR, L::WARN]);
+        assert_eq!(passes(Some("hpp_csi=trace"), false), Vec::<Level>::new());
+        assert_eq!(passes(Some("off"), true), Vec::<Level>::new());
+        assert_eq!(
+            passes(Some("not a level=="), true),
+            [L::ERROR, L::WARN, L::INFO],
+            "unparsable: info"
+        );
+        // Span directives are EnvFilter's: its events outside such a span follow the rest.
+        assert_eq!(passes(Some("[csi_rpc]=debug,warn"), true), [L::ERROR, L::WARN]);
+    }
 
     #[test]
     fn colour_escapes_only_reach_a_terminal_without_no_color() {

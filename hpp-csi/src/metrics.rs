@@ -12,7 +12,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use std::sync::OnceLock;
+
 use crate::pool::PoolHealth;
+use crate::rpc_layer::{RPCS, rpc_index};
 
 /// Labels of the RPC metrics. Static strings: recording a call allocates nothing (every
 /// value comes from the bounded sets of CSI method names and gRPC codes).
@@ -90,6 +93,19 @@ pub struct DriverMetrics {
     pool_journal_flushes: Family<PoolLabels, Counter>,
     pool_journal_records: Family<PoolLabels, Counter>,
     shared_with_os: Gauge,
+    /// The series of each known RPC by gRPC code ([`rpc_series_slot`]), taken from the families
+    /// on its first call: a call then updates its counter and histogram without hashing labels
+    /// or locking the families.
+    rpc_series: Box<[OnceLock<(Counter, Histogram)>]>,
+}
+
+/// gRPC status codes (`Ok` = 0 .. `Unauthenticated` = 16).
+const GRPC_CODES: usize = 17;
+
+/// The slot of RPC `rpc` (an index into [`RPCS`]) answered with `code`.
+fn rpc_series_slot(rpc: usize, code: tonic::Code) -> usize {
+    let code = usize::try_from(code as i32).unwrap_or(0).min(GRPC_CODES - 1);
+    rpc * GRPC_CODES + code
 }
 
 impl DriverMetrics {
@@ -108,6 +124,7 @@ impl DriverMetrics {
             pool_journal_flushes: Family::default(),
             pool_journal_records: Family::default(),
             shared_with_os: Gauge::default(),
+            rpc_series: (0..RPCS.len() * GRPC_CODES).map(|_| OnceLock::new()).collect(),
         };
         let r = registry.sub_registry_with_prefix(PREFIX);
         r.register(
@@ -171,13 +188,31 @@ impl DriverMetrics {
 
     /// Records one finished RPC.
     pub fn observe_rpc(&self, service: &'static str, method: &'static str, code: tonic::Code, seconds: f64) {
-        let labels = RpcLabels {
+        let labels = || RpcLabels {
             service,
             method,
             code: code_name(code),
         };
-        self.rpc_requests.get_or_create(&labels).inc();
-        self.rpc_duration.get_or_create(&labels).observe(seconds);
+        let known = rpc_index(method)
+            .filter(|&i| RPCS.get(i).is_some_and(|(s, _)| *s == service))
+            .and_then(|i| self.rpc_series.get(rpc_series_slot(i, code)));
+        match known {
+            Some(slot) => {
+                let (requests, duration) = slot.get_or_init(|| {
+                    let labels = labels();
+                    let requests = self.rpc_requests.get_or_create(&labels).clone();
+                    let duration = self.rpc_duration.get_or_create(&labels).clone();
+                    (requests, duration)
+                });
+                requests.inc();
+                duration.observe(seconds);
+            }
+            None => {
+                let labels = labels();
+                self.rpc_requests.get_or_create(&labels).inc();
+                self.rpc_duration.get_or_create(&labels).observe(seconds);
+            }
+        }
     }
 
     /// Publishes the health of one pool.
@@ -237,6 +272,31 @@ mod tests {
         for i in 0..=16 {
             let code = tonic::Code::from(i);
             assert_eq!(code_name(code), format!("{code:?}"));
+        }
+    }
+
+    /// A known RPC's calls go through its cached series, which are the families' own: every
+    /// call is exported, by code; labels outside the known set still count.
+    #[test]
+    fn cached_rpc_series_are_the_exported_ones() {
+        let mut registry = Registry::default();
+        let m = DriverMetrics::register(&mut registry);
+        for _ in 0..3 {
+            m.observe_rpc("Controller", "CreateVolume", tonic::Code::Ok, 0.001);
+        }
+        m.observe_rpc("Controller", "CreateVolume", tonic::Code::Unauthenticated, 0.001);
+        m.observe_rpc("Node", "CreateVolume", tonic::Code::Ok, 0.001);
+        m.observe_rpc("unknown", "unknown", tonic::Code::Unimplemented, 0.001);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        for line in [
+            "hpp_csi_rpc_requests_total{service=\"Controller\",method=\"CreateVolume\",code=\"Ok\"} 3",
+            "hpp_csi_rpc_duration_seconds_count{service=\"Controller\",method=\"CreateVolume\",code=\"Ok\"} 3",
+            "hpp_csi_rpc_requests_total{service=\"Controller\",method=\"CreateVolume\",code=\"Unauthenticated\"} 1",
+            "hpp_csi_rpc_requests_total{service=\"Node\",method=\"CreateVolume\",code=\"Ok\"} 1",
+            "hpp_csi_rpc_requests_total{service=\"unknown\",method=\"unknown\",code=\"Unimplemented\"} 1",
+        ] {
+            assert!(out.lines().any(|l| l == line), "missing {line} in\n{out}");
         }
     }
 

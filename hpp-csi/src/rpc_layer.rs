@@ -14,35 +14,69 @@ use tracing::Instrument;
 
 use crate::metrics::DriverMetrics;
 
-/// Every RPC name the CSI v1 services define; anything else is labelled `unknown` so a client
-/// cannot blow up metric cardinality with made-up paths.
-const KNOWN_METHODS: &[&str] = &[
-    "GetPluginInfo",
-    "GetPluginCapabilities",
-    "Probe",
-    "CreateVolume",
-    "DeleteVolume",
-    "ControllerPublishVolume",
-    "ControllerUnpublishVolume",
-    "ValidateVolumeCapabilities",
-    "ListVolumes",
-    "GetCapacity",
-    "ControllerGetCapabilities",
-    "CreateSnapshot",
-    "DeleteSnapshot",
-    "ListSnapshots",
-    "ControllerExpandVolume",
-    "ControllerGetVolume",
-    "ControllerModifyVolume",
-    "NodeStageVolume",
-    "NodeUnstageVolume",
-    "NodePublishVolume",
-    "NodeUnpublishVolume",
-    "NodeGetVolumeStats",
-    "NodeExpandVolume",
-    "NodeGetCapabilities",
-    "NodeGetInfo",
+/// Every RPC the CSI v1 services define, as its (service, method) labels, in the order
+/// [`rpc_index`] numbers them. Any other path is labelled `unknown`, so a client cannot blow up
+/// metric cardinality with made-up paths.
+pub const RPCS: [(&str, &str); 25] = [
+    ("Identity", "GetPluginInfo"),
+    ("Identity", "GetPluginCapabilities"),
+    ("Identity", "Probe"),
+    ("Controller", "CreateVolume"),
+    ("Controller", "DeleteVolume"),
+    ("Controller", "ControllerPublishVolume"),
+    ("Controller", "ControllerUnpublishVolume"),
+    ("Controller", "ValidateVolumeCapabilities"),
+    ("Controller", "ListVolumes"),
+    ("Controller", "GetCapacity"),
+    ("Controller", "ControllerGetCapabilities"),
+    ("Controller", "CreateSnapshot"),
+    ("Controller", "DeleteSnapshot"),
+    ("Controller", "ListSnapshots"),
+    ("Controller", "ControllerExpandVolume"),
+    ("Controller", "ControllerGetVolume"),
+    ("Controller", "ControllerModifyVolume"),
+    ("Node", "NodeStageVolume"),
+    ("Node", "NodeUnstageVolume"),
+    ("Node", "NodePublishVolume"),
+    ("Node", "NodeUnpublishVolume"),
+    ("Node", "NodeGetVolumeStats"),
+    ("Node", "NodeExpandVolume"),
+    ("Node", "NodeGetCapabilities"),
+    ("Node", "NodeGetInfo"),
 ];
+
+/// Where `method` is in [`RPCS`] (method names are unique across the services). One `match`
+/// on the name: this runs for every call, twice (labels and metrics).
+pub fn rpc_index(method: &str) -> Option<usize> {
+    Some(match method {
+        "GetPluginInfo" => 0,
+        "GetPluginCapabilities" => 1,
+        "Probe" => 2,
+        "CreateVolume" => 3,
+        "DeleteVolume" => 4,
+        "ControllerPublishVolume" => 5,
+        "ControllerUnpublishVolume" => 6,
+        "ValidateVolumeCapabilities" => 7,
+        "ListVolumes" => 8,
+        "GetCapacity" => 9,
+        "ControllerGetCapabilities" => 10,
+        "CreateSnapshot" => 11,
+        "DeleteSnapshot" => 12,
+        "ListSnapshots" => 13,
+        "ControllerExpandVolume" => 14,
+        "ControllerGetVolume" => 15,
+        "ControllerModifyVolume" => 16,
+        "NodeStageVolume" => 17,
+        "NodeUnstageVolume" => 18,
+        "NodePublishVolume" => 19,
+        "NodeUnpublishVolume" => 20,
+        "NodeGetVolumeStats" => 21,
+        "NodeExpandVolume" => 22,
+        "NodeGetCapabilities" => 23,
+        "NodeGetInfo" => 24,
+        _ => return None,
+    })
+}
 
 /// Splits `/csi.v1.Controller/CreateVolume` into bounded (service, method) labels.
 pub fn rpc_labels(path: &str) -> (&'static str, &'static str) {
@@ -51,12 +85,14 @@ pub fn rpc_labels(path: &str) -> (&'static str, &'static str) {
         Some("csi.v1.Identity") => "Identity",
         Some("csi.v1.Controller") => "Controller",
         Some("csi.v1.Node") => "Node",
-        _ => "unknown",
+        _ => return ("unknown", "unknown"),
     };
     let method = parts
         .next()
-        .and_then(|m| KNOWN_METHODS.iter().find(|k| **k == m).copied())
-        .unwrap_or("unknown");
+        .and_then(rpc_index)
+        .and_then(|i| RPCS.get(i))
+        .filter(|(s, _)| *s == service)
+        .map_or("unknown", |(_, m)| *m);
     (service, method)
 }
 
@@ -112,8 +148,9 @@ where
         let (service, method) = rpc_labels(req.uri().path());
         let span = tracing::info_span!(
             "csi_rpc",
-            rpc.service = service,
-            rpc.method = method,
+            // Display, not Debug: the text format escapes a Debug string character by character.
+            rpc.service = %service,
+            rpc.method = %method,
             volume_id = tracing::field::Empty,
             snapshot_id = tracing::field::Empty,
             pool = tracing::field::Empty,
@@ -180,5 +217,20 @@ mod tests {
         assert_eq!(rpc_labels("/csi.v1.Node/NodeGetInfo"), ("Node", "NodeGetInfo"));
         assert_eq!(rpc_labels("/evil/AAAAAAAA"), ("unknown", "unknown"));
         assert_eq!(rpc_labels("/csi.v1.Identity/Made-Up"), ("Identity", "unknown"));
+        assert_eq!(
+            rpc_labels("/csi.v1.Node/CreateVolume"),
+            ("Node", "unknown"),
+            "method of another service"
+        );
+        assert_eq!(rpc_labels("/csi.v1.Identity"), ("Identity", "unknown"));
+    }
+
+    #[test]
+    fn every_rpc_is_numbered_where_the_table_has_it() {
+        for (i, (service, method)) in RPCS.iter().enumerate() {
+            assert_eq!(rpc_index(method), Some(i), "{method}");
+            assert_eq!(rpc_labels(&format!("/csi.v1.{service}/{method}")), (*service, *method));
+        }
+        assert_eq!(rpc_index("unknown"), None);
     }
 }
