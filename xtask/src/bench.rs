@@ -32,6 +32,7 @@ use hpp_csi::csi::{
 use tonic::transport::Channel;
 
 use crate::bench_floors::{self as floors, FloorDirs, Floors, Paired};
+use crate::bench_layer::LayerCost;
 use crate::bench_proc::{self, ProcStatus};
 use crate::bench_serve::{Kind, Server};
 use crate::bench_stats::{Sample, Stats, Table, cells, delta_us, fmt_d, ratio, ratio_d, run_tasks_sample};
@@ -39,6 +40,8 @@ use crate::loopfs::{self, FsChoice, FsTarget, LoopFs};
 
 /// Size of each loop-mounted image (sparse: only what is written takes disk space).
 const IMAGE_MIB: u64 = 4096;
+/// Calls per round of the in-process RPC layer measurement.
+const LAYER_CALLS: usize = 20_000;
 /// The concurrencies every measurement runs at.
 const CONCURRENCY: [usize; 2] = [1, 16];
 /// The issue-14 goal: p50 at c=1 within this factor of (empty call + durable floor).
@@ -323,7 +326,8 @@ async fn suite(dir: &Path, label: &str, args: &Args) -> anyhow::Result<()> {
     }
 
     let empty = empty_calls(dir, args.ops).await?;
-    print_empty(&empty);
+    let layer = tokio::task::spawn_blocking(|| crate::bench_layer::measure(LAYER_CALLS)).await??;
+    print_empty(&empty, &layer);
 
     let durable_floor = Server::spawn(Kind::DurableFloor, &dir.join("durable-floor")).await?;
     let mut rows = Vec::new();
@@ -899,7 +903,7 @@ fn print_floors(floors: &Floors) {
     println!("{}", t.render());
 }
 
-fn print_empty(empty: &EmptyCalls) {
+fn print_empty(empty: &EmptyCalls, layer: &LayerCost) {
     println!();
     println!("Empty-call floor: constant Identity service over a unix socket, no I/O");
     let mut t = Table::new(&["server", "method", "conc", "p50", "p99", "ops/s"]);
@@ -930,6 +934,38 @@ fn print_empty(empty: &EmptyCalls) {
             .collect();
         println!("RpcLayer cost of the empty call ({method}): {}", per_conc.join("; "));
     }
+    print_layer_cost(layer, empty.get(Kind::Bare, "Probe", 1));
+}
+
+/// The layer's own cost per call, measured in process ([`crate::bench_layer`]), and its share of
+/// the bare server's empty call at c=1.
+fn print_layer_cost(layer: &LayerCost, bare_probe: Option<Stats>) {
+    let share = bare_probe
+        .filter(|s| !s.p50.is_zero())
+        .map(|s| {
+            format!(
+                ", {:.1}% of bare tonic's Probe p50 at c=1 ({})",
+                100.0 * layer.added().as_secs_f64() / s.p50.as_secs_f64(),
+                fmt_d(s.p50)
+            )
+        })
+        .unwrap_or_default();
+    println!(
+        "RpcLayer in process (the shipped subscriber at RUST_LOG's level, info unless set; lines to nowhere; median of 5 rounds of {LAYER_CALLS} calls):"
+    );
+    println!(
+        "  constant service {}; behind the layer without metrics {} (span and log decision {}); with metrics {} (metrics {}): the layer adds {} per call{share}",
+        fmt_d(layer.bare),
+        fmt_d(layer.span),
+        delta_us(layer.span, layer.bare),
+        fmt_d(layer.layered),
+        delta_us(layer.layered, layer.span),
+        delta_us(layer.layered, layer.bare),
+    );
+    println!(
+        "  one info line inside the call's span (CreateVolume's and DeleteVolume's per volume): {} formatted, plus its write to stderr",
+        fmt_d(layer.info_line)
+    );
 }
 
 /// `c=1: p50 +3.1µs (1.12x), ops/s 0.93x`: what the layer adds to the bare server.
