@@ -1,6 +1,7 @@
-//! Logging and tracing set-up shared by every hpp executable: an `EnvFilter` from `RUST_LOG`
-//! (default `info`), text or JSON lines on stderr, and OpenTelemetry trace export over OTLP/gRPC
-//! when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (the standard OTEL_* variables configure it further).
+//! Logging and tracing set-up shared by every hpp executable: a filter from `RUST_LOG` in
+//! `EnvFilter` syntax (default `info`), text or JSON lines on stderr, and OpenTelemetry trace
+//! export over OTLP/gRPC when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (the standard OTEL_*
+//! variables configure it further).
 
 use std::io::IsTerminal as _;
 
