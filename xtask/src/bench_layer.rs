@@ -24,7 +24,7 @@ use tower::{Layer as _, Service, ServiceExt as _};
 /// Rounds per variant, alternating; each variant's figure is its median round.
 const ROUNDS: usize = 5;
 
-/// Per-call times, each the median of [`ROUNDS`] rounds.
+/// Per-call times, each the median of five rounds.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LayerCost {
     /// The constant service alone.
