@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 use std::sync::OnceLock;
 
 use crate::pool::PoolHealth;
-use crate::rpc_layer::{RPCS, rpc_index};
+use crate::rpc_layer::{RPCS, known_rpc};
 
 /// Labels of the RPC metrics. Static strings: recording a call allocates nothing (every
 /// value comes from the bounded sets of CSI method names and gRPC codes).
@@ -193,9 +193,7 @@ impl DriverMetrics {
             method,
             code: code_name(code),
         };
-        let known = rpc_index(method)
-            .filter(|&i| RPCS.get(i).is_some_and(|(s, _)| *s == service))
-            .and_then(|i| self.rpc_series.get(rpc_series_slot(i, code)));
+        let known = known_rpc(service, method).and_then(|i| self.rpc_series.get(rpc_series_slot(i, code)));
         match known {
             Some(slot) => {
                 let (requests, duration) = slot.get_or_init(|| {
@@ -287,17 +285,16 @@ mod tests {
         m.observe_rpc("Controller", "CreateVolume", tonic::Code::Unauthenticated, 0.001);
         m.observe_rpc("Node", "CreateVolume", tonic::Code::Ok, 0.001);
         m.observe_rpc("unknown", "unknown", tonic::Code::Unimplemented, 0.001);
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
-        for line in [
-            "hpp_csi_rpc_requests_total{service=\"Controller\",method=\"CreateVolume\",code=\"Ok\"} 3",
-            "hpp_csi_rpc_duration_seconds_count{service=\"Controller\",method=\"CreateVolume\",code=\"Ok\"} 3",
-            "hpp_csi_rpc_requests_total{service=\"Controller\",method=\"CreateVolume\",code=\"Unauthenticated\"} 1",
-            "hpp_csi_rpc_requests_total{service=\"Node\",method=\"CreateVolume\",code=\"Ok\"} 1",
-            "hpp_csi_rpc_requests_total{service=\"unknown\",method=\"unknown\",code=\"Unimplemented\"} 1",
-        ] {
-            assert!(out.lines().any(|l| l == line), "missing {line} in\n{out}");
-        }
+        assert_exports(
+            &registry,
+            &[
+                "hpp_csi_rpc_requests_total{service=\"Controller\",method=\"CreateVolume\",code=\"Ok\"} 3",
+                "hpp_csi_rpc_duration_seconds_count{service=\"Controller\",method=\"CreateVolume\",code=\"Ok\"} 3",
+                "hpp_csi_rpc_requests_total{service=\"Controller\",method=\"CreateVolume\",code=\"Unauthenticated\"} 1",
+                "hpp_csi_rpc_requests_total{service=\"Node\",method=\"CreateVolume\",code=\"Ok\"} 1",
+                "hpp_csi_rpc_requests_total{service=\"unknown\",method=\"unknown\",code=\"Unimplemented\"} 1",
+            ],
+        );
     }
 
     /// The exported names are KubeVirt's and the documented ones, whatever the sub-registries.
@@ -313,22 +310,30 @@ mod tests {
         m.set_journal_counts("local", 3, 10);
         m.set_journal_counts("local", 5, 12);
         m.set_journal_counts("local", 4, 11);
+        assert_exports(
+            &registry,
+            &[
+                "hpp_csi_rpc_requests_total{service=\"Controller\",method=\"CreateVolume\",code=\"Ok\"} 1",
+                "hpp_csi_rpc_duration_seconds_count{service=\"Controller\",method=\"CreateVolume\",code=\"Ok\"} 1",
+                "hpp_pool_capacity_bytes{pool=\"local\"} 0",
+                "hpp_pool_available_bytes{pool=\"local\"} 0",
+                "hpp_pool_usable{pool=\"local\"} 0",
+                "hpp_pool_path_shared_with_os{pool=\"local\"} 1",
+                "kubevirt_hpp_pool_path_shared_with_os 1",
+                "hpp_pool_quota_backend{pool=\"local\",backend=\"btrfs\"} 1",
+                "hpp_pool_journal{pool=\"local\"} 1",
+                "hpp_pool_journal_flushes_total{pool=\"local\"} 5",
+                "hpp_pool_journal_records_total{pool=\"local\"} 12",
+            ],
+        );
+    }
+
+    /// Every one of `lines` is a line of `registry`'s text exposition.
+    fn assert_exports(registry: &Registry, lines: &[&str]) {
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
-        for line in [
-            "hpp_csi_rpc_requests_total{service=\"Controller\",method=\"CreateVolume\",code=\"Ok\"} 1",
-            "hpp_csi_rpc_duration_seconds_count{service=\"Controller\",method=\"CreateVolume\",code=\"Ok\"} 1",
-            "hpp_pool_capacity_bytes{pool=\"local\"} 0",
-            "hpp_pool_available_bytes{pool=\"local\"} 0",
-            "hpp_pool_usable{pool=\"local\"} 0",
-            "hpp_pool_path_shared_with_os{pool=\"local\"} 1",
-            "kubevirt_hpp_pool_path_shared_with_os 1",
-            "hpp_pool_quota_backend{pool=\"local\",backend=\"btrfs\"} 1",
-            "hpp_pool_journal{pool=\"local\"} 1",
-            "hpp_pool_journal_flushes_total{pool=\"local\"} 5",
-            "hpp_pool_journal_records_total{pool=\"local\"} 12",
-        ] {
-            assert!(out.contains(line), "{line} missing from\n{out}");
+        prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+        for line in lines {
+            assert!(out.lines().any(|l| l == *line), "{line} missing from\n{out}");
         }
     }
 }

@@ -78,6 +78,12 @@ pub fn rpc_index(method: &str) -> Option<usize> {
     })
 }
 
+/// Where the RPC `method` of `service` is in [`RPCS`]; `None` for a method the service does not
+/// define.
+pub fn known_rpc(service: &str, method: &str) -> Option<usize> {
+    rpc_index(method).filter(|&i| RPCS.get(i).is_some_and(|(s, _)| *s == service))
+}
+
 /// Splits `/csi.v1.Controller/CreateVolume` into bounded (service, method) labels.
 pub fn rpc_labels(path: &str) -> (&'static str, &'static str) {
     let mut parts = path.trim_start_matches('/').splitn(2, '/');
@@ -89,9 +95,8 @@ pub fn rpc_labels(path: &str) -> (&'static str, &'static str) {
     };
     let method = parts
         .next()
-        .and_then(rpc_index)
+        .and_then(|m| known_rpc(service, m))
         .and_then(|i| RPCS.get(i))
-        .filter(|(s, _)| *s == service)
         .map_or("unknown", |(_, m)| *m);
     (service, method)
 }
