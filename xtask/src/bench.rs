@@ -35,7 +35,7 @@ use crate::bench_floors::{self as floors, FloorDirs, Floors, Paired};
 use crate::bench_layer::LayerCost;
 use crate::bench_proc::{self, ProcStatus};
 use crate::bench_serve::{Kind, Server};
-use crate::bench_stats::{Sample, Stats, Table, cells, delta_us, fmt_d, ratio, ratio_d, run_tasks_sample};
+use crate::bench_stats::{Sample, Stats, Table, cells, delta_us, fmt_d, per_call, ratio, ratio_d, run_tasks_sample};
 use crate::loopfs::{self, FsChoice, FsTarget, LoopFs};
 
 /// Size of each loop-mounted image (sparse: only what is written takes disk space).
@@ -423,7 +423,7 @@ async fn create_loop(driver: &Server, n: usize) -> anyhow::Result<()> {
         st.ops_per_sec,
         st.p50,
         st.p99,
-        cpu / u32::try_from(n.max(1)).unwrap_or(u32::MAX),
+        per_call(cpu, n),
         machine.shares()
     );
     Ok(())
@@ -604,7 +604,7 @@ where
         rpc,
         served_floor,
         floor,
-        cpu_per_call: cpu.map(|c| c / u32::try_from(n.max(1)).unwrap_or(u32::MAX)),
+        cpu_per_call: cpu.map(|c| per_call(c, n)),
     })
 }
 

@@ -27,7 +27,7 @@ use tonic::transport::Channel;
 use crate::bench::{create_request, each_sample, fill, mount_cap};
 use crate::bench_proc::{self, ProcStatus};
 use crate::bench_serve::{self, Server};
-use crate::bench_stats::{Sample, Stats, Table, fmt_d, ratio};
+use crate::bench_stats::{Sample, Stats, Table, fmt_d, per_call, ratio};
 
 /// The driver name every KubeVirt manifest gives the Go driver.
 const GO_DRIVER_NAME: &str = "kubevirt.io.hostpath-provisioner";
@@ -168,12 +168,11 @@ impl Pair<'_> {
             start += len;
             turn += 1;
         }
-        let calls = u32::try_from(n.max(1)).unwrap_or(u32::MAX);
         Ok(Row {
             rpc,
             conc,
             stats: samples.map(Sample::stats),
-            cpu: cpu.map(|c| c / calls),
+            cpu: cpu.map(|c| per_call(c, n)),
             failed: failed.map(|f| f.load(Ordering::Relaxed)),
         })
     }
@@ -192,24 +191,23 @@ pub async fn spawn_go(go: &GoDriver, dir: &Path) -> anyhow::Result<Server> {
 }
 
 /// The whole comparison on the filesystem holding `dir`; `hpp` is started by the caller (the
-/// same way the rest of the bench starts it), the Go driver `go` here.
+/// same way the rest of the bench starts it), the Go driver `go_driver` here.
 pub async fn compare(
     hpp: &Server,
     hpp_exe: &Path,
-    go: &GoDriver,
+    go_driver: &GoDriver,
     dir: &Path,
     (n, mount_n, rss_volumes, idle_wait): (usize, usize, usize, u64),
     root: bool,
 ) -> anyhow::Result<()> {
-    let go_server = spawn_go(go, &dir.join("go")).await?;
+    let go = &spawn_go(go_driver, &dir.join("go")).await?;
     println!();
     println!(
-        "hpp vs the KubeVirt Go driver: {} (pid {}) and {go} (pid {})",
+        "hpp vs the KubeVirt Go driver: {} (pid {}) and {go_driver} (pid {})",
         hpp_exe.display(),
         hpp.pid(),
-        go_server.pid()
+        go.pid()
     );
-    let go = &go_server;
     let mut memory = vec![(
         "after start".to_owned(),
         [ProcStatus::of(hpp.pid())?, ProcStatus::of(go.pid())?],

@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use hpp_bin::telemetry::{LogFormat, local_subscriber};
 use hpp_csi::DriverMetrics;
 use hpp_csi::rpc_layer::RpcLayer;
+
+use crate::bench_stats::per_call;
 use tower::{Layer as _, Service, ServiceExt as _};
 
 /// Rounds per variant, alternating; each variant's figure is its median round.
@@ -83,7 +85,7 @@ where
         let Ok(response) = ready.call(probe_request()).await;
         std::hint::black_box(response);
     }
-    start.elapsed() / u32::try_from(n.max(1)).unwrap_or(u32::MAX)
+    per_call(start.elapsed(), n)
 }
 
 /// Mean time of `n` info events inside a span like the RPC layer's, its fields recorded as a
@@ -110,7 +112,7 @@ fn time_info_lines(n: usize) -> Duration {
             "volume created"
         );
     }
-    start.elapsed() / u32::try_from(n.max(1)).unwrap_or(u32::MAX)
+    per_call(start.elapsed(), n)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {

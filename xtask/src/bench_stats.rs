@@ -53,6 +53,11 @@ pub fn ratio_d(num: Duration, den: Duration) -> String {
     ratio(num.as_secs_f64(), den.as_secs_f64())
 }
 
+/// `total` shared out over `n` calls (at least one).
+pub fn per_call(total: Duration, n: usize) -> Duration {
+    total / u32::try_from(n.max(1)).unwrap_or(u32::MAX)
+}
+
 /// The difference `a - b` in µs with its sign (`+12.3µs`, `-0.4µs`).
 pub fn delta_us(a: Duration, b: Duration) -> String {
     format!("{:+.1}µs", (a.as_secs_f64() - b.as_secs_f64()) * 1e6)
