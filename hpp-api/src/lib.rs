@@ -21,6 +21,7 @@ pub mod condition;
 pub mod constants;
 pub mod conversion;
 pub mod crd;
+pub mod duration;
 pub mod names;
 pub mod quantity;
 pub mod quota;
