@@ -1,7 +1,8 @@
 //! Pool configuration: the `--datadir` JSON list, compatible with the KubeVirt driver, plus the
-//! hpp-only `requireMountPoint` flag.
+//! hpp-only keys (`requireMountPoint`, quota, ephemeral limits, trash).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use hpp_api::constants::KNOWN_SNAPSHOT_PROVIDERS;
 use hpp_api::quota::{DEFAULT_OVERCOMMIT_PERCENT, QuotaMode};
@@ -45,6 +46,46 @@ pub struct PoolConfig {
     /// `filesystem size × overcommitPercent / 100`.
     #[serde(default = "default_overcommit", skip_serializing_if = "is_default_overcommit")]
     pub overcommit_percent: u32,
+    /// How long a deleted volume is kept in the pool's trash before it is purged (`None`, or
+    /// `"0"` in the JSON: no trash, DeleteVolume removes the directory as KubeVirt's does).
+    /// Written as a duration: `"72h"`, `"7d"`, `"1h30m"`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "retention_from_text",
+        serialize_with = "retention_to_text"
+    )]
+    pub trash_retention: Option<Duration>,
+    /// Free space (percent of the filesystem) under which the trash is purged early, oldest
+    /// first; [`DEFAULT_TRASH_MIN_FREE_PERCENT`] when absent. Only meaningful with a retention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trash_min_free_percent: Option<u32>,
+}
+
+/// Free-space floor of a pool's trash when none is configured: under 10 % free, the oldest
+/// trashed volumes go first.
+pub const DEFAULT_TRASH_MIN_FREE_PERCENT: u32 = 10;
+
+fn retention_from_text<'de, D>(d: D) -> Result<Option<Duration>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    let Some(text) = Option::<String>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let retention =
+        hpp_api::duration::parse(&text).map_err(|e| serde::de::Error::custom(format!("trashRetention: {e}")))?;
+    Ok((!retention.is_zero()).then_some(retention))
+}
+
+fn retention_to_text<S>(retention: &Option<Duration>, s: S) -> Result<S::Ok, S::Error>
+where
+    S: serde::Serializer,
+{
+    match retention {
+        Some(d) => s.serialize_str(&hpp_api::duration::format(*d).replace(' ', "")),
+        None => s.serialize_none(),
+    }
 }
 
 fn default_overcommit() -> u32 {
@@ -86,7 +127,17 @@ impl PoolConfig {
             ephemeral_max_bytes: None,
             quota: QuotaMode::None,
             overcommit_percent: DEFAULT_OVERCOMMIT_PERCENT,
+            trash_retention: None,
+            trash_min_free_percent: None,
         }
+    }
+
+    /// Keeps deleted volumes in the pool's trash for `retention` (zero: no trash), purging
+    /// early, oldest first, while free space is under `min_free_percent` (default 10).
+    pub fn trash(mut self, retention: Duration, min_free_percent: Option<u32>) -> Self {
+        self.trash_retention = (!retention.is_zero()).then_some(retention);
+        self.trash_min_free_percent = min_free_percent;
+        self
     }
 
     /// Enforces volume sizes with `mode`, promising at most `overcommit_percent` % of the
@@ -174,6 +225,14 @@ pub enum ConfigError {
         /// That pool's path.
         other_path: String,
     },
+    /// A trash setting out of range.
+    #[error("storage pool {pool:?}: trashMinFreePercent is {value}; it must be between 0 and 99")]
+    TrashFloor {
+        /// The pool.
+        pool: String,
+        /// The value given.
+        value: u32,
+    },
     /// A quota mode this build cannot enforce.
     #[error("storage pool {pool:?}: quota mode {mode} is not available in this build")]
     UnsupportedQuota {
@@ -243,6 +302,14 @@ pub fn check_pools(pools: &[PoolConfig]) -> Result<(), ConfigError> {
                 provider: provider.clone(),
             });
         }
+        if let Some(value) = p.trash_min_free_percent
+            && value > 99
+        {
+            return Err(ConfigError::TrashFloor {
+                pool: p.name.clone(),
+                value,
+            });
+        }
         if p.snapshot_path.is_some() != p.snapshot_provider.is_some() {
             return Err(ConfigError::IncompleteSnapshots(p.name.clone()));
         }
@@ -294,6 +361,35 @@ mod tests {
         assert!(pools[0].ephemeral && pools[0].ephemeral_max_bytes.is_none());
         assert!(!pools[1].ephemeral);
         assert_eq!(pools[2].ephemeral_max_bytes, Some(1 << 20));
+    }
+
+    #[test]
+    fn trash_settings_parse_with_zero_meaning_off() {
+        let pools = parse_pools(
+            r#"[{"name":"a","path":"/a"},{"name":"b","path":"/b","trashRetention":"72h"},
+                {"name":"c","path":"/c","trashRetention":"0"},
+                {"name":"d","path":"/d","trashRetention":"1h30m","trashMinFreePercent":25}]"#,
+        )
+        .unwrap();
+        assert_eq!(pools[0].trash_retention, None);
+        assert_eq!(pools[1].trash_retention, Some(Duration::from_secs(72 * 3600)));
+        assert_eq!(pools[1].trash_min_free_percent, None);
+        assert_eq!(pools[2].trash_retention, None);
+        assert_eq!(pools[3].trash_retention, Some(Duration::from_secs(5400)));
+        assert_eq!(pools[3].trash_min_free_percent, Some(25));
+        // Written back as read.
+        let json = serde_json::to_string(&pools[3]).unwrap();
+        assert!(
+            json.contains(r#""trashRetention":"1h30m","trashMinFreePercent":25"#),
+            "{json}"
+        );
+        assert_eq!(parse_pools(&format!("[{json}]")).unwrap()[0], pools[3]);
+
+        let err = parse_pools(r#"[{"name":"a","path":"/a","trashRetention":"3 weeks-ish"}]"#).unwrap_err();
+        assert!(err.to_string().contains("trashRetention"), "{err}");
+        let err =
+            parse_pools(r#"[{"name":"a","path":"/a","trashRetention":"1h","trashMinFreePercent":100}]"#).unwrap_err();
+        assert!(matches!(err, ConfigError::TrashFloor { value: 100, .. }), "{err}");
     }
 
     #[test]

@@ -259,6 +259,8 @@ impl ControllerService {
             false => None,
         };
         let tuning = modify::parse(&pool, &req.mutable_parameters)?;
+        // Whose volume this is, for the trash listing (only pools with a trash record it).
+        let claim = pool.trash.and_then(|_| crate::trash::claim_of(&req.parameters));
         let source = req.volume_content_source.as_ref().map(SourceRef::parse).transpose()?;
         if matches!(&source, Some(SourceRef::Volume(src)) if *src == name) {
             return Err(Error::InvalidArgument(format!(
@@ -319,6 +321,9 @@ impl ControllerService {
             let recorded = (|| {
                 // The class's settings, applied again on a retry (tuning is idempotent).
                 modify::apply(&p, &n, &tuning)?;
+                if let Some(claim) = &claim {
+                    crate::trash::remember_claim(&p, dir.as_fd(), &n, claim);
+                }
                 match enforced {
                     Some(_) => volumes::recorded_capacity(dir.as_fd(), &n),
                     None => Ok(None),

@@ -16,6 +16,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod admin;
 pub mod authority;
 pub mod caps;
 pub mod client;
@@ -44,6 +45,7 @@ pub mod server;
 pub mod sizing;
 pub mod snapshots;
 pub mod state;
+pub mod trash;
 pub mod validate;
 pub mod volume_journal;
 pub mod volumes;

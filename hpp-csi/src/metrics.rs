@@ -69,6 +69,15 @@ pub struct QuotaLabels {
     pub backend: String,
 }
 
+/// Labels of the trash purge counter.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PurgeLabels {
+    /// Pool name.
+    pub pool: String,
+    /// Why: `age`, `space` or `admin`.
+    pub reason: &'static str,
+}
+
 /// The prefix of the driver's own metrics (`hpp_csi_*`, `hpp_pool_*`).
 pub const PREFIX: &str = "hpp";
 /// The prefix of the metrics that keep KubeVirt's names.
@@ -92,6 +101,9 @@ pub struct DriverMetrics {
     pool_journal: Family<PoolLabels, Gauge>,
     pool_journal_flushes: Family<PoolLabels, Counter>,
     pool_journal_records: Family<PoolLabels, Counter>,
+    trash_entries: Family<PoolLabels, Gauge>,
+    trash_bytes: Family<PoolLabels, Gauge>,
+    trash_purged: Family<PurgeLabels, Counter>,
     shared_with_os: Gauge,
     /// The series of each known RPC by gRPC code ([`rpc_series_slot`]), taken from the families
     /// on its first call: a call then updates its counter and histogram without hashing labels
@@ -123,6 +135,9 @@ impl DriverMetrics {
             pool_journal: Family::default(),
             pool_journal_flushes: Family::default(),
             pool_journal_records: Family::default(),
+            trash_entries: Family::default(),
+            trash_bytes: Family::default(),
+            trash_purged: Family::default(),
             shared_with_os: Gauge::default(),
             rpc_series: (0..RPCS.len() * GRPC_CODES).map(|_| OnceLock::new()).collect(),
         };
@@ -177,6 +192,21 @@ impl DriverMetrics {
             "pool_journal_records",
             "Create and delete records the pool's volume journal made durable (over flushes: requests per flush)",
             m.pool_journal_records.clone(),
+        );
+        r.register(
+            "pool_trash_entries",
+            "Deleted volumes kept in the pool's trash (pools with a trash retention only)",
+            m.trash_entries.clone(),
+        );
+        r.register(
+            "pool_trash_bytes",
+            "Bytes held by the deleted volumes in the pool's trash, as measured so far; still used on the filesystem",
+            m.trash_bytes.clone(),
+        );
+        r.register(
+            "pool_trash_purged",
+            "Trash entries removed, by reason: age (retention over), space (free space under the floor), admin",
+            m.trash_purged.clone(),
         );
         registry.sub_registry_with_prefix(KUBEVIRT_PREFIX).register(
             "pool_path_shared_with_os",
@@ -252,6 +282,23 @@ impl DriverMetrics {
                 counter.inc_by(total - seen);
             }
         }
+    }
+
+    /// Publishes the size of `pool`'s trash.
+    pub fn set_trash(&self, pool: &str, totals: crate::trash::TrashTotals) {
+        let l = PoolLabels { pool: pool.to_owned() };
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.trash_entries.get_or_create(&l).set(clamp(totals.entries));
+        self.trash_bytes.get_or_create(&l).set(clamp(totals.bytes));
+    }
+
+    /// Counts one trash entry purged from `pool`.
+    pub fn trash_purged(&self, pool: &str, reason: crate::trash::PurgeReason) {
+        let l = PurgeLabels {
+            pool: pool.to_owned(),
+            reason: reason.as_str(),
+        };
+        self.trash_purged.get_or_create(&l).inc();
     }
 
     /// Sets KubeVirt's aggregate gauge.

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::fsops;
 use crate::lane::Lane;
 use crate::mountinfo::MountTable;
+use crate::trash::{TrashBook, TrashSettings};
 use crate::validate::{self, INTERNAL_PREFIX};
 use crate::volume_journal::VolumeJournal;
 
@@ -46,6 +47,8 @@ pub struct Pool {
     pub quota: Arc<dyn QuotaBackend>,
     /// Share of the filesystem that may be promised to volume limits, in percent.
     pub overcommit_percent: u32,
+    /// Deleted volumes go to the pool's trash for this long (`None`: removed at once).
+    pub trash: Option<TrashSettings>,
     /// Child names of `path` that belong to other pools or snapshot directories (KubeVirt's
     /// operator puts `snapshotPath` at `<pool>/snapshots`).
     reserved: BTreeSet<String>,
@@ -59,6 +62,8 @@ pub struct Pool {
     journal: Arc<VolumeJournal>,
     /// The thread that runs the pool's empty-volume creates (shared by every clone).
     lane: Arc<Lane>,
+    /// Measured sizes of the trash's entries (shared by every clone).
+    trash_book: Arc<TrashBook>,
 }
 
 /// Shared syncs of one directory: its entries (`fsync` of the directory) and the data written
@@ -141,13 +146,25 @@ impl Pool {
             quota_mode: cfg.quota,
             quota,
             overcommit_percent: cfg.overcommit_percent,
+            trash: cfg.trash_retention.map(|retention| TrashSettings {
+                retention,
+                min_free_percent: cfg
+                    .trash_min_free_percent
+                    .unwrap_or(crate::config::DEFAULT_TRASH_MIN_FREE_PERCENT),
+            }),
             reserved: BTreeSet::new(),
             volume_commits: Arc::default(),
             snapshot_commits: Arc::default(),
             last_measured: Arc::default(),
             journal: Arc::default(),
             lane: Arc::default(),
+            trash_book: Arc::default(),
         })
+    }
+
+    /// What is known of the trash's entries.
+    pub(crate) fn trash_book(&self) -> &TrashBook {
+        &self.trash_book
     }
 
     /// Group commit of the pool directory: every create and delete syncs through it.

@@ -14,10 +14,10 @@ use tracing::Instrument;
 
 use crate::metrics::DriverMetrics;
 
-/// Every RPC the CSI v1 services define, as its (service, method) labels, in the order
-/// [`rpc_index`] numbers them. Any other path is labelled `unknown`, so a client cannot blow up
-/// metric cardinality with made-up paths.
-pub const RPCS: [(&str, &str); 25] = [
+/// Every RPC the CSI v1 services (and hpp's admin service, `Trash`) define, as its (service,
+/// method) labels, in the order [`rpc_index`] numbers them. Any other path is labelled
+/// `unknown`, so a client cannot blow up metric cardinality with made-up paths.
+pub const RPCS: [(&str, &str); 29] = [
     ("Identity", "GetPluginInfo"),
     ("Identity", "GetPluginCapabilities"),
     ("Identity", "Probe"),
@@ -43,6 +43,10 @@ pub const RPCS: [(&str, &str); 25] = [
     ("Node", "NodeExpandVolume"),
     ("Node", "NodeGetCapabilities"),
     ("Node", "NodeGetInfo"),
+    ("Trash", "ListTrash"),
+    ("Trash", "RestoreTrash"),
+    ("Trash", "PurgeTrash"),
+    ("Trash", "TrashVolume"),
 ];
 
 /// Where `method` is in [`RPCS`] (method names are unique across the services). One `match`
@@ -74,6 +78,10 @@ pub fn rpc_index(method: &str) -> Option<usize> {
         "NodeExpandVolume" => 22,
         "NodeGetCapabilities" => 23,
         "NodeGetInfo" => 24,
+        "ListTrash" => 25,
+        "RestoreTrash" => 26,
+        "PurgeTrash" => 27,
+        "TrashVolume" => 28,
         _ => return None,
     })
 }
@@ -91,6 +99,7 @@ pub fn rpc_labels(path: &str) -> (&'static str, &'static str) {
         Some("csi.v1.Identity") => "Identity",
         Some("csi.v1.Controller") => "Controller",
         Some("csi.v1.Node") => "Node",
+        Some("hpp.admin.v1.Trash") => "Trash",
         _ => return ("unknown", "unknown"),
     };
     let method = parts
@@ -234,7 +243,14 @@ mod tests {
     fn every_rpc_is_numbered_where_the_table_has_it() {
         for (i, (service, method)) in RPCS.iter().enumerate() {
             assert_eq!(rpc_index(method), Some(i), "{method}");
-            assert_eq!(rpc_labels(&format!("/csi.v1.{service}/{method}")), (*service, *method));
+            let package = match *service {
+                "Trash" => "hpp.admin.v1",
+                _ => "csi.v1",
+            };
+            assert_eq!(
+                rpc_labels(&format!("/{package}.{service}/{method}")),
+                (*service, *method)
+            );
         }
         assert_eq!(rpc_index("unknown"), None);
     }

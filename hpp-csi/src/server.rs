@@ -257,6 +257,11 @@ impl Driver {
         &self.state
     }
 
+    /// hpp's admin service (the trash of deleted volumes), for a tonic server of your own.
+    pub fn trash_service(&self) -> crate::admin::TrashServer<crate::admin::TrashService> {
+        crate::admin::TrashServer::new(crate::admin::TrashService::new(self.state.clone()))
+    }
+
     /// The Identity service, for a tonic server of your own.
     pub fn identity_service(&self) -> IdentityServer<IdentityService> {
         IdentityServer::new(IdentityService::new(self.state.clone()))
@@ -398,11 +403,14 @@ impl BoundDriver {
         let driver = self.driver;
         // Keeps the gauges and transition logs current, so Probe need not measure anything.
         let refresher = tokio::spawn(crate::health::watch(driver.state.clone(), driver.state.health_interval));
+        // Purges trash entries whose retention is over (nothing to do without a trash).
+        let purger = tokio::spawn(crate::trash::watch(driver.state.clone()));
         let router = tonic::transport::Server::builder()
             .layer(driver.rpc_layer())
             .add_service(driver.identity_service())
             .add_service(driver.controller_service())
-            .add_service(driver.node_service());
+            .add_service(driver.node_service())
+            .add_service(driver.trash_service());
         let result = match self.listener {
             Listener::Unix(sock) => {
                 let UnixSocket { listener, path, ino } = sock;
@@ -427,6 +435,7 @@ impl BoundDriver {
             }
         };
         refresher.abort();
+        purger.abort();
         // A clean stop leaves no records to redo: a later start (or another driver in the
         // meantime, KubeVirt's after a rollback) finds the pools as they are.
         let state = driver.state.clone();

@@ -89,12 +89,33 @@ pub enum Record {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         was: Option<DirIdentity>,
     },
+    /// A volume was moved into the pool's trash ([`crate::trash`]) as this entry.
+    Trash {
+        /// Volume id.
+        id: String,
+        /// The directory that was moved.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        was: Option<DirIdentity>,
+        /// Its name in the trash.
+        entry: String,
+    },
+    /// A trash entry was made volume `id` again.
+    Restore {
+        /// The new volume id.
+        id: String,
+        /// The entry it was.
+        entry: String,
+    },
 }
 
 impl Record {
-    fn id(&self) -> &str {
+    /// The volume the record is about.
+    pub fn id(&self) -> &str {
         match self {
-            Record::Create { id, .. } | Record::Delete { id, .. } => id,
+            Record::Create { id, .. }
+            | Record::Delete { id, .. }
+            | Record::Trash { id, .. }
+            | Record::Restore { id, .. } => id,
         }
     }
 
@@ -427,6 +448,8 @@ fn redo(pool: &Pool, dir: BorrowedFd<'_>, record: Record) -> Result<()> {
             tracing::info!(pool = %pool.name, volume_id = %id, "deleted again a volume whose deletion a crash had lost");
             Ok(())
         }
+        Record::Trash { id, was, entry } => crate::trash::redo_move(pool, dir, &id, was, &entry),
+        Record::Restore { id, entry } => crate::trash::redo_restore(pool, dir, &id, &entry),
     }
 }
 

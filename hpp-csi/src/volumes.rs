@@ -423,6 +423,9 @@ pub(crate) fn build(
 /// synced) before its data is removed.
 pub fn delete(pool: &Pool, id: &str, mounts: &MountTableCache) -> Result<bool> {
     let dir = pool.open()?;
+    if pool.trash.is_some() {
+        return Ok(crate::trash::delete_into(pool, dir.as_fd(), id, mounts)?.is_some());
+    }
     let journal = match pool.journal_in(dir.as_fd()) {
         Ok(journal) => journal,
         // DeleteVolume asks every pool: one whose journal cannot be opened (a filesystem
@@ -462,6 +465,17 @@ pub(crate) fn retire(pool: &Pool, dir: BorrowedFd<'_>, id: &str, mounts: &MountT
     let gone = deleting_name(id);
     // Finish an interrupted deletion first.
     pool.quota.remove(dir, &gone)?;
+    if !check_retirable(pool, dir, id, mounts)? {
+        return Ok(false);
+    }
+    fsops::rename_noreplace(dir, id, &gone).map_err(|e| Error::io(format!("renaming {id} for deletion"), e))?;
+    Ok(true)
+}
+
+/// Checks that `id` in the pool directory `dir` is an hpp volume that may leave the pool (a
+/// real directory on the pool's filesystem, mounted nowhere, not in use); false when it is
+/// missing.
+pub(crate) fn check_retirable(pool: &Pool, dir: BorrowedFd<'_>, id: &str, mounts: &MountTableCache) -> Result<bool> {
     match fsops::entry(dir, id).map_err(|e| Error::io(format!("stat volume {id}"), e))? {
         Entry::Missing => return Ok(false),
         Entry::Symlink | Entry::Other => {
@@ -487,7 +501,6 @@ pub(crate) fn retire(pool: &Pool, dir: BorrowedFd<'_>, id: &str, mounts: &MountT
             "volume {id} is in use: {why}; unpublish it first"
         )));
     }
-    fsops::rename_noreplace(dir, id, &gone).map_err(|e| Error::io(format!("renaming {id} for deletion"), e))?;
     Ok(true)
 }
 

@@ -129,12 +129,7 @@ fn a_clone_is_synced_with_the_pool_directory_not_journaled() {
     let src = volumes::open(&first, "pvc-src").unwrap();
     volumes::create(&first, "pvc-clone", Some(&src), SIZE).unwrap();
     // A record could bring back only an empty directory, never the copied data.
-    let ids: Vec<String> = records(&first)
-        .into_iter()
-        .map(|r| match r {
-            Record::Create { id, .. } | Record::Delete { id, .. } => id,
-        })
-        .collect();
+    let ids: Vec<String> = records(&first).into_iter().map(|r| r.id().to_owned()).collect();
     assert_eq!(ids, ["pvc-src"]);
 }
 
