@@ -22,20 +22,20 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use rustix::io::Errno;
+use std::time::SystemTime;
 
 use hpp_fs::MountTableCache;
+use hpp_fs::trash::TrashError;
 
 use crate::error::{Error, Result};
 use crate::fsops::{self, Entry};
 use crate::pool::Pool;
 use crate::volume_journal::{self, DirIdentity, Record};
-use crate::volumes::{self, DELETING_PREFIX};
+use crate::volumes;
 
-/// The trash directory inside a pool directory.
-pub const TRASH_DIR: &str = ".hpp-trash";
+pub use hpp_fs::trash::{
+    EntryName, MAX_PURGES_PER_PASS, PurgeReason, PurgeReport, Settings as TrashSettings, TRASH_DIR, purge_interval,
+};
 
 /// Extended attribute naming the claim (`namespace/name`) a volume was created for, recorded
 /// at creation in pools with a trash so a listing of the trash can say whose data an entry is.
@@ -47,81 +47,8 @@ pub const PARAM_CLAIM_NAME: &str = "csi.storage.k8s.io/pvc/name";
 /// See [`PARAM_CLAIM_NAME`].
 pub const PARAM_CLAIM_NAMESPACE: &str = "csi.storage.k8s.io/pvc/namespace";
 
-/// Most entries one [`purge`] removes; the next one goes on. Bounds how long a purge holds its
-/// thread when thousands of entries fall due at once.
-pub const MAX_PURGES_PER_PASS: usize = 64;
-
 /// Most sizes one [`refresh_sizes`] measures (each may walk a tree).
 const MAX_MEASURES_PER_PASS: usize = 16;
-
-/// A pool's trash settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TrashSettings {
-    /// How long an entry is kept.
-    pub retention: Duration,
-    /// Free space (percent) under which entries are purged early, oldest first.
-    pub min_free_percent: u32,
-}
-
-/// Why an entry was purged (the label of the purge counter).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PurgeReason {
-    /// Older than the retention.
-    Age,
-    /// The filesystem's free space was under the floor.
-    Space,
-    /// An admin asked for it.
-    Admin,
-}
-
-impl PurgeReason {
-    /// The label value: `age`, `space`, `admin`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PurgeReason::Age => "age",
-            PurgeReason::Space => "space",
-            PurgeReason::Admin => "admin",
-        }
-    }
-}
-
-/// The name of an entry in the trash: `<volume id>@<deleted at, unix seconds>`, ordered oldest
-/// first. Volume ids may hold `@` themselves, so the id is everything before the last one.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct EntryName {
-    /// When the volume was trashed, in seconds since the epoch.
-    pub deleted_at: u64,
-    /// The volume id it had.
-    pub volume_id: String,
-}
-
-impl EntryName {
-    /// Parses an entry name; `None` for anything else (such names are never touched).
-    pub fn parse(name: &str) -> Option<EntryName> {
-        if name.starts_with('.') || name.contains('/') {
-            return None;
-        }
-        let (id, secs) = name.rsplit_once('@')?;
-        if id.is_empty() || secs.is_empty() || !secs.bytes().all(|b| b.is_ascii_digit()) || secs.len() > 12 {
-            return None;
-        }
-        Some(EntryName {
-            deleted_at: secs.parse().ok()?,
-            volume_id: id.to_owned(),
-        })
-    }
-
-    /// When the volume was trashed.
-    pub fn deleted_at(&self) -> SystemTime {
-        UNIX_EPOCH + Duration::from_secs(self.deleted_at)
-    }
-}
-
-impl std::fmt::Display for EntryName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}@{}", self.volume_id, self.deleted_at)
-    }
-}
 
 /// One entry of a pool's trash, as listed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,17 +63,6 @@ pub struct TrashEntry {
     pub bytes: Option<u64>,
     /// When the retention ends (`None`: the pool has no retention; kept until purged by hand).
     pub purge_at: Option<SystemTime>,
-}
-
-/// What [`purge`] did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PurgeReport {
-    /// Entries removed, with why.
-    pub purged: Vec<(String, PurgeReason)>,
-    /// Entries whose removal failed (logged; tried again next time).
-    pub failed: usize,
-    /// Whether entries due were left for the next pass ([`MAX_PURGES_PER_PASS`]).
-    pub more: bool,
 }
 
 /// Per-pool memory of the trash: the measured size of each entry (a walk each), so listings
@@ -187,45 +103,35 @@ pub struct TrashTotals {
     pub bytes: u64,
 }
 
-/// Opens the trash directory of the pool directory `dir`; with `create`, makes it first
-/// (mode 0700: only the driver looks in). `None` when it does not exist and `create` is off.
-/// Something else under its name (a symlink, a file, another filesystem mounted there) is
-/// refused: the trash is never followed out of the pool.
+/// Opens the trash directory of the pool directory `dir` ([`hpp_fs::trash::open`]), its
+/// errors as the driver reports them.
 pub fn open_dir(pool: &Pool, dir: BorrowedFd<'_>, create: bool) -> Result<Option<OwnedFd>> {
-    match fsops::entry(dir, TRASH_DIR).map_err(|e| Error::io("looking at the trash directory", e))? {
-        Entry::Missing if !create => return Ok(None),
-        Entry::Missing => match fsops::mkdir_exact(dir, TRASH_DIR, 0o700) {
-            Ok(fd) => return Ok(Some(fd)),
-            Err(Errno::EXIST) => {}
-            Err(e) => return Err(Error::io("making the trash directory", e)),
-        },
-        Entry::Dir { .. } => {}
-        Entry::Symlink | Entry::Other => return Err(not_a_trash(pool)),
-    }
-    let fd = fsops::open_child_dir(dir, TRASH_DIR).map_err(|e| match e {
-        Errno::LOOP | Errno::NOTDIR => not_a_trash(pool),
-        e => Error::io("opening the trash directory", e),
-    })?;
-    let (inside, outside) = (
-        hpp_fs::Meta::of(fd.as_fd()).map_err(|e| Error::io("stat the trash directory", e))?,
-        hpp_fs::Meta::of(dir).map_err(|e| Error::io("stat the pool directory", e))?,
-    );
-    if !inside.same_mount(&outside) {
-        return Err(Error::FailedPrecondition(format!(
-            "{} is another filesystem mounted into storage pool {}; the trash must be on the pool's own filesystem",
-            pool.path.join(TRASH_DIR).display(),
-            pool.name
-        )));
-    }
-    Ok(Some(fd))
+    hpp_fs::trash::open(dir, create).map_err(|e| trash_error(pool, e))
 }
 
-fn not_a_trash(pool: &Pool) -> Error {
-    Error::FailedPrecondition(format!(
-        "{} is not a directory; the trash of storage pool {} cannot be used until it is removed",
-        pool.path.join(TRASH_DIR).display(),
-        pool.name
-    ))
+/// A trash error as a gRPC-coded driver error.
+fn trash_error(pool: &Pool, e: TrashError) -> Error {
+    let pool_dir = pool.path.display();
+    match e {
+        e @ (TrashError::NotADirectory | TrashError::OtherFilesystem) => Error::FailedPrecondition(format!(
+            "{pool_dir}/{TRASH_DIR}: {e}; the trash of storage pool {} cannot be used until it is fixed",
+            pool.name
+        )),
+        e @ TrashError::CrossDevice { .. } => Error::FailedPrecondition(format!(
+            "storage pool {}: {e}; turn the trash off for this pool",
+            pool.name
+        )),
+        TrashError::Exists(name) => {
+            Error::AlreadyExists(format!("{name} already exists in storage pool {}", pool.name))
+        }
+        TrashError::Missing(name) => Error::NotFound(format!(
+            "storage pool {} has no {name} (it may have been purged or restored already)",
+            pool.name
+        )),
+        e @ TrashError::NameTooLong(_) => Error::InvalidArgument(e.to_string()),
+        TrashError::Io { op, source } => Error::io(op, source),
+        other => Error::Internal(other.to_string()),
+    }
 }
 
 /// Moves volume `id` of the pool directory `dir` into the trash, after the same checks as a
@@ -243,29 +149,11 @@ pub(crate) fn move_in(
     if !volumes::check_retirable(pool, dir, id, mounts)? {
         return Ok(None);
     }
-    let mut name = EntryName {
-        deleted_at: now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-        volume_id: id.to_owned(),
-    };
-    // The same id trashed twice within a second (deleted, restored under it, deleted again):
-    // the later entry takes the next free second.
-    for _ in 0..16 {
-        match rename_between(dir, id, trash, &name.to_string()) {
-            Ok(()) => return Ok(Some(name)),
-            Err(Errno::EXIST | Errno::NOTEMPTY) => name.deleted_at += 1,
-            Err(Errno::XDEV) => {
-                return Err(Error::FailedPrecondition(format!(
-                    "volume {id} cannot be moved into the trash of storage pool {} (EXDEV: a project quota \
-                     boundary or another filesystem); turn the trash off for this pool",
-                    pool.name
-                )));
-            }
-            Err(e) => return Err(Error::io(format!("moving volume {id} into the trash"), e)),
-        }
+    match hpp_fs::trash::move_in(dir, id, trash, now) {
+        Ok(entry) => Ok(Some(entry)),
+        Err(TrashError::Missing(_)) => Ok(None),
+        Err(e) => Err(trash_error(pool, e)),
     }
-    Err(Error::Aborted(format!(
-        "volume {id} was trashed too often within a few seconds; try again"
-    )))
 }
 
 /// DeleteVolume in a pool with a trash (and an admin's move of an orphan in any pool): the
@@ -341,13 +229,10 @@ pub(crate) fn redo_move(
     if !volumes::check_retirable(pool, dir, id, &mounts)? {
         return Ok(());
     }
-    match rename_between(dir, id, trash.as_fd(), entry) {
-        Ok(()) => {
-            tracing::info!(pool = %pool.name, volume_id = %id, entry, "moved again into the trash a volume whose move a crash had lost");
-            Ok(())
-        }
-        Err(e) => Err(Error::io(format!("moving volume {id} into the trash"), e)),
-    }
+    rustix::fs::renameat_with(dir, id, trash.as_fd(), entry, rustix::fs::RenameFlags::NOREPLACE)
+        .map_err(|e| Error::io(format!("moving volume {id} into the trash"), e))?;
+    tracing::info!(pool = %pool.name, volume_id = %id, entry, "moved again into the trash a volume whose move a crash had lost");
+    Ok(())
 }
 
 /// Redoes a restore a crash lost: the entry is still in the trash and `id` is free.
@@ -358,11 +243,11 @@ pub(crate) fn redo_restore(pool: &Pool, dir: BorrowedFd<'_>, id: &str, entry: &s
     let Some(trash) = open_dir(pool, dir, false)? else {
         return Ok(());
     };
-    if !matches!(fsops::entry(trash.as_fd(), entry), Ok(Entry::Dir { .. })) {
-        return Ok(());
+    match hpp_fs::trash::take_out(trash.as_fd(), entry, dir, id) {
+        Ok(()) => {}
+        Err(TrashError::Missing(_) | TrashError::Exists(_)) => return Ok(()),
+        Err(e) => return Err(trash_error(pool, e)),
     }
-    rename_between(trash.as_fd(), entry, dir, id)
-        .map_err(|e| Error::io(format!("restoring {entry} as volume {id}"), e))?;
     tracing::info!(pool = %pool.name, volume_id = %id, entry, "restored again a trash entry whose restore a crash had lost");
     Ok(())
 }
@@ -400,11 +285,11 @@ pub fn list(pool: &Pool) -> Result<Vec<TrashEntry>> {
         return Ok(Vec::new());
     };
     let mut entries = Vec::new();
-    for name in entry_names(trash.as_fd())? {
+    for name in hpp_fs::trash::entries(trash.as_fd()).map_err(|e| trash_error(pool, e))? {
         let claim = fsops::open_child_dir(trash.as_fd(), name.to_string())
             .ok()
             .and_then(|fd| read_claim(fd.as_fd()));
-        let purge_at = pool.trash.map(|t| name.deleted_at() + t.retention);
+        let purge_at = pool.trash.map(|t| name.purge_at(t.retention));
         entries.push(TrashEntry {
             pool: pool.name.clone(),
             bytes: pool.trash_book().size(&name.to_string()),
@@ -413,19 +298,6 @@ pub fn list(pool: &Pool) -> Result<Vec<TrashEntry>> {
             purge_at,
         });
     }
-    Ok(entries)
-}
-
-/// Entry names in the trash directory, oldest first: real directories whose names have the
-/// trash's form. Anything else is not an entry and is never touched.
-fn entry_names(trash: BorrowedFd<'_>) -> Result<Vec<EntryName>> {
-    let names = fsops::list_names(trash).map_err(|e| Error::io("listing the trash", e))?;
-    let mut entries: Vec<EntryName> = names
-        .iter()
-        .filter_map(|n| EntryName::parse(n))
-        .filter(|n| matches!(fsops::entry(trash, &n.to_string()), Ok(Entry::Dir { .. })))
-        .collect();
-    entries.sort();
     Ok(entries)
 }
 
@@ -451,20 +323,15 @@ pub fn restore(pool: &Pool, entry: &str, new_id: &str) -> Result<Restored> {
     let dir = pool.open()?;
     let journal = pool.journal_in(dir.as_fd())?;
     let trash = open_dir(pool, dir.as_fd(), false)?.ok_or_else(|| no_entry(pool, entry))?;
-    match fsops::entry(trash.as_fd(), entry).map_err(|e| Error::io(format!("stat trash entry {entry}"), e))? {
-        Entry::Dir { .. } => {}
-        _ => return Err(no_entry(pool, entry)),
-    }
-    match rename_between(trash.as_fd(), entry, dir.as_fd(), new_id) {
+    match hpp_fs::trash::take_out(trash.as_fd(), entry, dir.as_fd(), new_id) {
         Ok(()) => {}
-        Err(Errno::EXIST | Errno::NOTEMPTY) => {
+        Err(TrashError::Exists(_)) => {
             return Err(Error::AlreadyExists(format!(
                 "volume {new_id} already exists in storage pool {}; restore under another id",
                 pool.name
             )));
         }
-        Err(Errno::NOENT) => return Err(no_entry(pool, entry)),
-        Err(e) => return Err(Error::io(format!("restoring {entry} as volume {new_id}"), e)),
+        Err(e) => return Err(trash_error(pool, e)),
     }
     match &journal {
         Some(journal) => {
@@ -511,7 +378,8 @@ fn no_entry(pool: &Pool, entry: &str) -> Error {
 /// Which entries [`purge`] removes.
 #[derive(Debug, Clone, Copy)]
 pub enum Purge<'a> {
-    /// Those older than the retention, then the oldest while free space is under the floor.
+    /// Those older than the pool's retention, then the oldest while free space is under its
+    /// floor (nothing in a pool without a retention).
     Due {
         /// The time to judge ages by.
         now: SystemTime,
@@ -520,102 +388,27 @@ pub enum Purge<'a> {
     Entry(&'a str),
 }
 
-/// Removes entries of `pool`'s trash (see [`Purge`]), at most [`MAX_PURGES_PER_PASS`]; first
-/// finishes removals a crash cut short. Only names of the trash's own form inside the trash
-/// directory are ever removed.
+/// Removes entries of `pool`'s trash (see [`Purge`]) through the pool's quota backend (a
+/// subvolume with its qgroup, a project id's limit), at most [`MAX_PURGES_PER_PASS`] per call.
 pub fn purge(pool: &Pool, which: Purge<'_>) -> Result<PurgeReport> {
     let dir = pool.open()?;
-    let mut report = PurgeReport::default();
     let Some(trash) = open_dir(pool, dir.as_fd(), false)? else {
         return match which {
             Purge::Entry(entry) => Err(no_entry(pool, entry)),
-            Purge::Due { .. } => Ok(report),
+            Purge::Due { .. } => Ok(PurgeReport::default()),
         };
     };
-    let trash = trash.as_fd();
-    finish_interrupted(pool, trash);
-    match which {
-        Purge::Entry(entry) => {
-            if EntryName::parse(entry).is_none() || !matches!(fsops::entry(trash, entry), Ok(Entry::Dir { .. })) {
-                return Err(no_entry(pool, entry));
-            }
-            remove_entry(pool, trash, entry)?;
-            report.purged.push((entry.to_owned(), PurgeReason::Admin));
-        }
-        Purge::Due { now } => {
-            let Some(settings) = pool.trash else {
-                return Ok(report);
-            };
-            let mut entries = entry_names(trash)?.into_iter().peekable();
-            while let Some(name) = entries.next_if(|n| n.deleted_at() + settings.retention <= now) {
-                purge_one(pool, trash, &name.to_string(), PurgeReason::Age, &mut report);
-                if report.more {
-                    return Ok(report);
-                }
-            }
-            while free_percent(trash)? < f64::from(settings.min_free_percent) {
-                let Some(name) = entries.next() else { break };
-                purge_one(pool, trash, &name.to_string(), PurgeReason::Space, &mut report);
-                if report.more {
-                    return Ok(report);
-                }
-            }
-        }
-    }
-    Ok(report)
-}
-
-fn purge_one(pool: &Pool, trash: BorrowedFd<'_>, entry: &str, reason: PurgeReason, report: &mut PurgeReport) {
-    if report.purged.len() + report.failed >= MAX_PURGES_PER_PASS {
-        report.more = true;
-        return;
-    }
-    match remove_entry(pool, trash, entry) {
-        Ok(()) => {
-            tracing::info!(pool = %pool.name, entry, reason = reason.as_str(), "trash entry purged");
-            report.purged.push((entry.to_owned(), reason));
-        }
-        Err(e) => {
-            tracing::warn!(pool = %pool.name, entry, error = %e, "cannot purge a trash entry; trying again later");
-            report.failed += 1;
-        }
-    }
-}
-
-/// Renames `entry` to its removal name, then removes it with everything its backend attached.
-fn remove_entry(pool: &Pool, trash: BorrowedFd<'_>, entry: &str) -> Result<()> {
-    let gone = format!("{DELETING_PREFIX}{entry}");
-    match fsops::rename_noreplace(trash, entry, &gone) {
-        Ok(()) => {}
-        // Restored or purged meanwhile.
-        Err(Errno::NOENT) => return Ok(()),
-        Err(e) => return Err(Error::io(format!("renaming trash entry {entry} for removal"), e)),
-    }
-    pool.quota.remove(trash, &gone)?;
-    Ok(())
-}
-
-/// Finishes removals a crash cut short (`.hpp-del-<entry>` inside the trash).
-fn finish_interrupted(pool: &Pool, trash: BorrowedFd<'_>) {
-    let Ok(names) = fsops::list_names(trash) else { return };
-    for name in names.iter().filter(|n| n.starts_with(DELETING_PREFIX)) {
-        if EntryName::parse(&name[DELETING_PREFIX.len()..]).is_none() {
-            continue;
-        }
-        if let Err(e) = pool.quota.remove(trash, name) {
-            tracing::warn!(pool = %pool.name, entry = %name, error = %e, "cannot finish an interrupted purge; trying again later");
-        }
-    }
-}
-
-/// Free space of the trash's filesystem, in percent of its size (as unprivileged writers see
-/// it, like the pool's capacity).
-fn free_percent(trash: BorrowedFd<'_>) -> Result<f64> {
-    let st = rustix::fs::fstatvfs(trash).map_err(|e| Error::io("statvfs of the trash", e))?;
-    if st.f_blocks == 0 {
-        return Ok(100.0);
-    }
-    Ok(st.f_bavail as f64 * 100.0 / st.f_blocks as f64)
+    let which = match which {
+        Purge::Entry(entry) => hpp_fs::trash::Purge::Entry(entry),
+        Purge::Due { now } => match pool.trash {
+            Some(settings) => hpp_fs::trash::Purge::Due { settings, now },
+            None => return Ok(PurgeReport::default()),
+        },
+    };
+    hpp_fs::trash::purge(trash.as_fd(), which, |fd, name| pool.quota.remove(fd, name)).map_err(|e| match e {
+        TrashError::Missing(entry) => no_entry(pool, &entry),
+        e => trash_error(pool, e),
+    })
 }
 
 /// Measures entries not measured yet (at most a few per call: each may walk a tree) and
@@ -626,7 +419,11 @@ pub fn refresh_sizes(pool: &Pool) -> Result<TrashTotals> {
         pool.trash_book().keep_only(&[]);
         return Ok(TrashTotals::default());
     };
-    let names: Vec<String> = entry_names(trash.as_fd())?.iter().map(ToString::to_string).collect();
+    let names: Vec<String> = hpp_fs::trash::entries(trash.as_fd())
+        .map_err(|e| trash_error(pool, e))?
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     let book = pool.trash_book();
     book.keep_only(&names);
     let mut measured = 0;
@@ -659,17 +456,6 @@ fn measure(pool: &Pool, trash: BorrowedFd<'_>, entry: &str) -> Option<u64> {
     }
     let fd = fsops::open_child_dir(trash, entry).ok()?;
     fsops::usage(fd.as_fd()).ok().map(|(bytes, _)| bytes)
-}
-
-/// `renameat2(from_dir/from → to_dir/to, RENAME_NOREPLACE)`.
-fn rename_between(from_dir: BorrowedFd<'_>, from: &str, to_dir: BorrowedFd<'_>, to: &str) -> rustix::io::Result<()> {
-    rustix::fs::renameat_with(from_dir, from, to_dir, to, rustix::fs::RenameFlags::NOREPLACE)
-}
-
-/// How often the background purge looks at a pool with this retention: a quarter of it,
-/// between one second and one minute (the free-space floor is checked as often).
-pub fn purge_interval(retention: Duration) -> Duration {
-    (retention / 4).clamp(Duration::from_secs(1), Duration::from_secs(60))
 }
 
 /// Purges due entries of every pool with a trash, measures new entries and updates the
@@ -716,47 +502,6 @@ pub fn purge_all(state: &crate::state::DriverState) {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-
-    #[test]
-    fn entry_names_round_trip_and_nothing_else_parses() {
-        let n = EntryName::parse("pvc-1@1790000000").unwrap();
-        assert_eq!(n.volume_id, "pvc-1");
-        assert_eq!(n.deleted_at, 1_790_000_000);
-        assert_eq!(n.to_string(), "pvc-1@1790000000");
-        // The id is everything before the last `@`.
-        assert_eq!(EntryName::parse("a@b@12").unwrap().volume_id, "a@b");
-        for bad in [
-            "pvc-1",
-            "@12",
-            "pvc-1@",
-            "pvc-1@12x",
-            ".hpp-del-pvc-1@12",
-            "../x@12",
-            "a/b@12",
-            "pvc@1234567890123",
-        ] {
-            assert_eq!(EntryName::parse(bad), None, "{bad}");
-        }
-    }
-
-    #[test]
-    fn entries_order_oldest_first() {
-        let mut names = [
-            EntryName::parse("b@20").unwrap(),
-            EntryName::parse("a@30").unwrap(),
-            EntryName::parse("c@10").unwrap(),
-        ];
-        names.sort();
-        let ids: Vec<_> = names.iter().map(|n| n.volume_id.as_str()).collect();
-        assert_eq!(ids, ["c", "b", "a"]);
-    }
-
-    #[test]
-    fn purge_interval_is_a_quarter_within_bounds() {
-        assert_eq!(purge_interval(Duration::from_secs(10)), Duration::from_millis(2500));
-        assert_eq!(purge_interval(Duration::from_secs(2)), Duration::from_secs(1));
-        assert_eq!(purge_interval(Duration::from_secs(72 * 3600)), Duration::from_secs(60));
-    }
 
     #[test]
     fn claims_come_from_the_provisioners_metadata() {

@@ -9,6 +9,7 @@
 //! - [`group_sync`]: group commit, so concurrent creates and deletes share one directory sync.
 //! - [`journal`]: an intent journal, so a create or delete is durable with one shared
 //!   `fdatasync` of preallocated blocks instead of a journal commit of the whole filesystem.
+//! - [`trash`]: deleted volumes kept for a retention, purged by age or free space.
 //! - [`mountinfo`]: the parser for `/proc/self/mountinfo` and the per-mount flags of an entry.
 
 pub mod copy;
@@ -21,6 +22,7 @@ pub mod mountinfo;
 pub mod quota;
 pub mod remove;
 pub mod stack;
+pub mod trash;
 pub mod usage;
 pub mod walk;
 

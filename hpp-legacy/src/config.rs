@@ -121,6 +121,10 @@ pub struct ProvisionerConfig {
     /// limited to their claim's request, as the CSI driver's are. `None`: plain directories,
     /// as the classic provisioner made them. Never used for shared mode's per-class bases.
     pub quota: Option<std::sync::Arc<dyn hpp_fs::quota::QuotaBackend>>,
+    /// Released volumes go to `<base>/.hpp-trash` for this long instead of being removed
+    /// (`None`: removed at once, as the classic provisioners do). A class's `archiveOnDelete`
+    /// still archives instead.
+    pub trash: Option<hpp_fs::trash::Settings>,
 }
 
 impl ProvisionerConfig {
@@ -142,6 +146,7 @@ impl ProvisionerConfig {
             identity,
             accepted_identities: Vec::new(),
             quota: None,
+            trash: None,
         }
     }
 

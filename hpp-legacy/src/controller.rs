@@ -98,6 +98,7 @@ pub async fn run_controllers(prov: Arc<Provisioner>, stop: watch::Receiver<bool>
             prov.clone(),
         )
         .for_each(|_| futures::future::ready(()));
+    let stop_purge = stop.clone();
     let volumes = Controller::new(Api::<PersistentVolume>::all(client), watcher::Config::default())
         .graceful_shutdown_on(stopped(stop))
         .run(
@@ -111,8 +112,27 @@ pub async fn run_controllers(prov: Arc<Provisioner>, stop: watch::Receiver<bool>
             prov.clone(),
         )
         .for_each(|_| futures::future::ready(()));
-    tokio::join!(classes, claims, volumes);
+    let purger = purge_trash_every(prov.clone(), stop_purge);
+    tokio::join!(classes, claims, volumes, purger);
     prov.set_class_cache(None);
+}
+
+/// Purges the trash every [`hpp_fs::trash::purge_interval`] of the retention until `stop`
+/// (returns at once without a trash retention).
+async fn purge_trash_every(prov: Arc<Provisioner>, stop: watch::Receiver<bool>) {
+    let Some(settings) = prov.config().trash else {
+        return;
+    };
+    let mut ticker = tokio::time::interval(hpp_fs::trash::purge_interval(settings.retention));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let stop = stopped(stop);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => prov.purge_trash().await,
+            () = &mut stop => return,
+        }
+    }
 }
 
 /// Runs the controllers until `shutdown` resolves (node-local modes: every instance active).

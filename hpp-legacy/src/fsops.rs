@@ -49,6 +49,8 @@ pub enum Removed {
     Deleted,
     /// Renamed to this name in the same parent.
     Archived(String),
+    /// Moved into the base directory's trash as this entry.
+    Trashed(String),
     /// Was not there (already cleaned up).
     Missing,
 }
@@ -255,15 +257,7 @@ pub fn remove_volume_dir_in(base: &Path, dir: &Path, archive: bool, backend: &dy
     if archive {
         return archive_dir(&parent, leaf, &path);
     }
-    let top = open_child(&parent, leaf, &path)?;
-    let parent_mount = mount_key(&parent, &path)?;
-    if mount_key(&top, &path)? != parent_mount {
-        return Err(Error::UnsafeDelete {
-            path,
-            reason: "is a mount point".into(),
-        });
-    }
-    drop(top);
+    check_same_mount(&parent, leaf, &path)?;
     match leaf.to_str() {
         Some(name) => backend.remove(parent.as_fd(), name).map_err(|e| match e {
             QuotaError::Walk(w) => walk_error(w, &path),
@@ -272,6 +266,92 @@ pub fn remove_volume_dir_in(base: &Path, dir: &Path, archive: bool, backend: &dy
         None => hpp_fs::remove_tree(parent.as_fd(), leaf).map_err(|e| walk_error(e, &path))?,
     }
     Ok(Removed::Deleted)
+}
+
+/// Refuses a directory that is the root of another mount: deleting or moving it would touch
+/// another filesystem.
+fn check_same_mount(parent: &OwnedFd, leaf: &std::ffi::OsStr, path: &Path) -> Result<()> {
+    let top = open_child(parent, leaf, path)?;
+    if mount_key(&top, path)? != mount_key(parent, path)? {
+        return Err(Error::UnsafeDelete {
+            path: path.to_path_buf(),
+            reason: "is a mount point".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Moves the volume directory `dir` (strictly inside `base`) into `<base>/.hpp-trash` as
+/// `<leaf name>@<now>` instead of removing it, durably (both directories synced) before it
+/// returns. The same checks as a removal: a real directory on the base's filesystem.
+pub fn trash_volume_dir(base: &Path, dir: &Path, now: std::time::SystemTime) -> Result<Removed> {
+    let rel = dir.strip_prefix(base).map_err(|_| Error::UnsafeDelete {
+        path: dir.to_path_buf(),
+        reason: format!("not inside {}", base.display()),
+    })?;
+    let (parent, leaf, path) = match open_parent(base, rel) {
+        Ok(v) => v,
+        Err(Error::Fs { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => return Ok(Removed::Missing),
+        Err(e) => return Err(e),
+    };
+    match rustix::fs::statat(&parent, leaf, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {}
+        Ok(_) => {
+            return Err(Error::UnsafeDelete {
+                path,
+                reason: "is not a directory (symlink?)".into(),
+            });
+        }
+        Err(Errno::NOENT) => return Ok(Removed::Missing),
+        Err(e) => return Err(Error::fs("stat", &path, e)),
+    }
+    check_same_mount(&parent, leaf, &path)?;
+    let name = leaf.to_str().ok_or_else(|| Error::UnsafeDelete {
+        path: path.clone(),
+        reason: "its name is not UTF-8; it cannot be named in the trash".into(),
+    })?;
+    let base_fd = open_base(base)?;
+    let trash_err = |e: hpp_fs::trash::TrashError| Error::UnsafeDelete {
+        path: base.join(hpp_fs::trash::TRASH_DIR),
+        reason: e.to_string(),
+    };
+    let trash = hpp_fs::trash::open(base_fd.as_fd(), true)
+        .map_err(trash_err)?
+        .ok_or_else(|| Error::Config("the trash directory was not made".into()))?;
+    let entry = match hpp_fs::trash::move_in(parent.as_fd(), name, trash.as_fd(), now) {
+        Ok(entry) => entry,
+        Err(hpp_fs::trash::TrashError::Missing(_)) => return Ok(Removed::Missing),
+        Err(e) => return Err(trash_err(e)),
+    };
+    for fd in [&parent, &trash] {
+        rustix::fs::fsync(fd).map_err(|e| Error::fs("fsync", base, e))?;
+    }
+    Ok(Removed::Trashed(entry.to_string()))
+}
+
+/// Purges the trash of `base` by `settings` (entries older than the retention, then the
+/// oldest while free space is under the floor), removing each through `backend`. Nothing when
+/// `base` has no trash.
+pub fn purge_trash(
+    base: &Path,
+    settings: hpp_fs::trash::Settings,
+    now: std::time::SystemTime,
+    backend: &dyn QuotaBackend,
+) -> Result<hpp_fs::trash::PurgeReport> {
+    let base_fd = open_base(base)?;
+    let trash_err = |e: hpp_fs::trash::TrashError| Error::UnsafeDelete {
+        path: base.join(hpp_fs::trash::TRASH_DIR),
+        reason: e.to_string(),
+    };
+    let Some(trash) = hpp_fs::trash::open(base_fd.as_fd(), false).map_err(trash_err)? else {
+        return Ok(hpp_fs::trash::PurgeReport::default());
+    };
+    hpp_fs::trash::purge(
+        trash.as_fd(),
+        hpp_fs::trash::Purge::Due { settings, now },
+        |fd, name| backend.remove(fd, name),
+    )
+    .map_err(trash_err)
 }
 
 fn archive_dir(parent: &OwnedFd, leaf: &std::ffi::OsStr, path: &Path) -> Result<Removed> {

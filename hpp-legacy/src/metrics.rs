@@ -29,7 +29,7 @@ pub struct ReasonLabels {
 /// Label of a deletion outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DeleteLabels {
-    /// `deleted`, `archived` or `missing`.
+    /// `deleted`, `archived`, `trashed` or `missing`.
     pub action: &'static str,
 }
 
@@ -68,6 +68,8 @@ pub struct Metrics {
     pub errors: Family<ErrorLabels, Counter>,
     /// Time taken by provision and delete operations that did something.
     pub duration_seconds: Family<OperationLabels, Histogram, fn() -> Histogram>,
+    /// Trash entries purged, by reason (`age`, `space`).
+    pub trash_purged: Family<ReasonLabels, Counter>,
 }
 
 impl Metrics {
@@ -80,6 +82,7 @@ impl Metrics {
             delete_refused: Counter::default(),
             errors: Family::default(),
             duration_seconds: Family::new_with_constructor(duration_histogram as fn() -> Histogram),
+            trash_purged: Family::default(),
         };
         let r = registry.sub_registry_with_prefix(PREFIX);
         r.register("volumes_provisioned", "Volumes provisioned", m.provisioned.clone());
@@ -95,6 +98,11 @@ impl Metrics {
             "operation_duration_seconds",
             "Duration of provision and delete operations",
             m.duration_seconds.clone(),
+        );
+        r.register(
+            "trash_purged",
+            "Trash entries removed, by reason: age (retention over), space (free space under the floor)",
+            m.trash_purged.clone(),
         );
         m
     }

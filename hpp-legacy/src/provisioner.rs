@@ -474,7 +474,9 @@ impl Provisioner {
             }
         }
         let quota = self.cfg.quota_for(&base);
+        let trash = self.cfg.trash.is_some() && !archive;
         let removed = match blocking(move || match quota {
+            _ if trash => fsops::trash_volume_dir(&base, &dir, std::time::SystemTime::now()),
             Some(q) if !archive => fsops::remove_volume_dir_in(&base, &dir, archive, &*q),
             _ => fsops::remove_volume_dir(&base, &dir, archive),
         })
@@ -503,11 +505,71 @@ impl Provisioner {
         let action = match &removed {
             Removed::Deleted => "deleted",
             Removed::Archived(_) => "archived",
+            Removed::Trashed(_) => "trashed",
             Removed::Missing => "missing",
         };
         info!(pv = %name, action, "released volume cleaned up");
         self.metrics.deleted.get_or_create(&DeleteLabels { action }).inc();
         Ok(VolumeOutcome::Deleted(removed))
+    }
+
+    /// Base directories whose trash this instance purges: the node-local `pv_dir`, and in
+    /// shared mode the `pvDir` of every StorageClass of this provisioner in the class cache.
+    fn trash_bases(&self) -> Vec<PathBuf> {
+        let mut bases: Vec<PathBuf> = self.cfg.pv_dir.iter().cloned().collect();
+        if self.cfg.mode == Mode::Shared
+            && let Some(store) = self.classes.read().ok().and_then(|g| g.clone())
+        {
+            for class in store.state() {
+                if class.provisioner != self.cfg.provisioner_name {
+                    continue;
+                }
+                if let Some(dir) = class
+                    .parameters
+                    .as_ref()
+                    .and_then(|p| p.get(crate::params::PARAM_PV_DIR))
+                    .map(PathBuf::from)
+                    .filter(|d| d.is_absolute() && !bases.contains(d))
+                {
+                    bases.push(dir);
+                }
+            }
+        }
+        bases
+    }
+
+    /// Purges the trash of every base directory this instance keeps volumes in (entries older
+    /// than the retention, then the oldest while free space is under the floor); nothing
+    /// without a trash retention.
+    pub async fn purge_trash(&self) {
+        let Some(settings) = self.cfg.trash else {
+            return;
+        };
+        for base in self.trash_bases() {
+            let quota = self.cfg.quota_for(&base);
+            let b = base.clone();
+            let outcome = blocking(move || {
+                let backend: &dyn hpp_fs::quota::QuotaBackend = match &quota {
+                    Some(q) => &**q,
+                    None => &hpp_fs::quota::Unlimited,
+                };
+                fsops::purge_trash(&b, settings, std::time::SystemTime::now(), backend)
+            })
+            .await;
+            match outcome {
+                Ok(Ok(report)) => {
+                    for (_, reason) in &report.purged {
+                        self.metrics
+                            .trash_purged
+                            .get_or_create(&ReasonLabels {
+                                reason: reason.as_str(),
+                            })
+                            .inc();
+                    }
+                }
+                Ok(Err(e)) | Err(e) => warn!(base = %base.display(), error = %e, "cannot purge the trash"),
+            }
+        }
     }
 
     async fn refuse_delete(&self, pv: &PersistentVolume, why: String) -> VolumeOutcome {

@@ -138,6 +138,12 @@ pub enum Op {
         /// Target directory.
         target: String,
     },
+    /// The trash of deleted volumes (hpp's admin service on the same socket).
+    Trash {
+        /// What to do.
+        #[command(subcommand)]
+        op: super::call_trash::TrashOp,
+    },
     /// NodeGetVolumeStats.
     Stats {
         /// Volume id.
@@ -174,7 +180,7 @@ pub struct Reply {
 }
 
 impl Reply {
-    fn line(value: Value, line: String) -> Self {
+    pub(crate) fn line(value: Value, line: String) -> Self {
         Self {
             value,
             headers: Vec::new(),
@@ -182,7 +188,7 @@ impl Reply {
         }
     }
 
-    fn table(value: Value, headers: Vec<&'static str>, rows: Vec<Vec<String>>) -> Self {
+    pub(crate) fn table(value: Value, headers: Vec<&'static str>, rows: Vec<Vec<String>>) -> Self {
         Self { value, headers, rows }
     }
 
@@ -488,7 +494,7 @@ pub async fn run(args: CallArgs) -> Result<String, CallError> {
 pub async fn call(ch: tonic::transport::Channel, op: Op) -> Result<Reply, CallError> {
     let mut identity = IdentityClient::new(ch.clone());
     let mut controller = ControllerClient::new(ch.clone());
-    let mut node = NodeClient::new(ch);
+    let mut node = NodeClient::new(ch.clone());
     let reply = match op {
         Op::Info => info_reply(
             &identity
@@ -623,6 +629,7 @@ pub async fn call(ch: tonic::transport::Channel, op: Op) -> Result<Reply, CallEr
             };
             stats_reply(&node.node_get_volume_stats(req).await?.into_inner())
         }
+        Op::Trash { op } => super::call_trash::call(ch, op).await?,
     };
     Ok(reply)
 }

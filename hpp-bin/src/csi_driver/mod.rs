@@ -8,6 +8,7 @@
 //! `-V` and the `version` subcommand print the build instead.
 
 mod call;
+mod call_trash;
 mod http;
 
 use std::net::SocketAddr;

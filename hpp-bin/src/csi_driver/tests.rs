@@ -457,3 +457,71 @@ async fn healthz_runs_one_report_at_a_time_and_a_hung_one_answers_not_ok() {
         Some(false)
     );
 }
+
+#[tokio::test]
+async fn call_trash_lists_restores_purges_and_moves_orphans() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let pool = root.join("pool");
+    let datadir = format!(
+        r#"[{{"name":"local","path":"{}","trashRetention":"72h"}}]"#,
+        pool.display()
+    );
+    let endpoint = format!("unix://{}", root.join("csi.sock").display());
+    let args = parse(&[
+        "--datadir",
+        &datadir,
+        "--endpoint",
+        &endpoint,
+        "--nodeid",
+        "n1",
+        "--metrics-address",
+        "127.0.0.1:0",
+    ]);
+    let running = start(args.serve).await.unwrap();
+    let ep = running.endpoint().clone();
+    call_cli(&ep, &["create-volume", "pvc-1", "--pool", "local"])
+        .await
+        .unwrap();
+    std::fs::write(pool.join("pvc-1/data"), b"precious").unwrap();
+    call_cli(&ep, &["delete-volume", "pvc-1"]).await.unwrap();
+
+    let listed = call_cli(&ep, &["trash", "list"]).await.unwrap();
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(lines.len(), 2, "{listed}");
+    for header in ["POOL", "ENTRY", "CLAIM", "SIZE", "DELETED", "PURGE"] {
+        assert!(lines[0].contains(header), "{listed}");
+    }
+    assert!(
+        lines[1].starts_with("local ") && lines[1].contains("pvc-1@"),
+        "{listed}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&call_cli(&ep, &["trash", "list", "-o", "json"]).await.unwrap()).unwrap();
+    let entry = json[0]["entry"].as_str().unwrap().to_owned();
+    assert_eq!(json[0]["volumeId"], "pvc-1");
+    assert!(json[0]["purgeAt"].as_str().unwrap().ends_with('Z'), "{json}");
+
+    let restored = call_cli(&ep, &["trash", "restore", &entry, "--as", "pvc-back"])
+        .await
+        .unwrap();
+    assert_eq!(restored, format!("restored {entry} as volume pvc-back in pool local\n"));
+    assert_eq!(std::fs::read(pool.join("pvc-back/data")).unwrap(), b"precious");
+
+    let moved = call_cli(&ep, &["-o", "json", "trash", "move", "pvc-back"])
+        .await
+        .unwrap();
+    let moved: serde_json::Value = serde_json::from_str(&moved).unwrap();
+    let entry = moved["entry"].as_str().unwrap().to_owned();
+    assert_eq!(
+        call_cli(&ep, &["trash", "purge", &entry]).await.unwrap(),
+        format!("purged {entry}\n")
+    );
+    assert_eq!(call_cli(&ep, &["trash", "list"]).await.unwrap().lines().count(), 1);
+    let err = call_cli(&ep, &["trash", "purge", &entry])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("NotFound: "), "{err}");
+    drop(running);
+}

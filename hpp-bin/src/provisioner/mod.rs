@@ -95,6 +95,15 @@ pub struct Args {
     /// claim's request. One of: `none`, `btrfs`, `xfs-project`, `ext4-project`, `auto`.
     #[arg(long, env = "PV_QUOTA", default_value = "none", value_parser = parse_quota)]
     pub quota: hpp_api::quota::QuotaMode,
+    /// Keep released volumes in `<base>/.hpp-trash` this long before removing them (a duration:
+    /// 72h, 7d, 1h30m; 0 or absent: remove at once, as the classic provisioners do). A class's
+    /// archiveOnDelete still archives instead.
+    #[arg(long = "trash-retention", env = "TRASH_RETENTION", value_parser = parse_retention)]
+    pub trash_retention: Option<std::time::Duration>,
+    /// Free space (percent) under which the trash is purged early, oldest first.
+    #[arg(long = "trash-min-free-percent", env = "TRASH_MIN_FREE_PERCENT", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(0..=99))]
+    pub trash_min_free_percent: u32,
     /// Value of the `hostPathProvisionerIdentity` annotation; defaults as the original did.
     #[arg(long, env = "PROVISIONER_IDENTITY")]
     pub identity: Option<String>,
@@ -179,6 +188,13 @@ impl Args {
             cfg.identity = identity.clone();
         }
         cfg.use_naming_prefix = self.use_naming_prefix;
+        cfg.trash = self
+            .trash_retention
+            .filter(|r| !r.is_zero())
+            .map(|retention| hpp_fs::trash::Settings {
+                retention,
+                min_free_percent: self.trash_min_free_percent,
+            });
         cfg.reclaim_override = self.reclaim_policy.map(|r| match r {
             ReclaimArg::Retain => ReclaimOverride::Retain,
             ReclaimArg::Delete => ReclaimOverride::Delete,
@@ -290,6 +306,11 @@ pub async fn main_with(args: Args) -> anyhow::Result<()> {
         run(prov, stop(stop_rx)).await;
     }
     Ok(())
+}
+
+/// Parses `--trash-retention` with the one duration syntax of every hpp setting.
+fn parse_retention(v: &str) -> Result<std::time::Duration, String> {
+    hpp_api::duration::parse(v).map_err(|e| e.to_string())
 }
 
 /// Parses `--quota`: the pool quota modes a hostPath PV can use (not `image`, which needs a
