@@ -32,6 +32,7 @@ pub mod fsops;
 pub mod health;
 pub mod identity;
 pub mod inflight;
+pub mod inventory;
 pub mod lane;
 pub mod ledger;
 pub mod metrics;

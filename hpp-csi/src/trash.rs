@@ -436,7 +436,7 @@ pub fn refresh_sizes(pool: &Pool) -> Result<TrashTotals> {
             Some(b) => Some(b),
             None if measured < MAX_MEASURES_PER_PASS => {
                 measured += 1;
-                let bytes = measure(pool, trash.as_fd(), name);
+                let bytes = crate::inventory::used(pool, trash.as_fd(), name);
                 if let Some(b) = bytes {
                     book.note(name, b);
                 }
@@ -447,15 +447,6 @@ pub fn refresh_sizes(pool: &Pool) -> Result<TrashTotals> {
         totals.bytes += bytes.unwrap_or(0);
     }
     Ok(totals)
-}
-
-/// Bytes an entry holds: the backend's own accounting when it keeps one, else a bounded walk.
-fn measure(pool: &Pool, trash: BorrowedFd<'_>, entry: &str) -> Option<u64> {
-    if let Ok(Some(usage)) = pool.quota.usage(trash, entry) {
-        return Some(usage.used_bytes);
-    }
-    let fd = fsops::open_child_dir(trash, entry).ok()?;
-    fsops::usage(fd.as_fd()).ok().map(|(bytes, _)| bytes)
 }
 
 /// Purges due entries of every pool with a trash, measures new entries and updates the

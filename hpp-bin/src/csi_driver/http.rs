@@ -1,18 +1,21 @@
 //! The metrics and health listener: `GET /metrics` (OpenMetrics), `GET /livez` (200 while the
-//! driver answers its CSI Probe, ready or not) and `GET /healthz` (200 `ok` when every pool is
+//! driver answers its CSI Probe, ready or not), `GET /healthz` (200 `ok` when every pool is
 //! usable, 503 `not ok` otherwise or when the pools do not answer within 5 s; the reasons, which
-//! name pool paths, go to the log only). HTTPS as in KubeVirt: the
+//! name pool paths, go to the log only) and, with `--volume-report-token-file`, `GET /volumes`
+//! (the node's volumes, for the operator's orphan report; bearer token required). HTTPS as in KubeVirt: the
 //! `--metrics-cert-file`/`--metrics-key-file` certificate (re-read when it changes), else a
 //! self-signed one; minimum version from `--metrics-tls-version`. Plain HTTP only in the
 //! zero-config `--datadir-root` mode without certificate files, or with `--metrics-insecure-http`.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::StatusCode;
+use axum::extract::RawQuery;
+use axum::http::{HeaderMap, StatusCode};
 use axum::routing::get;
 use hpp_csi::csi::{self, identity_client::IdentityClient};
 use hpp_csi::{Driver, Endpoint};
@@ -40,31 +43,51 @@ const HEALTHZ_TIMEOUT: Duration = Duration::from_secs(5);
 /// unusable (that pool takes only itself out); `ready: false` would still mean "initialising, do
 /// not restart", so it passes too. Only an error or no answer (a wedged server, a removed socket)
 /// fails `/livez`. `/healthz` is the pools view: 503 while any pool is unusable.
-pub fn router(registry: Arc<Registry>, driver: Driver, csi_endpoint: CsiEndpoint) -> Router {
+///
+/// `GET /volumes` (the node's volume report, see [`volumes`]) exists when `report_token` names
+/// the file holding the bearer token its callers must present.
+pub fn router(
+    registry: Arc<Registry>,
+    driver: Driver,
+    csi_endpoint: CsiEndpoint,
+    report_token: Option<PathBuf>,
+) -> Router {
     let reports = Arc::new(Semaphore::new(1));
-    crate::admin::metrics_router(registry)
-        .route(
-            "/livez",
-            get(move || {
-                let endpoint = csi_endpoint.get().cloned();
-                async move { liveness(endpoint).await }
-            }),
-        )
-        .route(
-            "/healthz",
-            get(move || {
-                let (driver, reports) = (driver.clone(), reports.clone());
-                async move {
-                    let report = move || driver.pools_report().all_usable();
-                    match pools_usable(reports, HEALTHZ_TIMEOUT, report).await {
-                        Some(true) => (StatusCode::OK, "ok"),
-                        // Unauthenticated: ok / not ok only. Which pool and why (paths) is in the
-                        // driver's log and the pool metrics, not here.
-                        _ => (StatusCode::SERVICE_UNAVAILABLE, "not ok"),
-                    }
+    let base = match report_token {
+        Some(token_file) => {
+            let (driver, inventories) = (driver.clone(), Arc::new(Semaphore::new(1)));
+            crate::admin::metrics_router(registry).route(
+                "/volumes",
+                get(move |headers: HeaderMap, query: RawQuery| {
+                    let (driver, inventories, token_file) = (driver.clone(), inventories.clone(), token_file.clone());
+                    async move { volumes(driver, inventories, &token_file, &headers, query.0.as_deref()).await }
+                }),
+            )
+        }
+        None => crate::admin::metrics_router(registry),
+    };
+    base.route(
+        "/livez",
+        get(move || {
+            let endpoint = csi_endpoint.get().cloned();
+            async move { liveness(endpoint).await }
+        }),
+    )
+    .route(
+        "/healthz",
+        get(move || {
+            let (driver, reports) = (driver.clone(), reports.clone());
+            async move {
+                let report = move || driver.pools_report().all_usable();
+                match pools_usable(reports, HEALTHZ_TIMEOUT, report).await {
+                    Some(true) => (StatusCode::OK, "ok"),
+                    // Unauthenticated: ok / not ok only. Which pool and why (paths) is in the
+                    // driver's log and the pool metrics, not here.
+                    _ => (StatusCode::SERVICE_UNAVAILABLE, "not ok"),
                 }
-            }),
-        )
+            }
+        }),
+    )
 }
 
 /// Runs `report` (blocking: statvfs and the mount table) for `/healthz`, one at a time, each
@@ -88,6 +111,74 @@ pub async fn pools_usable(
         .ok()
     };
     tokio::time::timeout(timeout, run).await.ok().flatten()
+}
+
+/// How long `/volumes` waits for its report.
+const VOLUMES_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `GET /volumes[?usage=id,id]`: the node's volumes, pool by pool
+/// ([`hpp_csi::inventory::Inventory`], JSON), with the usage of the ids asked for. Only for a
+/// caller presenting `Authorization: Bearer <the token in token_file>` (read at every request,
+/// so a rotated Secret takes effect): volume ids and sizes are not for every pod that can reach
+/// the port. One report at a time.
+pub async fn volumes(
+    driver: Driver,
+    inventories: Arc<Semaphore>,
+    token_file: &Path,
+    headers: &HeaderMap,
+    query: Option<&str>,
+) -> (StatusCode, [(axum::http::HeaderName, &'static str); 1], String) {
+    let text = [(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")];
+    let json = [(axum::http::header::CONTENT_TYPE, "application/json")];
+    let expected = match std::fs::read_to_string(token_file) {
+        Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
+        _ => {
+            tracing::warn!(file = %token_file.display(), "the volume report token cannot be read; refusing /volumes");
+            return (StatusCode::SERVICE_UNAVAILABLE, text, "no report token".to_owned());
+        }
+    };
+    let given = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if !same_secret(given.trim().as_bytes(), expected.as_bytes()) {
+        return (StatusCode::UNAUTHORIZED, text, "unauthorized".to_owned());
+    }
+    let usage_of: std::collections::BTreeSet<String> = query
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.strip_prefix("usage="))
+        .flat_map(|ids| ids.split(','))
+        .filter(|id| !id.is_empty())
+        .take(hpp_csi::inventory::MAX_USAGE_IDS)
+        .map(str::to_owned)
+        .collect();
+    let run = async move {
+        let permit = inventories.acquire_owned().await.ok()?;
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            hpp_csi::inventory::report(driver.state(), &usage_of)
+        })
+        .await
+        .ok()
+    };
+    match tokio::time::timeout(VOLUMES_TIMEOUT, run).await.ok().flatten() {
+        Some(report) => match serde_json::to_string(&report) {
+            Ok(body) => (StatusCode::OK, json, body),
+            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, text, e.to_string()),
+        },
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            text,
+            "the report did not finish in time".to_owned(),
+        ),
+    }
+}
+
+/// Compares two secrets in time that depends only on their lengths.
+fn same_secret(given: &[u8], expected: &[u8]) -> bool {
+    given.len() == expected.len() && given.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
 }
 
 async fn liveness(endpoint: Option<Endpoint>) -> (StatusCode, String) {
@@ -185,7 +276,7 @@ pub async fn start(
         )?)),
         Scheme::Http => None,
     };
-    let app = router(registry, driver, csi_endpoint);
+    let app = router(registry, driver, csi_endpoint, args.volume_report_token_file.clone());
     let https = tls.is_some();
     // A taken port (KubeVirt's [::]:8443 default, two drivers with hostNetwork) is logged and
     // retried, never fatal: volumes keep being served.

@@ -110,6 +110,11 @@ pub struct ServeArgs {
     /// are raised to 1.2, anything else means 1.3, as in KubeVirt).
     #[arg(long = "metrics-tls-version", default_value = "VersionTLS13")]
     pub metrics_tls_version: String,
+    /// File holding the bearer token of `GET /volumes` on the metrics listener (the node's volume
+    /// report the operator's orphan audit reads); re-read at every request. Without it the
+    /// endpoint does not exist.
+    #[arg(long = "volume-report-token-file", env = "HPP_VOLUME_REPORT_TOKEN_FILE")]
+    pub volume_report_token_file: Option<PathBuf>,
     /// A path on the OS disk, to detect pools sharing its device [default: the socket directory].
     #[arg(long = "os-reference-path")]
     pub os_reference_path: Option<PathBuf>,

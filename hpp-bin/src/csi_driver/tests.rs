@@ -525,3 +525,81 @@ async fn call_trash_lists_restores_purges_and_moves_orphans() {
     assert!(err.starts_with("NotFound: "), "{err}");
     drop(running);
 }
+
+/// `GET path` over plain HTTP with an optional bearer token; the whole response.
+async fn http_get_bearer(url_base: &str, path: &str, token: Option<&str>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let hostport = url_base.strip_prefix("http://").unwrap();
+    let mut tcp = tokio::net::TcpStream::connect(hostport).await.unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n");
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    tcp.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test]
+async fn the_volume_report_needs_its_token_and_lists_every_volume() {
+    // Without the flag the endpoint does not exist.
+    let other = tempfile::tempdir().unwrap();
+    let other_root = other.path().to_string_lossy().into_owned();
+    let plain = start(parse(&["--datadir-root", &other_root, "--nodeid", "n1"]).serve)
+        .await
+        .unwrap();
+    let missing = http_get_bearer(plain.metrics_url(), "/volumes", Some("x")).await;
+    assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+    drop(plain);
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_string_lossy().into_owned();
+
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let args = parse(&[
+        "--datadir-root",
+        &root,
+        "--nodeid",
+        "n1",
+        "--volume-report-token-file",
+        token.to_str().unwrap(),
+    ]);
+    let running = start(args.serve).await.unwrap();
+    let ep = running.endpoint().clone();
+    call_cli(&ep, &["create-volume", "vol-a"]).await.unwrap();
+    call_cli(&ep, &["create-volume", "vol-b"]).await.unwrap();
+    std::fs::write(dir.path().join("pools/legacy/vol-a/blob"), vec![1u8; 64 << 10]).unwrap();
+    let base = running.metrics_url().to_owned();
+    for bad in [None, Some("wrong"), Some("s3cre")] {
+        let r = http_get_bearer(&base, "/volumes", bad).await;
+        assert!(r.starts_with("HTTP/1.1 401"), "{bad:?}: {r}");
+        assert!(!r.contains("vol-a"), "{r}");
+    }
+    let r = http_get_bearer(&base, "/volumes?usage=vol-a", Some("s3cret")).await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    let body = r.split_once("\r\n\r\n").unwrap().1;
+    let report: hpp_csi::inventory::Inventory = serde_json::from_str(body).unwrap();
+    assert_eq!(report.node, "n1");
+    let pool = &report.pools[0];
+    assert!(pool.usable && !pool.shared);
+    let ids: Vec<&str> = pool.volumes.iter().map(|v| v.id.as_str()).collect();
+    assert_eq!(ids, ["vol-a", "vol-b"]);
+    assert!(pool.volumes[0].used_bytes.unwrap() >= 64 << 10, "{body}");
+    assert_eq!(pool.volumes[1].used_bytes, None, "usage only for the ids asked for");
+    assert!(pool.volumes.iter().all(|v| !v.published && v.created_at.is_some()));
+    // A rotated token takes effect at once.
+    std::fs::write(&token, "rotated").unwrap();
+    assert!(
+        http_get_bearer(&base, "/volumes", Some("s3cret"))
+            .await
+            .starts_with("HTTP/1.1 401")
+    );
+    assert!(
+        http_get_bearer(&base, "/volumes", Some("rotated"))
+            .await
+            .starts_with("HTTP/1.1 200")
+    );
+    drop(running);
+}

@@ -1,0 +1,164 @@
+//! What a node holds: every volume of every pool, with when it was made, whether it is
+//! published and its recorded capacity. The operator compares it with the PersistentVolumes of
+//! the driver to report orphans (a directory no PV refers to) and missing volumes (a PV whose
+//! directory is gone); the driver itself never judges, since it cannot see PVs.
+//!
+//! Building a report reads each pool directory once and the mount table once; usage (a tree
+//! walk, or the backend's own accounting) is measured only for the ids asked for, at most
+//! [`MAX_USAGE_IDS`] per report, so a report of 100,000 volumes costs a directory listing, not
+//! 100,000 walks.
+
+use std::collections::BTreeSet;
+use std::os::fd::AsFd;
+
+use serde::{Deserialize, Serialize};
+
+use crate::fsops;
+use crate::pool::Pool;
+use crate::state::DriverState;
+
+/// Most volumes whose usage one report measures.
+pub const MAX_USAGE_IDS: usize = 64;
+
+/// A node's volumes, pool by pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inventory {
+    /// The node id.
+    pub node: String,
+    /// Every configured pool, in configuration order.
+    pub pools: Vec<PoolInventory>,
+}
+
+/// One pool's volumes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolInventory {
+    /// Pool name.
+    pub name: String,
+    /// A shared pool: the same volumes are seen from every node.
+    pub shared: bool,
+    /// Whether the pool could be read; an unreadable pool lists no volumes and must not be
+    /// taken for an empty one (every PV of it would look missing).
+    pub usable: bool,
+    /// Why not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Its volumes, sorted by id.
+    pub volumes: Vec<VolumeEntry>,
+}
+
+/// One volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeEntry {
+    /// Volume id.
+    pub id: String,
+    /// When the directory was made (birth time, else change time), unix seconds: a volume made
+    /// a moment ago may not have its PV yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<i64>,
+    /// Mounted somewhere (published to a pod, or an inline ephemeral volume in use).
+    pub published: bool,
+    /// Recorded capacity, when the volume has a record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity_bytes: Option<u64>,
+    /// Bytes used, for the ids asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_bytes: Option<u64>,
+}
+
+/// Builds the node's report (blocking: directory listings, the mount table, and the usage of
+/// at most [`MAX_USAGE_IDS`] of the ids in `usage_of`).
+pub fn report(state: &DriverState, usage_of: &BTreeSet<String>) -> Inventory {
+    let mounts = state.mount_table().ok();
+    let mut budget = MAX_USAGE_IDS;
+    let pools = state
+        .pools
+        .iter()
+        .map(|pool| pool_report(pool, mounts.as_deref(), usage_of, &mut budget))
+        .collect();
+    Inventory {
+        node: state.node_id.clone(),
+        pools,
+    }
+}
+
+fn pool_report(
+    pool: &Pool,
+    mounts: Option<&crate::mountinfo::MountTable>,
+    usage_of: &BTreeSet<String>,
+    budget: &mut usize,
+) -> PoolInventory {
+    let unusable = |reason: String| PoolInventory {
+        name: pool.name.clone(),
+        shared: pool.shared,
+        usable: false,
+        reason: Some(reason),
+        volumes: Vec::new(),
+    };
+    let (dir, mut ids) = match pool.open().and_then(|dir| pool.list_volumes().map(|ids| (dir, ids))) {
+        Ok(v) => v,
+        Err(e) => return unusable(e.to_string()),
+    };
+    ids.sort();
+    let volumes = ids
+        .into_iter()
+        .map(|id| {
+            let created_at = created_at(dir.as_fd(), &id);
+            let published = mounts.is_some_and(|m| {
+                let path = pool.volume_path(&id);
+                !m.bind_mounts_of(&path).is_empty() || !m.mounts_below(&path).is_empty()
+            });
+            let capacity_bytes = crate::volumes::recorded_capacity(dir.as_fd(), &id).ok().flatten();
+            let used_bytes = match usage_of.contains(&id) && *budget > 0 {
+                true => {
+                    *budget -= 1;
+                    used(pool, dir.as_fd(), &id)
+                }
+                false => None,
+            };
+            VolumeEntry {
+                id,
+                created_at,
+                published,
+                capacity_bytes,
+                used_bytes,
+            }
+        })
+        .collect();
+    PoolInventory {
+        name: pool.name.clone(),
+        shared: pool.shared,
+        usable: true,
+        reason: None,
+        volumes,
+    }
+}
+
+fn created_at(dir: std::os::fd::BorrowedFd<'_>, id: &str) -> Option<i64> {
+    use rustix::fs::{AtFlags, StatxFlags};
+    let st = rustix::fs::statx(
+        dir,
+        id,
+        AtFlags::SYMLINK_NOFOLLOW,
+        StatxFlags::BTIME | StatxFlags::CTIME,
+    )
+    .ok()?;
+    let mask = StatxFlags::from_bits_retain(st.stx_mask);
+    if mask.contains(StatxFlags::BTIME) {
+        Some(st.stx_btime.tv_sec)
+    } else {
+        mask.contains(StatxFlags::CTIME).then_some(st.stx_ctime.tv_sec)
+    }
+}
+
+/// Bytes a volume (or trash entry) `id` of `dir` uses: the backend's own accounting when it
+/// keeps one, else a bounded walk.
+pub(crate) fn used(pool: &Pool, dir: std::os::fd::BorrowedFd<'_>, id: &str) -> Option<u64> {
+    if let Ok(Some(usage)) = pool.quota.usage(dir, id) {
+        return Some(usage.used_bytes);
+    }
+    let fd = fsops::open_child_dir(dir, id).ok()?;
+    fsops::usage(fd.as_fd()).ok().map(|(bytes, _)| bytes)
+}
