@@ -283,6 +283,8 @@ fn exercised_registry(which: &str) -> anyhow::Result<Registry> {
             m.set_quota_backend("local", "none");
             m.set_journal("local", true);
             m.set_journal_counts("local", 1, 1);
+            m.set_trash("local", hpp_csi::trash::TrashTotals { entries: 1, bytes: 1 });
+            m.trash_purged("local", hpp_csi::trash::PurgeReason::Age);
             m.set_shared_with_os(false);
         }
         "hpp-operator" => {
@@ -304,6 +306,7 @@ fn exercised_registry(which: &str) -> anyhow::Result<Registry> {
                 })
                 .inc();
             m.delete_refused.inc();
+            m.trash_purged.get_or_create(&ReasonLabels { reason: "age" }).inc();
             m.errors
                 .get_or_create(&ErrorLabels {
                     operation: "provision",
