@@ -55,9 +55,9 @@ pub async fn run(dir: &Path) -> anyhow::Result<Outcome> {
             }),
     );
     // Pool health (gauges, transition logs) kept current in the background, as `serve` does.
-    let health = tokio::spawn(hpp_csi::health::watch(
+    let health = tokio::spawn(hpp_csi::watch_health(
         driver.state().clone(),
-        hpp_csi::health::DEFAULT_HEALTH_INTERVAL,
+        hpp_csi::DEFAULT_HEALTH_INTERVAL,
     ));
     // ANCHOR_END: own_server
 

@@ -44,7 +44,7 @@ pub enum Workers {
 pub const OPERATOR_WORKERS: Workers = Workers::Fixed(2);
 
 /// The CSI driver's tokio workers: one. Its file system work runs on the blocking pool (and
-/// empty-volume creates on each pool's lane, `hpp_csi::lane`), so the workers only frame gRPC (tens of µs a call: one worker serves tens of thousands of calls a
+/// empty-volume creates on each pool's lane, `hpp_csi` `pool::lane`), so the workers only frame gRPC (tens of µs a call: one worker serves tens of thousands of calls a
 /// second, far beyond what kubelet and the sidecars send). A second worker mostly costs wake-ups
 /// between the two: measured with `cargo xtask bench` on 2 cores (the bench client on the same
 /// cores), one worker against two gave Probe 44.6k / 30.0k ops/s at c=16 against 24.9k / 34.9k,

@@ -9,11 +9,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use tonic::{Request, Response, Status};
 
 use crate::error::{Error, Result};
-use crate::inflight::volume_key;
+use crate::ops::trash::{self, Purge, TrashEntry};
 use crate::pool::Pool;
-use crate::state::{DriverState, blocking, blocking_locked};
-use crate::trash::{self, Purge, TrashEntry};
-use crate::validate::check_id;
+use crate::pool::inflight::volume_key;
+use crate::pool::lane::{blocking, blocking_locked};
+use crate::pool::validate::check_id;
+use crate::service::state::DriverState;
 
 /// The generated types and service of `proto/hpp/admin/v1/trash.proto`.
 #[allow(missing_docs, clippy::all, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -85,7 +86,7 @@ impl TrashService {
             if let Some(other) = state
                 .pools
                 .iter()
-                .find(|p| p.name != pool.name && crate::volumes::exists(p, &new_id).unwrap_or(false))
+                .find(|p| p.name != pool.name && crate::ops::volumes::exists(p, &new_id).unwrap_or(false))
             {
                 return Err(Error::AlreadyExists(format!(
                     "volume {new_id} already exists in storage pool {}; restore under another id",
@@ -164,7 +165,7 @@ impl TrashService {
         let state = self.state.clone();
         blocking_locked(guard, move || {
             for pool in &pools {
-                if pool.is_reserved(&id) || !crate::volumes::exists(pool, &id)? {
+                if pool.is_reserved(&id) || !crate::ops::volumes::exists(pool, &id)? {
                     continue;
                 }
                 let dir = pool.open()?;

@@ -285,7 +285,7 @@ pub fn check_pools(pools: &[PoolConfig]) -> Result<(), ConfigError> {
     }
     let mut seen = std::collections::HashSet::new();
     for p in pools {
-        if let Err(e) = crate::validate::check_pool_name(&p.name) {
+        if let Err(e) = crate::pool::validate::check_pool_name(&p.name) {
             return Err(ConfigError::InvalidName {
                 name: p.name.clone(),
                 reason: e.to_string(),

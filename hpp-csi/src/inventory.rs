@@ -13,9 +13,9 @@ use std::os::fd::AsFd;
 
 use serde::{Deserialize, Serialize};
 
-use crate::fsops;
 use crate::pool::Pool;
-use crate::state::DriverState;
+use crate::pool::fsops;
+use crate::service::state::DriverState;
 
 /// Most volumes whose usage one report measures.
 pub const MAX_USAGE_IDS: usize = 64;
@@ -110,7 +110,7 @@ fn pool_report(
                 let path = pool.volume_path(&id);
                 !m.bind_mounts_of(&path).is_empty() || !m.mounts_below(&path).is_empty()
             });
-            let capacity_bytes = crate::volumes::recorded_capacity(dir.as_fd(), &id).ok().flatten();
+            let capacity_bytes = crate::ops::volumes::recorded_capacity(dir.as_fd(), &id).ok().flatten();
             let used_bytes = match usage_of.contains(&id) && *budget > 0 {
                 true => {
                     *budget -= 1;

@@ -16,40 +16,32 @@
 //! # Ok(()) }
 //! ```
 
+// The public surface: what an embedder builds, configures, serves, calls and observes.
 pub mod admin;
-pub mod authority;
-pub mod caps;
 pub mod client;
 pub mod config;
-pub mod controller;
-pub mod copy;
 pub mod csi;
-pub mod deferred_quota;
 pub mod endpoint;
 pub mod error;
-pub mod expand;
-pub mod fsops;
-pub mod health;
-pub mod identity;
-pub mod inflight;
 pub mod inventory;
-pub mod lane;
-pub mod ledger;
 pub mod metrics;
-pub mod modify;
-pub mod mount;
-pub mod node;
-pub mod pagination;
-pub mod pool;
-pub mod rpc_layer;
 pub mod server;
-pub mod sizing;
-pub mod snapshots;
-pub mod state;
-pub mod trash;
-pub mod validate;
-pub mod volume_journal;
-pub mod volumes;
+
+// The layers below it, each using only those beneath: what a pool is, what a volume operation
+// does, what serves RPCs. Public only with the `internals` feature (this crate's own tests and
+// benchmarks); not part of the semver promise.
+#[cfg(feature = "internals")]
+pub mod ops;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod ops;
+#[cfg(feature = "internals")]
+pub mod pool;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod pool;
+#[cfg(feature = "internals")]
+pub mod service;
+#[cfg(not(feature = "internals"))]
+pub(crate) mod service;
 
 /// The mount table parser, shared with the rest of hpp (see [`hpp_fs::mountinfo`]).
 pub use hpp_fs::mountinfo;
@@ -57,6 +49,12 @@ pub use hpp_fs::mountinfo;
 pub use config::{ConfigError, PoolConfig, parse_pools};
 pub use endpoint::Endpoint;
 pub use error::{Error, Result};
-pub use expand::ExpansionMode;
 pub use metrics::DriverMetrics;
+pub use ops::expand::ExpansionMode;
+pub use ops::trash::{PurgeReason, TrashTotals};
+pub use pool::{PoolHealth, build_quota_backend};
 pub use server::{BoundDriver, Driver, DriverBuilder, ServeError};
+pub use service::authority::AuthorityFix;
+pub use service::health::{DEFAULT_HEALTH_INTERVAL, watch as watch_health};
+pub use service::rpc_layer::RpcLayer;
+pub use service::state::DriverState;

@@ -15,7 +15,7 @@ use prometheus_client::registry::Registry;
 use std::sync::OnceLock;
 
 use crate::pool::PoolHealth;
-use crate::rpc_layer::{RPCS, known_rpc};
+use crate::service::rpc_layer::{RPCS, known_rpc};
 
 /// Labels of the RPC metrics. Static strings: recording a call allocates nothing (every
 /// value comes from the bounded sets of CSI method names and gRPC codes).
@@ -285,7 +285,7 @@ impl DriverMetrics {
     }
 
     /// Publishes the size of `pool`'s trash.
-    pub fn set_trash(&self, pool: &str, totals: crate::trash::TrashTotals) {
+    pub fn set_trash(&self, pool: &str, totals: crate::ops::trash::TrashTotals) {
         let l = PoolLabels { pool: pool.to_owned() };
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.trash_entries.get_or_create(&l).set(clamp(totals.entries));
@@ -293,7 +293,7 @@ impl DriverMetrics {
     }
 
     /// Counts one trash entry purged from `pool`.
-    pub fn trash_purged(&self, pool: &str, reason: crate::trash::PurgeReason) {
+    pub fn trash_purged(&self, pool: &str, reason: crate::ops::trash::PurgeReason) {
         let l = PurgeLabels {
             pool: pool.to_owned(),
             reason: reason.as_str(),

@@ -14,20 +14,20 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
 use crate::config::{ConfigError, PoolConfig, check_pools};
-use crate::controller::ControllerService;
 use crate::csi::controller_server::ControllerServer;
 use crate::csi::identity_server::IdentityServer;
 use crate::csi::node_server::NodeServer;
 use crate::endpoint::Endpoint;
-use crate::expand::ExpansionMode;
-use crate::identity::IdentityService;
-use crate::inflight::InFlight;
-use crate::ledger::Ledger;
 use crate::metrics::DriverMetrics;
-use crate::node::NodeService;
+use crate::ops::expand::ExpansionMode;
+use crate::ops::ledger::Ledger;
 use crate::pool::Pool;
-use crate::rpc_layer::RpcLayer;
-use crate::state::{DriverState, PoolsReport};
+use crate::pool::inflight::InFlight;
+use crate::service::controller::ControllerService;
+use crate::service::identity::IdentityService;
+use crate::service::node::NodeService;
+use crate::service::rpc_layer::RpcLayer;
+use crate::service::state::{DriverState, PoolsReport};
 
 /// Failure to start or run the server.
 #[derive(Debug, thiserror::Error)]
@@ -82,7 +82,7 @@ impl Default for DriverBuilder {
             os_reference: None,
             quota_overrides: Vec::new(),
             expansion: ExpansionMode::default(),
-            health_interval: crate::health::DEFAULT_HEALTH_INTERVAL,
+            health_interval: crate::service::health::DEFAULT_HEALTH_INTERVAL,
         }
     }
 }
@@ -146,7 +146,7 @@ impl DriverBuilder {
     }
 
     /// Which service raises limits (default [`ExpansionMode::Controller`]). A DaemonSet of
-    /// node-local drivers wants [`ExpansionMode::Node`]: see [`crate::expand`].
+    /// node-local drivers wants [`ExpansionMode::Node`].
     pub fn expansion(mut self, mode: ExpansionMode) -> Self {
         self.expansion = mode;
         self
@@ -227,8 +227,8 @@ fn sweep_pool(pool: &Pool) {
     }
     let volumes = pool
         .open()
-        .and_then(|dir| crate::volumes::sweep(std::os::fd::AsFd::as_fd(&dir), &*pool.quota));
-    for (what, result) in [("volumes", volumes), ("snapshots", crate::snapshots::sweep(pool))] {
+        .and_then(|dir| crate::ops::volumes::sweep(std::os::fd::AsFd::as_fd(&dir), &*pool.quota));
+    for (what, result) in [("volumes", volumes), ("snapshots", crate::ops::snapshots::sweep(pool))] {
         match result {
             Ok(0) => {}
             Ok(n) => tracing::info!(pool = %pool.name, what, swept = n, "removed leftovers of interrupted operations"),
@@ -402,9 +402,12 @@ impl BoundDriver {
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
         let driver = self.driver;
         // Keeps the gauges and transition logs current, so Probe need not measure anything.
-        let refresher = tokio::spawn(crate::health::watch(driver.state.clone(), driver.state.health_interval));
+        let refresher = tokio::spawn(crate::service::health::watch(
+            driver.state.clone(),
+            driver.state.health_interval,
+        ));
         // Purges trash entries whose retention is over (nothing to do without a trash).
-        let purger = tokio::spawn(crate::trash::watch(driver.state.clone()));
+        let purger = tokio::spawn(crate::service::health::purge_trash(driver.state.clone()));
         let router = tonic::transport::Server::builder()
             .layer(driver.rpc_layer())
             .add_service(driver.identity_service())
@@ -418,7 +421,7 @@ impl BoundDriver {
                     .serve_with_incoming_shutdown(
                         // Non-Go clients send the socket path as :authority; see authority.rs.
                         tokio_stream::StreamExt::map(UnixListenerStream::new(listener), |conn| {
-                            conn.map(crate::authority::AuthorityFix::new)
+                            conn.map(crate::service::authority::AuthorityFix::new)
                         }),
                         shutdown,
                     )

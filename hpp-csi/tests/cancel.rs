@@ -100,7 +100,7 @@ async fn cancelled_clone_retried_at_once_ends_byte_identical_to_the_source() {
     let leftovers: Vec<_> = std::fs::read_dir(h.pool_path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(".hpp-") && n != hpp_csi::volume_journal::JOURNAL_NAME)
+        .filter(|n| n.starts_with(".hpp-") && n != hpp_csi::ops::volume_journal::JOURNAL_NAME)
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     h.stop().await;

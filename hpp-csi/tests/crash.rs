@@ -9,11 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use hpp_csi::ledger::Ledger;
+use hpp_csi::PoolConfig;
 use hpp_csi::mountinfo::MountTable;
+use hpp_csi::ops::ledger::Ledger;
+use hpp_csi::ops::sizing::Range;
+use hpp_csi::ops::{expand, volumes};
 use hpp_csi::pool::Pool;
-use hpp_csi::sizing::Range;
-use hpp_csi::{PoolConfig, expand, volumes};
 use hpp_fs::quota::{QuotaBackend, QuotaError, QuotaUsage, Unlimited};
 
 const G: u64 = 4096;

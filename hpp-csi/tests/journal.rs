@@ -10,9 +10,9 @@ mod crash_child;
 use std::os::fd::AsFd;
 
 use hpp_csi::PoolConfig;
+use hpp_csi::ops::volume_journal::{DirIdentity, JOURNAL_NAME, Record};
+use hpp_csi::ops::volumes::{self, Requested};
 use hpp_csi::pool::Pool;
-use hpp_csi::volume_journal::{DirIdentity, JOURNAL_NAME, Record};
-use hpp_csi::volumes::{self, Requested};
 use hpp_fs::MountTableCache;
 use hpp_fs::journal::Journal;
 

@@ -25,7 +25,7 @@ async fn publish_bind_mounts_and_unpublish_removes_only_the_empty_target() {
     h.publish("pvc-n1", &target, false).await.unwrap();
     // Same target asked read-only: incompatible with the writable publish (CSI: ALREADY_EXISTS;
     // before 5.12 the bind is corrected instead, see the crash test below).
-    if hpp_csi::mount::binds_are_atomic() {
+    if hpp_csi::ops::mount::binds_are_atomic() {
         assert_eq!(code(h.publish("pvc-n1", &target, true).await), Code::AlreadyExists);
         h.unpublish("pvc-n1", &target).await.unwrap();
         h.publish("pvc-n1", &target, true).await.unwrap();
@@ -166,7 +166,7 @@ async fn an_ephemeral_volume_is_not_removed_while_another_operation_holds_it() {
     let in_flight = h
         .state
         .inflight
-        .acquire(&[], &[hpp_csi::inflight::volume_key("csi-0123abcd")])
+        .acquire(&[], &[hpp_csi::pool::inflight::volume_key("csi-0123abcd")])
         .unwrap();
     let err = h.unpublish("csi-0123abcd", &t2).await.unwrap_err();
     assert_eq!(err.code(), Code::Aborted, "{}", err.message());
@@ -358,7 +358,7 @@ async fn a_read_only_publish_over_a_writable_bind_is_incompatible_or_corrected_b
     // read-only publish that crashed between its bind and its remount.
     rustix::mount::mount_bind(h.pool_path().join("pvc-crash-ro"), &target).unwrap();
     assert!(!mount_flags_at(&target).read_only);
-    if hpp_csi::mount::binds_are_atomic() {
+    if hpp_csi::ops::mount::binds_are_atomic() {
         // Binds are built with their flags, so this one was published writable: CSI's
         // ALREADY_EXISTS for an incompatible readonly flag, and the mount is left as it is.
         let err = h.publish("pvc-crash-ro", &target, true).await.unwrap_err();

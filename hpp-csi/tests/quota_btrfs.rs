@@ -12,10 +12,11 @@ use std::io::Write;
 use std::os::fd::AsFd;
 
 use hpp_api::quota::QuotaMode;
+use hpp_csi::PoolConfig;
 use hpp_csi::mountinfo::MountTable;
+use hpp_csi::ops::snapshots;
+use hpp_csi::ops::volumes::{self, Created, Requested};
 use hpp_csi::pool::Pool;
-use hpp_csi::volumes::{self, Created, Requested};
-use hpp_csi::{PoolConfig, snapshots};
 use hpp_fs::MountTableCache;
 use hpp_fs::quota::btrfs::is_subvolume;
 
@@ -260,19 +261,19 @@ const RESIZE_STEPS: [(&str, &str); 4] = [("expand", "8"), ("modify", "zstd"), ("
 
 fn expand_btrfs(pool: &Pool, id: &str, bytes: u64) -> u64 {
     let health = pool.health(&MountTable::read().unwrap());
-    let range = hpp_csi::sizing::Range {
+    let range = hpp_csi::ops::sizing::Range {
         required: bytes,
         limit: 0,
     };
-    hpp_csi::expand::controller_expand(&hpp_csi::ledger::Ledger::default(), pool, &health, id, range)
+    hpp_csi::ops::expand::controller_expand(&hpp_csi::ops::ledger::Ledger::default(), pool, &health, id, range)
         .unwrap()
         .capacity
 }
 
 fn modify_btrfs(pool: &Pool, id: &str, compression: &str) {
     let params = std::collections::HashMap::from([("compression".to_owned(), compression.to_owned())]);
-    let tuning = hpp_csi::modify::parse(pool, &params).unwrap();
-    hpp_csi::modify::apply(pool, id, &tuning).unwrap();
+    let tuning = hpp_csi::ops::modify::parse(pool, &params).unwrap();
+    hpp_csi::ops::modify::apply(pool, id, &tuning).unwrap();
 }
 
 fn compression_of(pool: &Pool, id: &str) -> String {

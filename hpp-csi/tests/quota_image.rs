@@ -102,20 +102,20 @@ fn image_pool(root: &std::path::Path) -> hpp_csi::pool::Pool {
     hpp_csi::pool::Pool::prepare(&cfg).unwrap()
 }
 
-fn sized(bytes: u64) -> hpp_csi::volumes::Requested {
-    hpp_csi::volumes::Requested {
+fn sized(bytes: u64) -> hpp_csi::ops::volumes::Requested {
+    hpp_csi::ops::volumes::Requested {
         required: bytes,
         limit: 0,
     }
 }
 
-fn expand_image(pool: &hpp_csi::pool::Pool, id: &str, bytes: u64) -> hpp_csi::expand::Expanded {
+fn expand_image(pool: &hpp_csi::pool::Pool, id: &str, bytes: u64) -> hpp_csi::ops::expand::Expanded {
     let health = pool.health(&hpp_csi::mountinfo::MountTable::read().unwrap());
-    let range = hpp_csi::sizing::Range {
+    let range = hpp_csi::ops::sizing::Range {
         required: bytes,
         limit: 0,
     };
-    hpp_csi::expand::controller_expand(&hpp_csi::ledger::Ledger::default(), pool, &health, id, range).unwrap()
+    hpp_csi::ops::expand::controller_expand(&hpp_csi::ops::ledger::Ledger::default(), pool, &health, id, range).unwrap()
 }
 
 /// Deletes `id`, waiting while the kernel is still detaching a loop device that was
@@ -123,7 +123,7 @@ fn expand_image(pool: &hpp_csi::pool::Pool, id: &str, bytes: u64) -> hpp_csi::ex
 fn delete_image(pool: &hpp_csi::pool::Pool, id: &str) -> bool {
     for _ in 0..1000 {
         let mounts = hpp_fs::MountTableCache::new();
-        match hpp_csi::volumes::delete(pool, id, &mounts) {
+        match hpp_csi::ops::volumes::delete(pool, id, &mounts) {
             Err(hpp_csi::Error::FailedPrecondition(m)) if m.contains("attached to /dev/loop") => {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
@@ -167,7 +167,7 @@ fn assert_complete_image(pool: &hpp_csi::pool::Pool, id: &str, bytes: u64) {
     let img = pool.path.join(id).join("disk.img");
     assert_eq!(std::fs::metadata(&img).unwrap().len(), bytes, "{id}: image size");
     assert_eq!(
-        hpp_csi::volumes::recorded_capacity(std::os::fd::AsFd::as_fd(&dir), id).unwrap(),
+        hpp_csi::ops::volumes::recorded_capacity(std::os::fd::AsFd::as_fd(&dir), id).unwrap(),
         Some(bytes),
         "{id}: recorded size"
     );
@@ -197,12 +197,12 @@ const NODE_EXPANDED: u64 = 20 * MIB;
 /// NodeExpandVolume in `--expansion=node` mode of volume `id` published at `target`.
 fn node_expand_image(pool: &hpp_csi::pool::Pool, id: &str, target: &std::path::Path) -> u64 {
     let health = pool.health(&hpp_csi::mountinfo::MountTable::read().unwrap());
-    let range = hpp_csi::sizing::Range {
+    let range = hpp_csi::ops::sizing::Range {
         required: NODE_EXPANDED,
         limit: 0,
     };
-    let ledger = hpp_csi::ledger::Ledger::default();
-    hpp_csi::expand::node_expand(pool, id, target, range, Some((&ledger, &health))).unwrap()
+    let ledger = hpp_csi::ops::ledger::Ledger::default();
+    hpp_csi::ops::expand::node_expand(pool, id, target, range, Some((&ledger, &health))).unwrap()
 }
 
 /// Whether this process may grow a mounted ext4 (CAP_SYS_RESOURCE, which the ext4 resize
@@ -261,9 +261,9 @@ fn image_crash_child() {
     for i in 0u64.. {
         let (vol, clone) = (format!("r{round}-vol-{i}"), format!("r{round}-clone-{i}"));
         step(format!("create {vol}"));
-        hpp_csi::volumes::create(&pool, &vol, None, sized(CREATED)).unwrap();
+        hpp_csi::ops::volumes::create(&pool, &vol, None, sized(CREATED)).unwrap();
         step(format!("publish {vol}"));
-        let fd = hpp_csi::volumes::open(&pool, &vol).unwrap();
+        let fd = hpp_csi::ops::volumes::open(&pool, &vol).unwrap();
         pool.quota
             .mount_at(
                 std::os::fd::AsFd::as_fd(&fd),
@@ -274,7 +274,7 @@ fn image_crash_child() {
         std::fs::write(target.join("data"), i.to_string()).unwrap();
         rustix::mount::unmount(&target, rustix::mount::UnmountFlags::empty()).unwrap();
         step(format!("clone {clone} {vol}"));
-        hpp_csi::volumes::create(&pool, &clone, Some(&fd), sized(CLONED)).unwrap();
+        hpp_csi::ops::volumes::create(&pool, &clone, Some(&fd), sized(CLONED)).unwrap();
         drop(fd);
         step(format!("expand {vol}"));
         expand_image(&pool, &vol, EXPANDED);
@@ -286,7 +286,7 @@ fn image_crash_child() {
             continue;
         }
         step(format!("node-expand {vol}"));
-        let fd = hpp_csi::volumes::open(&pool, &vol).unwrap();
+        let fd = hpp_csi::ops::volumes::open(&pool, &vol).unwrap();
         pool.quota
             .mount_at(
                 std::os::fd::AsFd::as_fd(&fd),
@@ -373,12 +373,12 @@ fn killing_the_driver_working_on_image_volumes_converges() {
         let pool = image_pool(&root);
         assert_eq!(leaked_loops(&pool.path), Vec::<String>::new(), "round {round}");
         let dir = pool.open().unwrap();
-        hpp_csi::volumes::sweep(std::os::fd::AsFd::as_fd(&dir), &*pool.quota).unwrap();
+        hpp_csi::ops::volumes::sweep(std::os::fd::AsFd::as_fd(&dir), &*pool.quota).unwrap();
         pool.journal().unwrap();
         let temporaries: Vec<String> = std::fs::read_dir(&pool.path)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with(".hpp-") && n != hpp_csi::volume_journal::JOURNAL_NAME)
+            .filter(|n| n.starts_with(".hpp-") && n != hpp_csi::ops::volume_journal::JOURNAL_NAME)
             .collect();
         assert_eq!(temporaries, Vec::<String>::new(), "round {round}");
 
@@ -389,14 +389,14 @@ fn killing_the_driver_working_on_image_volumes_converges() {
         *interrupted.entry(words[0].to_owned()).or_default() += 1;
         match words[..] {
             ["create", vol] => {
-                hpp_csi::volumes::create(&pool, vol, None, sized(CREATED)).unwrap();
+                hpp_csi::ops::volumes::create(&pool, vol, None, sized(CREATED)).unwrap();
                 assert_complete_image(&pool, vol, CREATED);
             }
             // The pod's mount went with its namespace: nothing to retry.
             ["publish", vol] => assert_complete_image(&pool, vol, CREATED),
             ["clone", clone, vol] => {
-                let fd = hpp_csi::volumes::open(&pool, vol).unwrap();
-                hpp_csi::volumes::create(&pool, clone, Some(&fd), sized(CLONED)).unwrap();
+                let fd = hpp_csi::ops::volumes::open(&pool, vol).unwrap();
+                hpp_csi::ops::volumes::create(&pool, clone, Some(&fd), sized(CLONED)).unwrap();
                 assert_complete_image(&pool, clone, CLONED);
             }
             ["expand", vol] => {
@@ -407,7 +407,7 @@ fn killing_the_driver_working_on_image_volumes_converges() {
             ["node-expand", vol] => {
                 let target = root.join("retry-target");
                 std::fs::create_dir_all(&target).unwrap();
-                let fd = hpp_csi::volumes::open(&pool, vol).unwrap();
+                let fd = hpp_csi::ops::volumes::open(&pool, vol).unwrap();
                 pool.quota
                     .mount_at(
                         std::os::fd::AsFd::as_fd(&fd),
@@ -454,7 +454,7 @@ fn killing_the_driver_working_on_image_volumes_converges() {
     let left: Vec<String> = std::fs::read_dir(&pool.path)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n != hpp_csi::volume_journal::JOURNAL_NAME)
+        .filter(|n| n != hpp_csi::ops::volume_journal::JOURNAL_NAME)
         .collect();
     assert_eq!(left, Vec::<String>::new(), "the pool is empty but for the journal");
     assert_eq!(leaked_loops(&pool.path), Vec::<String>::new());
@@ -471,7 +471,7 @@ fn a_target_on_a_loop_backed_filesystem_is_not_taken_for_a_mounted_image() {
     };
     let root = fs.path().to_path_buf();
     let pool = image_pool(&root);
-    hpp_csi::volumes::create(&pool, "pvc-t", None, sized(CREATED)).unwrap();
+    hpp_csi::ops::volumes::create(&pool, "pvc-t", None, sized(CREATED)).unwrap();
     let target = root.join("target");
     std::fs::create_dir(&target).unwrap();
     let host_size = rustix::fs::statvfs(&root).unwrap().f_blocks;
@@ -481,7 +481,7 @@ fn a_target_on_a_loop_backed_filesystem_is_not_taken_for_a_mounted_image() {
         "{err}"
     );
     assert_eq!(rustix::fs::statvfs(&root).unwrap().f_blocks, host_size);
-    let fd = hpp_csi::volumes::open(&pool, "pvc-t").unwrap();
+    let fd = hpp_csi::ops::volumes::open(&pool, "pvc-t").unwrap();
     let mounted = pool.quota.mount_at(
         std::os::fd::AsFd::as_fd(&fd),
         &target,
@@ -504,13 +504,13 @@ fn an_image_expansion_killed_before_recording_the_size_converges_on_retry() {
         return;
     };
     let pool = image_pool(fs.path());
-    hpp_csi::volumes::create(&pool, "pvc-x", None, sized(CREATED)).unwrap();
+    hpp_csi::ops::volumes::create(&pool, "pvc-x", None, sized(CREATED)).unwrap();
     let dir = pool.open().unwrap();
     pool.quota
         .set_limit(std::os::fd::AsFd::as_fd(&dir), "pvc-x", EXPANDED)
         .unwrap();
     assert_eq!(
-        hpp_csi::volumes::recorded_capacity(std::os::fd::AsFd::as_fd(&dir), "pvc-x").unwrap(),
+        hpp_csi::ops::volumes::recorded_capacity(std::os::fd::AsFd::as_fd(&dir), "pvc-x").unwrap(),
         Some(CREATED)
     );
     assert_eq!(expand_image(&pool, "pvc-x", EXPANDED).capacity, EXPANDED);
@@ -544,7 +544,7 @@ fn a_publish_killed_before_mounting_leaves_no_loop_device() {
         return;
     };
     let pool = image_pool(fs.path());
-    hpp_csi::volumes::create(&pool, "pvc-l", None, sized(CREATED)).unwrap();
+    hpp_csi::ops::volumes::create(&pool, "pvc-l", None, sized(CREATED)).unwrap();
     let image = pool.path.join("pvc-l/disk.img");
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_attaches_a_loop_device_and_hangs", "--nocapture"])

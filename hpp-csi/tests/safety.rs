@@ -92,7 +92,7 @@ async fn hostile_ids_get_invalid_argument_and_touch_nothing() {
     let in_pool: Vec<_> = std::fs::read_dir(h.pool_path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
-        .filter(|n| n != hpp_csi::volume_journal::JOURNAL_NAME)
+        .filter(|n| n != hpp_csi::ops::volume_journal::JOURNAL_NAME)
         .collect();
     assert!(in_pool.is_empty(), "{in_pool:?}");
     h.stop().await;

@@ -432,7 +432,7 @@ async fn a_stale_probe_refreshes_the_gauges_when_nothing_watches() {
         .metrics(metrics)
         .build()
         .unwrap();
-    let identity = hpp_csi::identity::IdentityService::new(driver.state().clone());
+    let identity = hpp_csi::service::identity::IdentityService::new(driver.state().clone());
     let text = |registry: &prometheus_client::registry::Registry| {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
@@ -464,7 +464,7 @@ async fn a_clean_stop_leaves_the_volume_journal_empty() {
     .unwrap();
     let (_, records) = hpp_fs::journal::Journal::open(
         std::os::fd::AsFd::as_fd(&dir),
-        hpp_csi::volume_journal::JOURNAL_NAME,
+        hpp_csi::ops::volume_journal::JOURNAL_NAME,
         1 << 20,
     )
     .unwrap();

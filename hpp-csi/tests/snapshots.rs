@@ -430,7 +430,7 @@ async fn foreign_directories_in_the_snapshot_dir_are_left_alone() {
     let leftovers: Vec<_> = std::fs::read_dir(&snaps)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.starts_with(".hpp-") && n != hpp_csi::volume_journal::JOURNAL_NAME)
+        .filter(|n| n.starts_with(".hpp-") && n != hpp_csi::ops::volume_journal::JOURNAL_NAME)
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     // A real snapshot is still deleted.

@@ -1,4 +1,4 @@
-//! What the driver's RPC layer ([`hpp_csi::rpc_layer::RpcLayer`]: a span per call, the
+//! What the driver's RPC layer ([`hpp_csi::RpcLayer`]: a span per call, the
 //! outcome's log decision, the request count and latency metrics) costs a call, measured in
 //! process: the same constant service called bare, behind the layer without metrics, and behind
 //! the layer with a registered [`DriverMetrics`], under the shipped subscriber
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use hpp_bin::telemetry::{LogFormat, local_subscriber};
 use hpp_csi::DriverMetrics;
-use hpp_csi::rpc_layer::RpcLayer;
+use hpp_csi::RpcLayer;
 
 use crate::bench_stats::per_call;
 use tower::{Layer as _, Service, ServiceExt as _};

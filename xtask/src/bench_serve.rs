@@ -7,7 +7,7 @@
 //! - `--serve-bare DIR`: the empty-call floor, a constant Identity service served by plain
 //!   tonic on `DIR/csi.sock`;
 //! - `--serve-bare-layered DIR`: the same service wrapped in the driver's
-//!   [`hpp_csi::rpc_layer::RpcLayer`] with a registered [`DriverMetrics`], so the difference to
+//!   [`hpp_csi::RpcLayer`] with a registered [`DriverMetrics`], so the difference to
 //!   the bare server is what the span, the log decision and the metrics cost per call;
 //! - `--serve-durable-floor DIR`: the durable floor behind plain tonic, the least any durable
 //!   server can do per call: the same Identity service, and a Controller whose CreateVolume is
@@ -148,7 +148,7 @@ pub async fn serve(kind: Kind, dir: &Path) -> anyhow::Result<()> {
         Kind::BareLayered => {
             let mut registry = prometheus_client::registry::Registry::default();
             let metrics = Arc::new(DriverMetrics::register(&mut registry));
-            serve_bare(dir, Some(hpp_csi::rpc_layer::RpcLayer::new(Some(metrics)))).await
+            serve_bare(dir, Some(hpp_csi::RpcLayer::new(Some(metrics)))).await
         }
         Kind::DurableFloor => serve_durable_floor(dir).await,
     }
@@ -215,7 +215,7 @@ impl Identity for ConstantIdentity {
     }
 }
 
-async fn serve_bare(dir: &Path, layer: Option<hpp_csi::rpc_layer::RpcLayer>) -> anyhow::Result<()> {
+async fn serve_bare(dir: &Path, layer: Option<hpp_csi::RpcLayer>) -> anyhow::Result<()> {
     let sock = socket(dir);
     let _ = std::fs::remove_file(&sock);
     let incoming =

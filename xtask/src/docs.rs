@@ -279,12 +279,12 @@ fn exercised_registry(which: &str) -> anyhow::Result<Registry> {
             // Any code will do; the error type is how the driver names gRPC codes.
             let code = hpp_csi::Error::NotFound(String::new()).code();
             m.observe_rpc("Controller", "CreateVolume", code, 0.001);
-            m.set_pool("local", &hpp_csi::pool::PoolHealth::default(), false);
+            m.set_pool("local", &hpp_csi::PoolHealth::default(), false);
             m.set_quota_backend("local", "none");
             m.set_journal("local", true);
             m.set_journal_counts("local", 1, 1);
-            m.set_trash("local", hpp_csi::trash::TrashTotals { entries: 1, bytes: 1 });
-            m.trash_purged("local", hpp_csi::trash::PurgeReason::Age);
+            m.set_trash("local", hpp_csi::TrashTotals { entries: 1, bytes: 1 });
+            m.trash_purged("local", hpp_csi::PurgeReason::Age);
             m.set_shared_with_os(false);
         }
         "hpp-operator" => {

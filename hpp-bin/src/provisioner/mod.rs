@@ -208,7 +208,7 @@ impl Args {
                 (None, _) => anyhow::bail!("--quota needs --pv-dir"),
                 (Some(dir), _) => dir,
             };
-            cfg.quota = Some(hpp_csi::pool::build_quota_backend("pv-dir", self.quota, dir)?);
+            cfg.quota = Some(hpp_csi::build_quota_backend("pv-dir", self.quota, dir)?);
         }
         cfg.validate()?;
         Ok(cfg)

@@ -28,7 +28,7 @@ pub struct Harness {
     pub node: NodeClient<Channel>,
     pub registry: std::sync::Arc<std::sync::Mutex<prometheus_client::registry::Registry>>,
     /// The driver's state (pools, ledger), for assertions on what the driver did internally.
-    pub state: std::sync::Arc<hpp_csi::state::DriverState>,
+    pub state: std::sync::Arc<hpp_csi::service::state::DriverState>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), hpp_csi::ServeError>>>,
 }

@@ -14,7 +14,7 @@ use hpp_api::quota::QuotaMode;
 use hpp_fs::quota::image::IMAGE_FILE;
 use hpp_fs::quota::{Layout, QuotaBackend, QuotaError, QuotaUsage};
 
-use crate::fsops;
+use crate::pool::fsops;
 
 /// Chooses the real backend the first time it is needed with the pool mounted.
 #[derive(Debug)]

@@ -24,6 +24,11 @@ pub fn open_dir_path(path: &Path) -> Result<OwnedFd> {
 /// Opens the directory `name` directly inside `dir`, refusing symlinks (the one shared helper).
 pub use hpp_fs::open_child_dir;
 
+/// The current mount table from `cache`, its read error as the driver reports it.
+pub(crate) fn mount_table(cache: &hpp_fs::MountTableCache) -> Result<std::sync::Arc<crate::mountinfo::MountTable>> {
+    cache.current().map_err(|e| Error::io("reading mount table", e))
+}
+
 /// What a single directory entry is, looked at without following symlinks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {
@@ -55,11 +60,6 @@ fn classify(st: &Stat) -> Entry {
         FileType::Symlink => Entry::Symlink,
         _ => Entry::Other,
     }
-}
-
-/// `st_dev` of an open descriptor.
-pub fn dev_of(fd: BorrowedFd<'_>) -> rustix::io::Result<u64> {
-    Ok(rustix::fs::fstat(fd)?.st_dev)
 }
 
 /// Names in a directory, skipping `.` and `..`. Names that are not UTF-8 are skipped too: they
@@ -155,19 +155,6 @@ pub fn is_empty_dir(dir: BorrowedFd<'_>) -> rustix::io::Result<bool> {
         }
     }
     Ok(true)
-}
-
-/// Raw names in a directory (including non-UTF-8 ones), without `.` and `..`.
-pub fn list_names_bytes(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<Vec<u8>>> {
-    let mut d = rustix::fs::Dir::read_from(dir)?;
-    let mut names = Vec::new();
-    while let Some(entry) = d.read() {
-        let bytes = entry?.file_name().to_bytes().to_vec();
-        if bytes != b"." && bytes != b".." {
-            names.push(bytes);
-        }
-    }
-    Ok(names)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use tonic::{Request, Response, Status};
 
 use crate::csi::{self, plugin_capability};
 use crate::error::Error;
-use crate::state::DriverState;
+use crate::service::state::DriverState;
 
 /// Identity service: plugin name and version, capabilities, readiness.
 #[derive(Debug, Clone)]
@@ -72,10 +72,10 @@ impl csi::identity_server::Identity for IdentityService {
     /// csi-provisioner, and with it every healthy pool on the node.
     ///
     /// Nothing is measured here: pool health is kept current in the background
-    /// ([`crate::health::watch`]). Should nothing run it (an embedder composing its own server),
+    /// ([`crate::service::health::watch`]). Should nothing run it (an embedder composing its own server),
     /// a stale Probe starts a measurement without waiting for it.
     async fn probe(&self, _req: Request<csi::ProbeRequest>) -> Result<Response<csi::ProbeResponse>, Status> {
-        crate::health::refresh_if_stale(&self.state, self.state.health_interval.saturating_mul(2));
+        crate::service::health::refresh_if_stale(&self.state, self.state.health_interval.saturating_mul(2));
         Ok(Response::new(csi::ProbeResponse { ready: Some(true) }))
     }
 }

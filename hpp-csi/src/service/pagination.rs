@@ -73,8 +73,8 @@ fn encode((id, pool): &Key) -> String {
 
 fn parse_token(token: &str) -> Option<Key> {
     let (id, pool) = token.split_once('/')?;
-    crate::validate::check_id("token", id).ok()?;
-    crate::validate::check_pool_name(pool).ok()?;
+    crate::pool::validate::check_id("token", id).ok()?;
+    crate::pool::validate::check_pool_name(pool).ok()?;
     Some(pool_key(id, pool))
 }
 

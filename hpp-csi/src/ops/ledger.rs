@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::ops::volumes;
 use crate::pool::{Pool, PoolHealth};
-use crate::volumes;
 
 /// The longest a pool's memo is trusted without a full scan.
 pub const MEMO_MAX_AGE: Duration = Duration::from_secs(60);

@@ -37,11 +37,6 @@ impl Range {
             ))),
         }
     }
-
-    /// Whether a volume of `bytes` satisfies the range.
-    pub fn satisfied_by(&self, bytes: u64) -> bool {
-        bytes >= self.required && (self.limit == 0 || bytes <= self.limit)
-    }
 }
 
 /// The size a new volume gets in a pool that enforces limits in multiples of `granularity`:

@@ -1,5 +1,14 @@
-//! A storage pool at run time: its directory, which names in it are volumes, and its health
-//! (mount guard, capacity, shared-with-OS detection).
+//! What a pool is: a storage pool at run time ([`Pool`]: its directory, which names in it are
+//! volumes, its health: mount guard, capacity, shared-with-OS detection), and what works on it
+//! without knowing what a volume operation is: symlink-safe primitives ([`fsops`]), name
+//! checks ([`validate`]), per-volume locks ([`inflight`]), the thread that runs its short jobs
+//! ([`lane`]), and quota limits applied after a copy ([`deferred_quota`]).
+
+pub mod deferred_quota;
+pub mod fsops;
+pub mod inflight;
+pub mod lane;
+pub mod validate;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -14,12 +23,12 @@ use std::path::{Component, Path, PathBuf};
 
 use crate::config::{ConfigError, PoolConfig};
 use crate::error::{Error, Result};
-use crate::fsops;
-use crate::lane::Lane;
+
 use crate::mountinfo::MountTable;
-use crate::trash::{TrashBook, TrashSettings};
-use crate::validate::{self, INTERNAL_PREFIX};
-use crate::volume_journal::VolumeJournal;
+use crate::ops::trash::{TrashBook, TrashSettings};
+use crate::ops::volume_journal::VolumeJournal;
+use crate::pool::lane::Lane;
+use crate::pool::validate::INTERNAL_PREFIX;
 
 /// Names inside a pool that are never volumes even though they look like one.
 const ALWAYS_RESERVED: &[&str] = &["lost+found"];
@@ -173,7 +182,7 @@ impl Pool {
     }
 
     /// The pool's volume journal (`None`: creates and deletes sync the directory instead). The
-    /// first call after a start redoes what a crash lost; see [`crate::volume_journal`].
+    /// first call after a start redoes what a crash lost; see [`crate::ops::volume_journal`].
     pub fn journal(&self) -> Result<Option<Arc<Journal>>> {
         self.journal_in(self.open()?.as_fd())
     }
@@ -184,7 +193,7 @@ impl Pool {
         self.journal.get(self, dir)
     }
 
-    /// The pool's lane, for short filesystem jobs ([`crate::lane`]).
+    /// The pool's lane, for short filesystem jobs ([`crate::pool::lane`]).
     pub fn lane(&self) -> &Lane {
         &self.lane
     }
@@ -412,12 +421,12 @@ impl Pool {
 /// configuration error; `auto` falls back to `none` instead.
 ///
 /// A guarded pool that is not mounted yet gets its backend once it is
-/// ([`crate::deferred_quota`]): what sits at its path now is not its filesystem.
+/// ([`crate::pool::deferred_quota`]): what sits at its path now is not its filesystem.
 fn quota_backend(cfg: &PoolConfig, path: &Path) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
     let waiting_for_mount = cfg.require_mount_point && cfg.quota != QuotaMode::None && !fsops::is_mount_point(path);
     if waiting_for_mount {
         tracing::info!(pool = %cfg.name, quota = %cfg.quota, "pool not mounted yet; its quota backend is set up once it is");
-        return Ok(Arc::new(crate::deferred_quota::Deferred::new(
+        return Ok(Arc::new(crate::pool::deferred_quota::Deferred::new(
             &cfg.name, cfg.quota, path,
         )));
     }

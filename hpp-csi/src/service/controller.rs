@@ -7,21 +7,22 @@ use std::sync::Arc;
 use hpp_api::constants::TOPOLOGY_KEY;
 use tonic::{Request, Response, Status};
 
-use crate::caps;
 use crate::csi::{self, controller_service_capability::rpc::Type as Cap, volume_content_source};
 use crate::error::{Error, Result};
-use crate::expand::{self, ExpansionMode};
-use crate::inflight::{snapshot_key, volume_key};
-use crate::lane::{Reply, blocking_replying};
-use crate::modify;
-use crate::pagination::{self, pool_key};
+use crate::ops::caps;
+use crate::ops::expand::{self, ExpansionMode};
+use crate::ops::modify;
+use crate::ops::sizing::{self, Range};
+use crate::ops::snapshots::{self, SnapshotInfo};
+use crate::ops::volume_journal::Deferred;
+use crate::ops::volumes::{self, Created};
+use crate::pool::inflight::{snapshot_key, volume_key};
+use crate::pool::lane::{Reply, blocking_replying};
+use crate::pool::lane::{blocking, blocking_locked};
+use crate::pool::validate::check_id;
 use crate::pool::{Pool, PoolHealth};
-use crate::sizing::{self, Range};
-use crate::snapshots::{self, SnapshotInfo};
-use crate::state::{DriverState, blocking, blocking_locked};
-use crate::validate::check_id;
-use crate::volume_journal::Deferred;
-use crate::volumes::{self, Created};
+use crate::service::pagination::{self, pool_key};
+use crate::service::state::DriverState;
 
 /// Controller service over the configured pools.
 #[derive(Debug, Clone)]
@@ -260,7 +261,7 @@ impl ControllerService {
         };
         let tuning = modify::parse(&pool, &req.mutable_parameters)?;
         // Whose volume this is, for the trash listing (only pools with a trash record it).
-        let claim = pool.trash.and_then(|_| crate::trash::claim_of(&req.parameters));
+        let claim = pool.trash.and_then(|_| crate::ops::trash::claim_of(&req.parameters));
         let source = req.volume_content_source.as_ref().map(SourceRef::parse).transpose()?;
         if matches!(&source, Some(SourceRef::Volume(src)) if *src == name) {
             return Err(Error::InvalidArgument(format!(
@@ -322,7 +323,7 @@ impl ControllerService {
                 // The class's settings, applied again on a retry (tuning is idempotent).
                 modify::apply(&p, &n, &tuning)?;
                 if let Some(claim) = &claim {
-                    crate::trash::remember_claim(&p, dir.as_fd(), &n, claim);
+                    crate::ops::trash::remember_claim(&p, dir.as_fd(), &n, claim);
                 }
                 match enforced {
                     Some(_) => volumes::recorded_capacity(dir.as_fd(), &n),

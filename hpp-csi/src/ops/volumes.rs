@@ -15,12 +15,12 @@ use rustix::io::Errno;
 use hpp_fs::MountTableCache;
 use hpp_fs::quota::{QuotaBackend, Tuning, round_up};
 
-use crate::copy::{self, CopyStats};
 use crate::error::{Error, Result};
-use crate::fsops::{self, Entry};
 use crate::mountinfo::MountTable;
+use crate::ops::copy::{self, CopyStats};
+use crate::ops::volume_journal::{self, Deferred, DirIdentity, Record};
 use crate::pool::Pool;
-use crate::volume_journal::{self, Deferred, DirIdentity, Record};
+use crate::pool::fsops::{self, Entry};
 
 /// Mode of a new volume directory (one value for the driver and every quota backend).
 pub use hpp_fs::quota::VOLUME_MODE;
@@ -424,7 +424,7 @@ pub(crate) fn build(
 pub fn delete(pool: &Pool, id: &str, mounts: &MountTableCache) -> Result<bool> {
     let dir = pool.open()?;
     if pool.trash.is_some() {
-        return Ok(crate::trash::delete_into(pool, dir.as_fd(), id, mounts)?.is_some());
+        return Ok(crate::ops::trash::delete_into(pool, dir.as_fd(), id, mounts)?.is_some());
     }
     let journal = match pool.journal_in(dir.as_fd()) {
         Ok(journal) => journal,
@@ -494,7 +494,7 @@ pub(crate) fn check_retirable(pool: &Pool, dir: BorrowedFd<'_>, id: &str, mounts
         Entry::Dir { .. } => {}
     }
     // Read (or reused from the cache) only once a volume is found.
-    let table = crate::state::mount_table(mounts)?;
+    let table = crate::pool::fsops::mount_table(mounts)?;
     check_not_mounted(pool, id, &table)?;
     if let Some(why) = pool.quota.in_use(dir, id)? {
         return Err(Error::FailedPrecondition(format!(

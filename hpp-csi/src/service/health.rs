@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use hpp_sys::mount_watch::MountTableWatch;
 
-use crate::state::DriverState;
+use crate::ops::trash;
+use crate::service::state::DriverState;
 
 /// Default time between reports when nothing changes.
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
@@ -113,6 +114,51 @@ async fn next_change(changes: &mut Option<MountTableWatch>) {
             }
         }
         None => std::future::pending().await,
+    }
+}
+
+/// Purges due entries of every pool with a trash, measures new entries and updates the
+/// gauges, every [`trash::purge_interval`] of the shortest retention, until the task is dropped.
+pub async fn purge_trash(state: Arc<DriverState>) {
+    let Some(interval) = state
+        .pools
+        .iter()
+        .filter_map(|p| p.trash.map(|t| trash::purge_interval(t.retention)))
+        .min()
+    else {
+        return;
+    };
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let state = state.clone();
+        let _ = tokio::task::spawn_blocking(move || purge_trash_once(&state)).await;
+    }
+}
+
+/// One pass of [`purge_trash`] over every pool with a trash.
+pub fn purge_trash_once(state: &DriverState) {
+    for pool in state.pools.iter().filter(|p| p.trash.is_some()) {
+        match trash::purge(
+            pool,
+            trash::Purge::Due {
+                now: std::time::SystemTime::now(),
+            },
+        ) {
+            Ok(report) => {
+                if let Some(m) = &state.metrics {
+                    for (_, reason) in &report.purged {
+                        m.trash_purged(&pool.name, *reason);
+                    }
+                }
+            }
+            // An unmounted guarded pool, say: its health reports say why.
+            Err(e) => tracing::debug!(pool = %pool.name, error = %e, "trash not purged this time"),
+        }
+        if let (Ok(totals), Some(m)) = (trash::refresh_sizes(pool), &state.metrics) {
+            m.set_trash(&pool.name, totals);
+        }
     }
 }
 

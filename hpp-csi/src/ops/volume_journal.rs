@@ -20,9 +20,9 @@ use hpp_fs::quota::Tuning;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::fsops;
+use crate::ops::volumes::{self, Requested};
 use crate::pool::Pool;
-use crate::volumes::{self, Requested};
+use crate::pool::fsops;
 
 /// The journal file in a pool directory (the `.hpp-` prefix keeps it out of every listing).
 pub const JOURNAL_NAME: &str = ".hpp-journal";
@@ -89,7 +89,7 @@ pub enum Record {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         was: Option<DirIdentity>,
     },
-    /// A volume was moved into the pool's trash ([`crate::trash`]) as this entry.
+    /// A volume was moved into the pool's trash ([`crate::ops::trash`]) as this entry.
     Trash {
         /// Volume id.
         id: String,
@@ -320,15 +320,6 @@ impl Deferred {
             _ => *st = Rendezvous::Then(Box::new(f)),
         }
     }
-
-    /// Waits until the record is durable.
-    pub async fn durable(self) -> Result<()> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.then(move |outcome| {
-            let _ = tx.send(outcome);
-        });
-        rx.await.unwrap_or_else(|_| Err(stopped()))
-    }
 }
 
 /// The flush's side of a [`Deferred`]; dropped without [`finish`](Flush::finish) (the journal
@@ -407,8 +398,8 @@ fn redo(pool: &Pool, dir: BorrowedFd<'_>, record: Record) -> Result<()> {
         } => {
             // The class's settings, applied again to a volume made again or finished.
             let apply_tuning = |tuning: BTreeMap<String, String>| -> Result<()> {
-                let tuning = crate::modify::parse(pool, &tuning.into_iter().collect())?;
-                crate::modify::apply(pool, &id, &tuning)
+                let tuning = crate::ops::modify::parse(pool, &tuning.into_iter().collect())?;
+                crate::ops::modify::apply(pool, &id, &tuning)
             };
             if DirIdentity::of(dir, &id)?.is_some() {
                 // An in-place create keeps its directory through a crash, but maybe not its
@@ -448,8 +439,8 @@ fn redo(pool: &Pool, dir: BorrowedFd<'_>, record: Record) -> Result<()> {
             tracing::info!(pool = %pool.name, volume_id = %id, "deleted again a volume whose deletion a crash had lost");
             Ok(())
         }
-        Record::Trash { id, was, entry } => crate::trash::redo_move(pool, dir, &id, was, &entry),
-        Record::Restore { id, entry } => crate::trash::redo_restore(pool, dir, &id, &entry),
+        Record::Trash { id, was, entry } => crate::ops::trash::redo_move(pool, dir, &id, was, &entry),
+        Record::Restore { id, entry } => crate::ops::trash::redo_restore(pool, dir, &id, &entry),
     }
 }
 

@@ -9,7 +9,7 @@ use std::os::fd::AsFd;
 use hpp_fs::quota::Tuning;
 
 use crate::error::{Error, Result};
-use crate::expand::quota_error;
+use crate::ops::expand::quota_error;
 use crate::pool::Pool;
 
 /// Parses `params` for volumes of `pool`: InvalidArgument for an unknown key, a bad value, or

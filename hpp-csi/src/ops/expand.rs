@@ -19,12 +19,12 @@ use hpp_fs::quota::{Layout, QuotaError};
 use rustix::io::Errno;
 
 use crate::error::{Error, Result};
-use crate::fsops;
-use crate::ledger::Ledger;
 use crate::mountinfo::MountTable;
+use crate::ops::ledger::Ledger;
+use crate::ops::sizing::{self, Range};
+use crate::ops::volumes::{self, CAPACITY_XATTR};
+use crate::pool::fsops;
 use crate::pool::{Pool, PoolHealth};
-use crate::sizing::{self, Range};
-use crate::volumes::{self, CAPACITY_XATTR};
 
 /// Which CSI service raises a volume's limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

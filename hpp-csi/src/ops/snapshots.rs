@@ -9,12 +9,12 @@ use std::time::SystemTime;
 
 use rustix::io::Errno;
 
-use crate::copy;
 use crate::error::{Error, Result};
-use crate::fsops::{self, Entry};
+use crate::ops::copy;
+use crate::ops::volumes::{deleting_name, temp_name};
 use crate::pool::Pool;
-use crate::validate::{self, INTERNAL_PREFIX};
-use crate::volumes::{deleting_name, temp_name};
+use crate::pool::fsops::{self, Entry};
+use crate::pool::validate::{self, INTERNAL_PREFIX};
 
 /// Name of the directory that holds a snapshot's data.
 pub const DATA_DIR: &str = "data";
@@ -233,7 +233,7 @@ pub fn sweep(pool: &Pool) -> Result<usize> {
         return Ok(0);
     }
     match open_root(pool, false)? {
-        Some(root) => crate::volumes::sweep(root.as_fd(), &*pool.quota),
+        Some(root) => crate::ops::volumes::sweep(root.as_fd(), &*pool.quota),
         None => Ok(0),
     }
 }

@@ -21,21 +21,19 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::SystemTime;
 
 use hpp_fs::MountTableCache;
 use hpp_fs::trash::TrashError;
 
 use crate::error::{Error, Result};
-use crate::fsops::{self, Entry};
+use crate::ops::volume_journal::{self, DirIdentity, Record};
+use crate::ops::volumes;
 use crate::pool::Pool;
-use crate::volume_journal::{self, DirIdentity, Record};
-use crate::volumes;
+use crate::pool::fsops::{self, Entry};
 
-pub use hpp_fs::trash::{
-    EntryName, MAX_PURGES_PER_PASS, PurgeReason, PurgeReport, Settings as TrashSettings, TRASH_DIR, purge_interval,
-};
+pub use hpp_fs::trash::{EntryName, PurgeReason, PurgeReport, Settings as TrashSettings, TRASH_DIR, purge_interval};
 
 /// Extended attribute naming the claim (`namespace/name`) a volume was created for, recorded
 /// at creation in pools with a trash so a listing of the trash can say whose data an entry is.
@@ -389,7 +387,7 @@ pub enum Purge<'a> {
 }
 
 /// Removes entries of `pool`'s trash (see [`Purge`]) through the pool's quota backend (a
-/// subvolume with its qgroup, a project id's limit), at most [`MAX_PURGES_PER_PASS`] per call.
+/// subvolume with its qgroup, a project id's limit), at most [`hpp_fs::trash::MAX_PURGES_PER_PASS`] per call.
 pub fn purge(pool: &Pool, which: Purge<'_>) -> Result<PurgeReport> {
     let dir = pool.open()?;
     let Some(trash) = open_dir(pool, dir.as_fd(), false)? else {
@@ -447,46 +445,6 @@ pub fn refresh_sizes(pool: &Pool) -> Result<TrashTotals> {
         totals.bytes += bytes.unwrap_or(0);
     }
     Ok(totals)
-}
-
-/// Purges due entries of every pool with a trash, measures new entries and updates the
-/// gauges, every [`purge_interval`] of the shortest retention, until the task is dropped.
-pub async fn watch(state: Arc<crate::state::DriverState>) {
-    let Some(interval) = state
-        .pools
-        .iter()
-        .filter_map(|p| p.trash.map(|t| purge_interval(t.retention)))
-        .min()
-    else {
-        return;
-    };
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        let state = state.clone();
-        let _ = tokio::task::spawn_blocking(move || purge_all(&state)).await;
-    }
-}
-
-/// One pass of [`watch`] over every pool with a trash.
-pub fn purge_all(state: &crate::state::DriverState) {
-    for pool in state.pools.iter().filter(|p| p.trash.is_some()) {
-        match purge(pool, Purge::Due { now: SystemTime::now() }) {
-            Ok(report) => {
-                if let Some(m) = &state.metrics {
-                    for (_, reason) in &report.purged {
-                        m.trash_purged(&pool.name, *reason);
-                    }
-                }
-            }
-            // An unmounted guarded pool, say: its health reports say why.
-            Err(e) => tracing::debug!(pool = %pool.name, error = %e, "trash not purged this time"),
-        }
-        if let (Ok(totals), Some(m)) = (refresh_sizes(pool), &state.metrics) {
-            m.set_trash(&pool.name, totals);
-        }
-    }
 }
 
 #[cfg(test)]

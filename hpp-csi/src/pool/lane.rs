@@ -17,7 +17,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::state::blocking;
+use crate::pool::inflight::Guard;
 
 /// How long an idle lane thread waits for work before it ends (tokio's blocking threads wait 10 s).
 pub const IDLE_EXIT: Duration = Duration::from_secs(10);
@@ -189,6 +189,33 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Runs blocking filesystem work off the async runtime.
+pub async fn blocking<T, F>(f: F) -> Result<T>
+where
+    F: FnOnce() -> Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
+}
+
+/// Runs blocking work that owns the in-flight `guard`. The guard moves into the blocking task,
+/// so it is released when the work ends, not when the request is dropped: a CO whose deadline
+/// passed cancels only its wait, and its retry answers Aborted until the first attempt is done
+/// instead of racing it.
+pub async fn blocking_locked<T, F>(guard: Guard, f: F) -> Result<T>
+where
+    F: FnOnce() -> Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    blocking(move || {
+        let _guard = guard;
+        f()
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -8,11 +8,11 @@ use hpp_api::constants::{DEFAULT_POOL_NAME, PARAM_STORAGE_POOL, TOPOLOGY_KEY};
 
 use crate::csi;
 use crate::error::{Error, Result};
-use crate::expand::ExpansionMode;
-use crate::inflight::{Guard, InFlight};
-use crate::ledger::Ledger;
 use crate::metrics::DriverMetrics;
 use crate::mountinfo::MountTable;
+use crate::ops::expand::ExpansionMode;
+use crate::ops::ledger::Ledger;
+use crate::pool::inflight::InFlight;
 use crate::pool::{Pool, PoolHealth};
 
 /// Everything a request handler needs. Shared behind an `Arc` by the services.
@@ -42,14 +42,9 @@ pub struct DriverState {
     /// How often pool health is measured when nothing changes.
     pub health_interval: std::time::Duration,
     /// When pool health was last measured.
-    pub(crate) health: crate::health::HealthClock,
+    pub(crate) health: crate::service::health::HealthClock,
     /// The mount table, re-read only after it changed.
     pub(crate) mounts: hpp_fs::MountTableCache,
-}
-
-/// The current mount table from `cache`, its read error as the driver reports it.
-pub(crate) fn mount_table(cache: &hpp_fs::MountTableCache) -> Result<Arc<MountTable>> {
-    cache.current().map_err(|e| Error::io("reading mount table", e))
 }
 
 /// Health of every pool, measured together.
@@ -98,7 +93,7 @@ impl DriverState {
 
     /// The current mount table: shared, and read again only after a mount changed.
     pub fn mount_table(&self) -> Result<Arc<MountTable>> {
-        mount_table(&self.mounts)
+        crate::pool::fsops::mount_table(&self.mounts)
     }
 
     /// The topology segment of this node.
@@ -199,33 +194,6 @@ fn changes(last: &mut HashMap<String, (bool, bool)>, report: &PoolsReport) -> Ve
         }
     }
     out
-}
-
-/// Runs blocking filesystem work off the async runtime.
-pub async fn blocking<T, F>(f: F) -> Result<T>
-where
-    F: FnOnce() -> Result<T> + Send + 'static,
-    T: Send + 'static,
-{
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
-}
-
-/// Runs blocking work that owns the in-flight `guard`. The guard moves into the blocking task,
-/// so it is released when the work ends, not when the request is dropped: a CO whose deadline
-/// passed cancels only its wait, and its retry answers Aborted until the first attempt is done
-/// instead of racing it.
-pub async fn blocking_locked<T, F>(guard: Guard, f: F) -> Result<T>
-where
-    F: FnOnce() -> Result<T> + Send + 'static,
-    T: Send + 'static,
-{
-    blocking(move || {
-        let _guard = guard;
-        f()
-    })
-    .await
 }
 
 #[cfg(test)]

@@ -11,17 +11,18 @@ use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use tonic::{Request, Response, Status};
 
-use crate::caps;
 use crate::csi::{self, node_service_capability::rpc::Type as Cap, volume_capability::AccessType};
 use crate::error::{Error, Result};
-use crate::expand::ExpansionMode;
-use crate::fsops;
-use crate::inflight::{target_key, volume_key};
-use crate::mount::{self, BindOptions};
+use crate::ops::caps;
+use crate::ops::expand::ExpansionMode;
+use crate::ops::mount::{self, BindOptions};
+use crate::ops::volumes;
 use crate::pool::Pool;
-use crate::state::{DriverState, blocking, blocking_locked};
-use crate::validate::{check_id, check_target_path};
-use crate::volumes;
+use crate::pool::fsops;
+use crate::pool::inflight::{target_key, volume_key};
+use crate::pool::lane::{blocking, blocking_locked};
+use crate::pool::validate::{check_id, check_target_path};
+use crate::service::state::DriverState;
 
 /// Volume context key kubelet sets for CSI ephemeral inline volumes.
 pub const EPHEMERAL_CONTEXT_KEY: &str = "csi.storage.k8s.io/ephemeral";
@@ -161,7 +162,7 @@ fn publish(p: &Publish, cache: &MountTableCache) -> Result<()> {
     let mounts = if fsops::is_mount_root(&p.target) == Some(false) {
         Arc::default()
     } else {
-        crate::state::mount_table(cache)?
+        crate::pool::fsops::mount_table(cache)?
     };
     if let Some(existing) = mounts.mount_at(&p.target) {
         let want = mounts.fs_location(&p.pool.volume_path(&p.id));
@@ -436,7 +437,7 @@ fn volume_stats(
         }
         Err(e) => return Err(Error::io(format!("opening {}", path.display()), e)),
     };
-    let mounts = crate::state::mount_table(mounts)?;
+    let mounts = crate::pool::fsops::mount_table(mounts)?;
     let mut condition = csi::VolumeCondition {
         abnormal: false,
         message: "volume is healthy".into(),
@@ -467,7 +468,9 @@ fn volume_stats(
     let quota = match &pool {
         Ok(pool) if pool.quota.enforces() => {
             let dir = pool.open_unguarded()?;
-            pool.quota.usage(dir.as_fd(), id).map_err(crate::expand::quota_error)?
+            pool.quota
+                .usage(dir.as_fd(), id)
+                .map_err(crate::ops::expand::quota_error)?
         }
         _ => None,
     };
@@ -629,7 +632,7 @@ impl NodeService {
         let id = check_id("volume_id", &req.volume_id)?.to_owned();
         record("volume_id", &id);
         let path = published_path(&req.volume_path)?;
-        let range = crate::sizing::Range::parse(req.capacity_range.as_ref())?;
+        let range = crate::ops::sizing::Range::parse(req.capacity_range.as_ref())?;
         if let Some(why) = req.volume_capability.as_ref().and_then(caps::unsupported) {
             return Err(Error::InvalidArgument(why));
         }
@@ -650,11 +653,11 @@ impl NodeService {
                 .find(|p| holds_volume(p, &id))
                 .ok_or_else(|| Error::NotFound(format!("volume {id} does not exist on node {}", state.node_id)))?;
             let health = match raises {
-                true => Some(crate::controller::require_usable(pool)?),
+                true => Some(crate::service::controller::require_usable(pool)?),
                 false => None,
             };
             let raise = health.as_ref().map(|h| (&state.ledger, h));
-            crate::expand::node_expand(pool, &id, &path, range, raise)
+            crate::ops::expand::node_expand(pool, &id, &path, range, raise)
         })
         .await?;
         Ok(csi::NodeExpandVolumeResponse {
