@@ -14,7 +14,6 @@ use std::os::fd::AsFd;
 use serde::{Deserialize, Serialize};
 
 use crate::pool::Pool;
-use crate::pool::fsops;
 use crate::service::state::DriverState;
 
 /// Most volumes whose usage one report measures.
@@ -114,7 +113,7 @@ fn pool_report(
             let used_bytes = match usage_of.contains(&id) && *budget > 0 {
                 true => {
                     *budget -= 1;
-                    used(pool, dir.as_fd(), &id)
+                    crate::ops::volumes::used_bytes(pool, dir.as_fd(), &id)
                 }
                 false => None,
             };
@@ -151,14 +150,4 @@ fn created_at(dir: std::os::fd::BorrowedFd<'_>, id: &str) -> Option<i64> {
     } else {
         mask.contains(StatxFlags::CTIME).then_some(st.stx_ctime.tv_sec)
     }
-}
-
-/// Bytes a volume (or trash entry) `id` of `dir` uses: the backend's own accounting when it
-/// keeps one, else a bounded walk.
-pub(crate) fn used(pool: &Pool, dir: std::os::fd::BorrowedFd<'_>, id: &str) -> Option<u64> {
-    if let Ok(Some(usage)) = pool.quota.usage(dir, id) {
-        return Some(usage.used_bytes);
-    }
-    let fd = fsops::open_child_dir(dir, id).ok()?;
-    fsops::usage(fd.as_fd()).ok().map(|(bytes, _)| bytes)
 }

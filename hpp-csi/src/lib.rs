@@ -27,7 +27,8 @@ pub mod inventory;
 pub mod metrics;
 pub mod server;
 
-// The layers below it, each using only those beneath: what a pool is, what a volume operation
+// The layers below it, each using only those beneath (one exception: a pool keeps its volume
+// journal's state, whose replay is a volume operation): what a pool is, what a volume operation
 // does, what serves RPCs. Public only with the `internals` feature (this crate's own tests and
 // benchmarks); not part of the semver promise.
 #[cfg(feature = "internals")]

@@ -21,7 +21,6 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::{Mutex, PoisonError};
 use std::time::SystemTime;
 
 use hpp_fs::MountTableCache;
@@ -33,7 +32,7 @@ use crate::ops::volumes;
 use crate::pool::Pool;
 use crate::pool::fsops::{self, Entry};
 
-pub use hpp_fs::trash::{EntryName, PurgeReason, PurgeReport, Settings as TrashSettings, TRASH_DIR, purge_interval};
+pub use hpp_fs::trash::{EntryName, PurgeReason, PurgeReport, TRASH_DIR, purge_interval};
 
 /// Extended attribute naming the claim (`namespace/name`) a volume was created for, recorded
 /// at creation in pools with a trash so a listing of the trash can say whose data an entry is.
@@ -61,35 +60,6 @@ pub struct TrashEntry {
     pub bytes: Option<u64>,
     /// When the retention ends (`None`: the pool has no retention; kept until purged by hand).
     pub purge_at: Option<SystemTime>,
-}
-
-/// Per-pool memory of the trash: the measured size of each entry (a walk each), so listings
-/// and the gauges do not walk the trash again.
-#[derive(Debug, Default)]
-pub struct TrashBook {
-    sizes: Mutex<HashMap<String, u64>>,
-}
-
-impl TrashBook {
-    fn size(&self, entry: &str) -> Option<u64> {
-        self.sizes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(entry)
-            .copied()
-    }
-
-    fn keep_only(&self, present: &[String]) {
-        let mut sizes = self.sizes.lock().unwrap_or_else(PoisonError::into_inner);
-        sizes.retain(|k, _| present.iter().any(|p| p == k));
-    }
-
-    fn note(&self, entry: &str, bytes: u64) {
-        self.sizes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(entry.to_owned(), bytes);
-    }
 }
 
 /// Totals of a pool's trash, for the gauges.
@@ -434,7 +404,7 @@ pub fn refresh_sizes(pool: &Pool) -> Result<TrashTotals> {
             Some(b) => Some(b),
             None if measured < MAX_MEASURES_PER_PASS => {
                 measured += 1;
-                let bytes = crate::inventory::used(pool, trash.as_fd(), name);
+                let bytes = crate::ops::volumes::used_bytes(pool, trash.as_fd(), name);
                 if let Some(b) = bytes {
                     book.note(name, b);
                 }

@@ -569,3 +569,13 @@ pub fn exists_in(dir: BorrowedFd<'_>, id: &str) -> Result<bool> {
         Entry::Dir { .. }
     ))
 }
+
+/// Bytes a volume (or trash entry) `id` of `dir` uses: the backend's own accounting when it
+/// keeps one, else a bounded walk.
+pub(crate) fn used_bytes(pool: &Pool, dir: std::os::fd::BorrowedFd<'_>, id: &str) -> Option<u64> {
+    if let Ok(Some(usage)) = pool.quota.usage(dir, id) {
+        return Some(usage.used_bytes);
+    }
+    let fd = fsops::open_child_dir(dir, id).ok()?;
+    fsops::usage(fd.as_fd()).ok().map(|(bytes, _)| bytes)
+}

@@ -10,7 +10,7 @@ pub mod inflight;
 pub mod lane;
 pub mod validate;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,8 @@ use crate::config::{ConfigError, PoolConfig};
 use crate::error::{Error, Result};
 
 use crate::mountinfo::MountTable;
-use crate::ops::trash::{TrashBook, TrashSettings};
+// The one reference upward: the pool keeps its volume journal's state (shared by every clone of
+// the pool), whose replay is a volume operation.
 use crate::ops::volume_journal::VolumeJournal;
 use crate::pool::lane::Lane;
 use crate::pool::validate::INTERNAL_PREFIX;
@@ -57,7 +58,7 @@ pub struct Pool {
     /// Share of the filesystem that may be promised to volume limits, in percent.
     pub overcommit_percent: u32,
     /// Deleted volumes go to the pool's trash for this long (`None`: removed at once).
-    pub trash: Option<TrashSettings>,
+    pub trash: Option<hpp_fs::trash::Settings>,
     /// Child names of `path` that belong to other pools or snapshot directories (KubeVirt's
     /// operator puts `snapshotPath` at `<pool>/snapshots`).
     reserved: BTreeSet<String>,
@@ -73,6 +74,35 @@ pub struct Pool {
     lane: Arc<Lane>,
     /// Measured sizes of the trash's entries (shared by every clone).
     trash_book: Arc<TrashBook>,
+}
+
+/// Per-pool memory of the trash: the measured size of each entry (a walk each), so listings
+/// and the gauges do not walk the trash again.
+#[derive(Debug, Default)]
+pub struct TrashBook {
+    sizes: Mutex<HashMap<String, u64>>,
+}
+
+impl TrashBook {
+    pub(crate) fn size(&self, entry: &str) -> Option<u64> {
+        self.sizes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(entry)
+            .copied()
+    }
+
+    pub(crate) fn keep_only(&self, present: &[String]) {
+        let mut sizes = self.sizes.lock().unwrap_or_else(PoisonError::into_inner);
+        sizes.retain(|k, _| present.iter().any(|p| p == k));
+    }
+
+    pub(crate) fn note(&self, entry: &str, bytes: u64) {
+        self.sizes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(entry.to_owned(), bytes);
+    }
 }
 
 /// Shared syncs of one directory: its entries (`fsync` of the directory) and the data written
@@ -155,7 +185,7 @@ impl Pool {
             quota_mode: cfg.quota,
             quota,
             overcommit_percent: cfg.overcommit_percent,
-            trash: cfg.trash_retention.map(|retention| TrashSettings {
+            trash: cfg.trash_retention.map(|retention| hpp_fs::trash::Settings {
                 retention,
                 min_free_percent: cfg
                     .trash_min_free_percent
