@@ -29,10 +29,11 @@ const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/n
 /// Arguments of `run`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Address of the plain-HTTP admin server (/livez, /readyz, /metrics). Loopback by default;
-    /// the Deployment sets `0.0.0.0:6060` because the kubelet's httpGet probes reach the pod IP
-    /// (the NetworkPolicy in deploy/networkpolicy.yaml admits no one else to it).
-    #[arg(long, env = "HPP_ADMIN_ADDR", default_value = "127.0.0.1:6060")]
+    /// Address of the plain-HTTP admin server (/livez, /readyz, /metrics). All interfaces by
+    /// default, as KubeVirt's operator (controller-runtime's `:6060`): the kubelet's httpGet
+    /// probes in KubeVirt's Deployment reach the pod IP on port 6060 (deploy/networkpolicy.yaml
+    /// admits no one but the node to it).
+    #[arg(long, env = "HPP_ADMIN_ADDR", default_value = "0.0.0.0:6060")]
     pub admin_addr: SocketAddr,
     /// The HTTPS metrics listener.
     #[command(flatten)]
@@ -403,6 +404,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// With no flags at all (KubeVirt's Deployment runs `hostpath-provisioner-operator` bare),
+    /// the probes' port 6060 and the metrics port 8443 listen on every interface, as KubeVirt's
+    /// operator does, and the webhook is served on 9443 from KubeVirt's certificate directory.
+    #[test]
+    fn bare_command_line_listens_where_kubevirts_deployment_looks() {
+        use clap::Parser;
+        let args = crate::operator::Args::parse_from(["hostpath-provisioner-operator"]);
+        assert!(args.command.is_none());
+        assert_eq!(args.run.admin_addr, "0.0.0.0:6060".parse().unwrap());
+        assert_eq!(args.run.metrics.addr, "0.0.0.0:8443".parse().unwrap());
+        assert_eq!(args.run.webhook.listen, "0.0.0.0:9443".parse().unwrap());
+        assert_eq!(
+            args.run.webhook.cert_dir,
+            std::path::Path::new("/tmp/k8s-webhook-server/serving-certs")
+        );
+        assert!(!args.run.disable_webhook && !args.run.no_leader_election);
     }
 
     #[test]
