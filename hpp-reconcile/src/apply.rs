@@ -60,6 +60,59 @@ pub fn left_behind_warning(regarding: ObjectReference) -> ObjectWarning {
     }
 }
 
+/// Whether a 403 on applying an object of this kind that already exists keeps the live object
+/// instead of failing: only RBAC objects. The API server lets a subject grant only permissions
+/// it holds itself, and KubeVirt's operator ClusterRole and Role (which an image-only swap keeps)
+/// lack a few that hpp's roles grant (the csi-resizer's `persistentvolumeclaims/status`,
+/// `volumeattributesclasses`, `leases` patch, `events.k8s.io`). The role KubeVirt's operator
+/// made still serves everything KubeVirt's driver and sidecars did; failing the pass would stop
+/// the whole swap (nothing after the RBAC step would be applied). A role that does not exist yet
+/// is still an error: nothing would grant the sidecars anything.
+pub fn may_stay_when_apply_is_forbidden(kind: &Kind) -> bool {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    [
+        Kind::of::<ClusterRole>(),
+        Kind::of::<Role>(),
+        Kind::of::<ClusterRoleBinding>(),
+        Kind::of::<RoleBinding>(),
+    ]
+    .contains(kind)
+}
+
+/// Warning Event reason: RBAC forbids the operator to update an existing object (a role granting
+/// permissions the operator does not hold), so it keeps its current form.
+pub const REASON_APPLY_FORBIDDEN: &str = "ApplyForbidden";
+
+/// The warning about an existing object the operator may not update.
+pub fn kept_stale_warning(regarding: ObjectReference, answer: &str) -> ObjectWarning {
+    let what = format!(
+        "{} {}",
+        regarding.kind.as_deref().unwrap_or_default(),
+        regarding.name.as_deref().unwrap_or_default()
+    );
+    ObjectWarning {
+        message: format!(
+            "{what} keeps its current rules: the operator's RBAC does not allow it to write hpp's ({answer}). \
+             This is expected after swapping KubeVirt's operator image for hpp's, which keeps KubeVirt's operator \
+             RBAC: what KubeVirt's driver did still works, what needs the missing permissions (volume expansion \
+             and modification by csi-resizer) fails until you apply hpp's: kubectl apply -f deploy/operator/rbac.yaml"
+        ),
+        reason: REASON_APPLY_FORBIDDEN.into(),
+        regarding,
+    }
+}
+
+/// An Event's reference to an object of `kind`.
+fn reference(kind: &Kind, namespace: Option<&str>, name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(kind.api_version()),
+        kind: Some(kind.kind.clone()),
+        namespace: namespace.filter(|_| kind.namespaced).map(str::to_owned),
+        name: Some(name.to_owned()),
+        ..Default::default()
+    }
+}
+
 /// Writes desired objects to the cluster. Cheap to clone (clones share the watch caches and
 /// the record of objects left behind).
 #[derive(Clone)]
@@ -67,6 +120,7 @@ pub struct Applier {
     client: Client,
     cache: Cache,
     left_behind: Arc<Mutex<Vec<ObjectReference>>>,
+    kept_stale: Arc<Mutex<Vec<ObjectWarning>>>,
 }
 
 impl Applier {
@@ -76,6 +130,7 @@ impl Applier {
             client,
             cache: Cache::new(),
             left_behind: Arc::default(),
+            kept_stale: Arc::default(),
         }
     }
 
@@ -164,9 +219,22 @@ impl Applier {
             (ApplyStrategy::ServerSideApply, live) => {
                 info!(object = %key, adopt = live.is_some(), "applying");
                 let pp = PatchParams::apply(field_manager).force();
-                api.patch(&key.name, &pp, &Patch::Apply(&stamped))
-                    .await
-                    .map_err(|e| Error::kube("apply", key.to_string(), e))
+                match (api.patch(&key.name, &pp, &Patch::Apply(&stamped)).await, live) {
+                    (Ok(applied), _) => Ok(applied),
+                    (Err(kube::Error::Api(s)), Some(live))
+                        if s.code == 403 && may_stay_when_apply_is_forbidden(&desired.kind) =>
+                    {
+                        warn!(object = %key, "updating is forbidden by the operator's RBAC; keeping the live object ({})", s.message);
+                        if let Ok(mut kept) = self.kept_stale.lock() {
+                            kept.push(kept_stale_warning(
+                                reference(&desired.kind, key.namespace.as_deref(), &key.name),
+                                &s.message,
+                            ));
+                        }
+                        Ok(live)
+                    }
+                    (Err(e), _) => Err(Error::kube("apply", key.to_string(), e)),
+                }
             }
         }
     }
@@ -200,13 +268,7 @@ impl Applier {
                     s.message
                 );
                 if let Ok(mut left) = self.left_behind.lock() {
-                    left.push(ObjectReference {
-                        api_version: Some(kind.api_version()),
-                        kind: Some(kind.kind.clone()),
-                        namespace: namespace.filter(|_| kind.namespaced).map(str::to_owned),
-                        name: Some(name.to_owned()),
-                        ..Default::default()
-                    });
+                    left.push(reference(kind, namespace, name));
                 }
                 Ok(Deleted::LeftForbidden)
             }
@@ -220,6 +282,15 @@ impl Applier {
         self.left_behind
             .lock()
             .map(|mut l| std::mem::take(&mut *l))
+            .unwrap_or_default()
+    }
+
+    /// Warnings about existing objects [`apply`](Self::apply) kept as they are because RBAC
+    /// forbids updating them, since the last call.
+    pub fn take_kept_stale(&self) -> Vec<ObjectWarning> {
+        self.kept_stale
+            .lock()
+            .map(|mut k| std::mem::take(&mut *k))
             .unwrap_or_default()
     }
 

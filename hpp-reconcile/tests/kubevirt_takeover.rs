@@ -181,3 +181,68 @@ async fn a_404_for_a_cr_that_is_gone_is_an_error_not_a_switch() {
         assert!(!path.via_main(), "subresource {subresource}: {err}");
     }
 }
+
+/// The API server's refusal when a subject grants permissions it does not hold itself, as it
+/// answers hpp's operator running with KubeVirt's operator ClusterRole (no
+/// `persistentvolumeclaims/status`, no `volumeattributesclasses`) and Role (no `leases` patch).
+fn forbid_granting(env: &Env, resource: &str) {
+    env.fake.fail_requests(
+        hpp_reconcile::testkit::FailureRule::new(403)
+            .method(http::Method::PATCH)
+            .path_contains(format!("/{resource}/hostpath-provisioner-admin-csi")),
+    );
+}
+
+/// An image-only swap keeps KubeVirt's operator RBAC, which may not grant everything hpp's CSI
+/// roles list: the roles KubeVirt's operator made are kept (a Warning Event on each says why and
+/// how to grant the rest), and the pass goes on to roll the DaemonSet out and report Available.
+#[tokio::test]
+async fn roles_the_operator_may_not_update_are_kept_and_the_swap_goes_on() {
+    use hpp_reconcile::apply::REASON_APPLY_FORBIDDEN;
+    let env = kubevirt_cluster();
+    // KubeVirt's operator created the CSI roles.
+    for (kind, namespace) in [("ClusterRole", None), ("Role", Some(NS))] {
+        let mut role = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
+            "metadata": { "name": "hostpath-provisioner-admin-csi",
+                          "labels": { "k8s-app": "hostpath-provisioner" } },
+            "rules": [{ "apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get"] }],
+        });
+        if let Some(ns) = namespace {
+            role["metadata"]["namespace"] = json!(ns);
+        }
+        let ar = kube::core::ApiResource {
+            group: "rbac.authorization.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "rbac.authorization.k8s.io/v1".into(),
+            kind: kind.into(),
+            plural: format!("{}s", kind.to_lowercase()),
+        };
+        env.fake.seed_dynamic(&ar, role);
+    }
+    forbid_granting(&env, "clusterroles");
+    forbid_granting(&env, "roles");
+    env.pass().await.unwrap();
+    env.daemonset_ready("hostpath-provisioner-csi", 1);
+    // Every pass asks again (the refusal is a 403 each time, logged), so there is no pass
+    // without a write to wait for: a few passes.
+    for _ in 0..4 {
+        env.pass().await.unwrap();
+    }
+    assert_eq!(env.condition("Available").0, "True");
+    let warned = events(&env, REASON_APPLY_FORBIDDEN);
+    assert_eq!(warned.len(), 2, "one per role, once: {warned:?}");
+    assert!(
+        warned
+            .iter()
+            .all(|(ty, note)| ty == "Warning" && note.contains("kubectl apply -f deploy/operator/rbac.yaml"))
+    );
+    // Without a role to keep, a refusal is still an error: the sidecars would have no rights.
+    let fresh = Env::new("hostpathprovisioner_cr", &["node01"]);
+    forbid_granting(&fresh, "clusterroles");
+    let mut failed = false;
+    for _ in 0..3 {
+        failed |= fresh.pass().await.is_err();
+    }
+    assert!(failed, "creating a role the operator may not grant fails the pass");
+}

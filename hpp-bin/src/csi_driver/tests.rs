@@ -467,11 +467,22 @@ fn only_kubevirts_legacy_daemonset_start_runs_the_legacy_provisioner() {
         move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| OsString::from(v))
     };
     let bare = [OsString::from("/usr/bin/hpp-csi-driver")];
-    let legacy: &[(&str, &str)] = &[("USE_NAMING_PREFIX", "false"), ("NODE_NAME", "n1"), ("PV_DIR", "/var/hpvolumes")];
+    let legacy: &[(&str, &str)] = &[
+        ("USE_NAMING_PREFIX", "false"),
+        ("NODE_NAME", "n1"),
+        ("PV_DIR", "/var/hpvolumes"),
+    ];
     assert!(is_kubevirt_legacy_start(&bare, env(legacy)));
     // KubeVirt's CSI DaemonSet: arguments, and CSI_ENDPOINT and PV_DIR in the environment.
-    let csi: &[(&str, &str)] = &[("CSI_ENDPOINT", "unix:///csi/csi.sock"), ("PV_DIR", "[]"), ("NODE_NAME", "n1")];
-    let with_args = [OsString::from("hpp-csi-driver"), OsString::from("--endpoint=$(CSI_ENDPOINT)")];
+    let csi: &[(&str, &str)] = &[
+        ("CSI_ENDPOINT", "unix:///csi/csi.sock"),
+        ("PV_DIR", "[]"),
+        ("NODE_NAME", "n1"),
+    ];
+    let with_args = [
+        OsString::from("hpp-csi-driver"),
+        OsString::from("--endpoint=$(CSI_ENDPOINT)"),
+    ];
     assert!(!is_kubevirt_legacy_start(&with_args, env(csi)));
     assert!(!is_kubevirt_legacy_start(&bare, env(csi)));
     // Arguments always mean the driver, whatever the environment.

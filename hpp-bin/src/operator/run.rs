@@ -452,7 +452,11 @@ mod tests {
     #[test]
     fn only_lease_calls_are_retried() {
         let lease = LeaderError::Stopped { lease: "ns/x".into() };
-        assert_eq!(election_retry(&lease, None), None, "a stopped election is not a call failure");
+        assert_eq!(
+            election_retry(&lease, None),
+            None,
+            "a stopped election is not a call failure"
+        );
         let timing = LeaderError::InvalidTiming {
             lease: "ns/x".into(),
             duration_seconds: 1,
