@@ -1053,7 +1053,7 @@ fn kubevirts_operator_deployment_runs_the_hpp_operator_image() {
 
     // A standby that says why, still running, and still ready.
     let text = logs(&container);
-    assert!(text.contains("cannot contend for the leader lease"), "{text}");
+    assert!(text.contains("cannot read or write the leader Lease"), "{text}");
     assert!(!text.contains("acquired leadership"), "{text}");
     let out = output(podman().args(["inspect", "--format", "{{.State.Running}}", &container]));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "true", "{text}");

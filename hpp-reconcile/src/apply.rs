@@ -102,6 +102,24 @@ pub fn kept_stale_warning(regarding: ObjectReference, answer: &str) -> ObjectWar
     }
 }
 
+/// `patch` merged onto `target` as a JSON merge patch without deletions (RFC 7386): objects merge
+/// key by key, anything else (lists included) is replaced by the patch's value.
+pub fn merge_onto(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (target, patch) {
+        (serde_json::Value::Object(t), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                match t.get_mut(k) {
+                    Some(existing) if existing.is_object() && v.is_object() => merge_onto(existing, v),
+                    _ => {
+                        t.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
 /// An Event's reference to an object of `kind`.
 fn reference(kind: &Kind, namespace: Option<&str>, name: &str) -> ObjectReference {
     ObjectReference {
@@ -219,11 +237,23 @@ impl Applier {
             (ApplyStrategy::ServerSideApply, live) => {
                 info!(object = %key, adopt = live.is_some(), "applying");
                 let pp = PatchParams::apply(field_manager).force();
-                match (api.patch(&key.name, &pp, &Patch::Apply(&stamped)).await, live) {
-                    (Ok(applied), _) => Ok(applied),
-                    (Err(kube::Error::Api(s)), Some(live))
-                        if s.code == 403 && may_stay_when_apply_is_forbidden(&desired.kind) =>
-                    {
+                let refused = match api.patch(&key.name, &pp, &Patch::Apply(&stamped)).await {
+                    Ok(applied) => return Ok(applied),
+                    Err(kube::Error::Api(s)) if s.code == 403 => s,
+                    Err(e) => return Err(Error::kube("apply", key.to_string(), e)),
+                };
+                // KubeVirt's operator RBAC (kept by an image-only swap) grants create and
+                // update, not patch: write the way KubeVirt's operator does.
+                debug!(object = %key, answer = %refused.message, "server-side apply forbidden; creating or updating instead");
+                match self
+                    .create_or_update(&api, field_manager, &stamped, live.as_ref())
+                    .await
+                {
+                    Ok(written) => Ok(written),
+                    Err(kube::Error::Api(s)) if s.code == 403 && may_stay_when_apply_is_forbidden(&desired.kind) => {
+                        let Some(live) = live else {
+                            return Err(Error::kube("apply, then create", key.to_string(), kube::Error::Api(s)));
+                        };
                         warn!(object = %key, "updating is forbidden by the operator's RBAC; keeping the live object ({})", s.message);
                         if let Ok(mut kept) = self.kept_stale.lock() {
                             kept.push(kept_stale_warning(
@@ -233,10 +263,47 @@ impl Applier {
                         }
                         Ok(live)
                     }
-                    (Err(e), _) => Err(Error::kube("apply", key.to_string(), e)),
+                    Err(e) => Err(Error::kube(
+                        if live.is_some() {
+                            "apply, then update"
+                        } else {
+                            "apply, then create"
+                        },
+                        key.to_string(),
+                        e,
+                    )),
                 }
             }
         }
+    }
+
+    /// Writes `stamped` without PATCH: creates it when there is no live object, else replaces
+    /// the live object with `stamped` merged onto it (desired fields win, fields others set are
+    /// kept; the live `resourceVersion` makes a concurrent change a 409).
+    async fn create_or_update(
+        &self,
+        api: &Api<DynamicObject>,
+        field_manager: &str,
+        stamped: &serde_json::Value,
+        live: Option<&DynamicObject>,
+    ) -> std::result::Result<DynamicObject, kube::Error> {
+        let pp = PostParams {
+            field_manager: Some(field_manager.to_owned()),
+            ..Default::default()
+        };
+        let Some(live) = live else {
+            let obj: DynamicObject = serde_json::from_value(stamped.clone()).map_err(kube::Error::SerdeError)?;
+            return api.create(&pp, &obj).await;
+        };
+        let mut merged = serde_json::to_value(live).map_err(kube::Error::SerdeError)?;
+        merge_onto(&mut merged, stamped);
+        if let Some(meta) = merged.get_mut("metadata").and_then(serde_json::Value::as_object_mut) {
+            // Left out, the server keeps tracking field owners as before.
+            meta.remove("managedFields");
+        }
+        let name = live.metadata.name.clone().unwrap_or_default();
+        let obj: DynamicObject = serde_json::from_value(merged).map_err(kube::Error::SerdeError)?;
+        api.replace(&name, &pp, &obj).await
     }
 
     /// Applies objects in order, stopping at the first failure.
@@ -327,5 +394,35 @@ impl Applier {
             .await
             .map_err(|e| Error::kube("list", format!("{}/{}", kind.group, kind.plural), e))?;
         Ok(list.items)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_onto;
+    use serde_json::json;
+
+    #[test]
+    fn desired_fields_win_others_stay_and_lists_are_replaced() {
+        let mut live = json!({
+            "metadata": { "labels": { "k8s-app": "hostpath-provisioner", "extra": "kept" }, "resourceVersion": "7" },
+            "spec": { "template": { "spec": { "containers": [{ "name": "a", "image": "old" }, { "name": "b" }] } } },
+            "status": { "numberReady": 2 },
+        });
+        merge_onto(
+            &mut live,
+            &json!({
+                "metadata": { "labels": { "k8s-app": "hostpath-provisioner", "new": "x" } },
+                "spec": { "template": { "spec": { "containers": [{ "name": "a", "image": "new" }] } } },
+            }),
+        );
+        assert_eq!(
+            live,
+            json!({
+                "metadata": { "labels": { "k8s-app": "hostpath-provisioner", "extra": "kept", "new": "x" }, "resourceVersion": "7" },
+                "spec": { "template": { "spec": { "containers": [{ "name": "a", "image": "new" }] } } },
+                "status": { "numberReady": 2 },
+            })
+        );
     }
 }

@@ -186,10 +186,18 @@ async fn a_404_for_a_cr_that_is_gone_is_an_error_not_a_switch() {
 /// answers hpp's operator running with KubeVirt's operator ClusterRole (no
 /// `persistentvolumeclaims/status`, no `volumeattributesclasses`) and Role (no `leases` patch).
 fn forbid_granting(env: &Env, resource: &str) {
+    // Applied (PATCH), updated (PUT) or created (POST): the escalation check refuses them all.
+    for method in [http::Method::PATCH, http::Method::PUT] {
+        env.fake.fail_requests(
+            hpp_reconcile::testkit::FailureRule::new(403)
+                .method(method)
+                .path_contains(format!("/{resource}/hostpath-provisioner-admin-csi")),
+        );
+    }
     env.fake.fail_requests(
         hpp_reconcile::testkit::FailureRule::new(403)
-            .method(http::Method::PATCH)
-            .path_contains(format!("/{resource}/hostpath-provisioner-admin-csi")),
+            .method(http::Method::POST)
+            .path_contains(format!("/{resource}")),
     );
 }
 
@@ -245,4 +253,86 @@ async fn roles_the_operator_may_not_update_are_kept_and_the_swap_goes_on() {
         failed |= fresh.pass().await.is_err();
     }
     assert!(failed, "creating a role the operator may not grant fails the pass");
+}
+
+/// KubeVirt's operator RBAC, which an image-only swap keeps, grants create and update on what
+/// the operator owns, but not patch: refuse every PATCH except on the CR (its `*` rule) and
+/// core Events.
+fn kubevirts_rbac_refuses_patch(env: &Env) {
+    for kind in [
+        "daemonsets",
+        "deployments",
+        "serviceaccounts",
+        "services",
+        "clusterroles",
+        "clusterrolebindings",
+        "roles",
+        "rolebindings",
+        "csidrivers",
+        "storageclasses",
+        "leases",
+        "jobs",
+        "persistentvolumeclaims",
+    ] {
+        env.fake.fail_requests(
+            hpp_reconcile::testkit::FailureRule::new(403)
+                .method(http::Method::PATCH)
+                .path_contains(format!("/{kind}/")),
+        );
+    }
+}
+
+/// Under KubeVirt's RBAC every owned object is written the way KubeVirt's operator writes it
+/// (create, update), the swap reaches Available, and drift is still repaired, keeping what
+/// others added.
+#[tokio::test]
+async fn without_patch_permission_objects_are_created_and_updated() {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    let env = kubevirt_cluster();
+    kubevirts_rbac_refuses_patch(&env);
+    env.pass().await.unwrap();
+    env.daemonset_ready("hostpath-provisioner-csi", 1);
+    env.converge().await;
+    assert_eq!(env.condition("Available").0, "True");
+    let ds = env.fake.get::<DaemonSet>(Some(NS), "hostpath-provisioner-csi").unwrap();
+    let image = |ds: &DaemonSet| {
+        ds.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0]
+            .image
+            .clone()
+    };
+    let rendered = image(&ds);
+    // Someone changes the driver image and adds a label: the image is put back, the label stays.
+    let mut drifted = ds.clone();
+    drifted
+        .spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
+        .containers[0]
+        .image = Some("quay.io/x:1".into());
+    drifted
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("example.com/team".into(), "storage".into());
+    env.fake.seed(&drifted);
+    env.pass().await.unwrap();
+    let repaired = env.fake.get::<DaemonSet>(Some(NS), "hostpath-provisioner-csi").unwrap();
+    assert_eq!(image(&repaired), rendered);
+    assert_eq!(
+        repaired
+            .metadata
+            .labels
+            .unwrap()
+            .get("example.com/team")
+            .map(String::as_str),
+        Some("storage")
+    );
+    let put = env.fake.requests().iter().any(|r| {
+        r.method == http::Method::PUT && r.path.ends_with("/daemonsets/hostpath-provisioner-csi") && r.status == 200
+    });
+    assert!(put, "repaired with an update");
 }

@@ -5,13 +5,12 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use axum::Router;
 use axum::routing::get;
 use futures::FutureExt;
-use hpp_reconcile::leader::{Election, LeaderError, LeaseSettings};
+use hpp_reconcile::leader::Election;
 use hpp_reconcile::metrics::Metrics;
 use hpp_reconcile::operator::Context;
 use hpp_reconcile::{OperatorConfig, Pipeline};
@@ -125,57 +124,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     run_with_client(args, client, admin::shutdown_signal(), None).await
 }
 
-/// First pause before contending for the lease again after the API server could not be asked.
-const ELECTION_FIRST_RETRY: Duration = Duration::from_secs(1);
-/// Longest pause between those attempts.
-const ELECTION_MAX_RETRY: Duration = Duration::from_secs(30);
-
-/// The pause after `previous` (doubling, capped), for a failure that is worth retrying: the API
-/// server did not answer or refused the Lease call. Bad lease timing is a configuration error
-/// (`None`: fail).
-pub fn election_retry(error: &LeaderError, previous: Option<Duration>) -> Option<Duration> {
-    match error {
-        LeaderError::Lease { .. } => Some(
-            previous
-                .map_or(ELECTION_FIRST_RETRY, |p| p.saturating_mul(2))
-                .min(ELECTION_MAX_RETRY),
-        ),
-        _ => None,
-    }
-}
-
-/// Contends for the lease, asking again (each failure logged) while the API server cannot be
-/// reached: the replica stays live and ready meanwhile, as KubeVirt's operator does while
-/// controller-runtime's election retries. `None` when `shutdown` came first.
-async fn start_election(
-    client: &kube::Client,
-    settings: LeaseSettings,
-    shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<Option<Election>> {
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut pause = None;
-    loop {
-        let attempt = tokio::select! {
-            r = Election::start(client.clone(), settings.clone()) => r,
-            () = &mut shutdown => return Ok(None),
-        };
-        let error = match attempt {
-            Ok(election) => return Ok(Some(election)),
-            Err(e) => e,
-        };
-        let Some(next) = election_retry(&error, pause) else {
-            return Err(error.into());
-        };
-        warn!(error = %error, retry_seconds = next.as_secs(),
-            "cannot contend for the leader lease (API server unreachable or refusing); this replica stays live and ready as a standby and asks again");
-        pause = Some(next);
-        tokio::select! {
-            () = tokio::time::sleep(next) => {}
-            () = &mut shutdown => return Ok(None),
-        }
-    }
-}
-
 /// [`run`] with a client, until `shutdown` resolves or leadership is lost. `admin_bound`
 /// receives the admin server's address once it listens (tests bind port 0).
 pub async fn run_with_client(
@@ -250,10 +198,10 @@ pub async fn run_with_client(
             .clone()
             .or_else(|| std::env::var("HOSTNAME").ok())
             .unwrap_or_else(|| format!("hpp-operator-{}", std::process::id()));
-        let settings = leader::settings(&config.namespace, &identity);
-        let Some(mut election) = start_election(&client, settings, shutdown.clone()).await? else {
-            return Ok(());
-        };
+        // Contends in the background; while the API server cannot be reached each failure is
+        // logged and retried, and this replica stays live and ready as a standby meanwhile, as
+        // KubeVirt's operator does while controller-runtime's election retries.
+        let mut election = Election::start(client.clone(), leader::settings(&config.namespace, &identity)).await?;
         tokio::select! {
             r = election.acquired() => r?,
             () = shutdown.clone() => return Ok(()),
@@ -447,22 +395,6 @@ mod tests {
         live_and_ready(addr).await;
         let _ = stop.send(());
         task.await.unwrap().unwrap();
-    }
-
-    #[test]
-    fn only_lease_calls_are_retried() {
-        let lease = LeaderError::Stopped { lease: "ns/x".into() };
-        assert_eq!(
-            election_retry(&lease, None),
-            None,
-            "a stopped election is not a call failure"
-        );
-        let timing = LeaderError::InvalidTiming {
-            lease: "ns/x".into(),
-            duration_seconds: 1,
-            grace_seconds: 5,
-        };
-        assert_eq!(election_retry(&timing, None), None);
     }
 
     #[tokio::test]
