@@ -568,8 +568,12 @@ fn kubevirts_mounter_and_cleanup_commands_mount_and_unmount_a_pool() {
     rustix::mount::mount_change(&host, rustix::mount::MountPropagationFlags::SHARED).unwrap();
     let target = host.join("var/hpvolumes/csi");
     cleanup_guard.mounts.push(target.clone());
+    let user = mounter[0]["securityContext"]["runAsUser"].as_u64().unwrap();
+    assert_eq!(mounter[0]["securityContext"]["privileged"], true);
     let volumes = |cmd: &mut Command| {
         cmd.arg("--privileged")
+            .arg("--user")
+            .arg(user.to_string())
             .arg("-v")
             .arg(format!("{}:/source", source.display()))
             .arg("-v")
