@@ -5,7 +5,10 @@
 //!   the image entrypoint serves containers without a `command`, and the mounter's tools run;
 //! - the CSI driver image serves a bind-mounted pool over a socket, answering Probe, CreateVolume
 //!   and NodePublishVolume from the host side through this build's `hpp-csi-driver call`;
-//! - the operator image renders the example CRs exactly as the host build does.
+//! - the operator image renders the example CRs exactly as the host build does;
+//! - KubeVirt's operator Deployment, CSI and legacy DaemonSet containers and mounter commands,
+//!   with only the image changed, run against the hpp images as the kubelet would run them
+//!   (fixtures in tests/fixtures/kubevirt/).
 //!
 //! Skipped, with a message, unless `HPP_TEST_OPERATOR_IMAGE` and `HPP_TEST_CSI_DRIVER_IMAGE`
 //! name the images and podman is installed.
@@ -668,7 +671,7 @@ fn body_of(response: &str) -> String {
             break;
         }
         out.push_str(&after[..n]);
-        rest = &after[n..].trim_start_matches("\r\n");
+        rest = after[n..].trim_start_matches("\r\n");
     }
     out
 }
