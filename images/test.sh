@@ -2,7 +2,9 @@
 # Tests the stock images images/build.sh built (hpp-bin/tests/images.rs): --version of every
 # binary and the OCI labels; every command deploy/ and the operator's rendered pods run exists in
 # its image; the CSI driver image serves a bind-mounted pool to the host's `hpp-csi-driver call`;
-# the operator image renders the example CRs as the host build does.
+# the operator image renders the example CRs as the host build does; and KubeVirt's operator
+# Deployment, its CSI and legacy DaemonSet containers and its mounter commands, with only the
+# image changed (hpp-bin/tests/fixtures/kubevirt/), run as the kubelet would run them.
 #
 #   images/test.sh [--registry REG] [--tag TAG]     (same defaults as images/build.sh)
 #

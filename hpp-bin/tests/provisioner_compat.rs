@@ -75,3 +75,31 @@ fn single_node_incubator_deployment_env() {
     assert!(out.contains("mode=single-node"), "{out}");
     assert!(out.contains("name=hostpath") && out.contains("identity=box"), "{out}");
 }
+
+/// KubeVirt's operator renders its legacy DaemonSet with `PROVISIONER_IMAGE`, no `command`, no
+/// `args` and this environment (daemonset.go of kubevirt/hostpath-provisioner-operator); in
+/// hpp's images that image is hpp-csi-driver's, whose entrypoint is the driver. Started that
+/// way, the driver hands over to the legacy provisioner next to it (which here, without a
+/// cluster, stops at its in-cluster configuration) instead of serving CSI.
+#[test]
+fn csi_driver_started_as_kubevirts_legacy_daemonset_runs_the_legacy_provisioner() {
+    let pv_dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hpp-csi-driver"))
+        .env_clear()
+        .env("USE_NAMING_PREFIX", "false")
+        .env("NODE_NAME", "node-1")
+        .env("PV_DIR", pv_dir.path())
+        .env("INSTALLER_PART_OF_LABEL", "")
+        .env("INSTALLER_VERSION_LABEL", "")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "no cluster here: {stderr}");
+    let provisioner = std::path::Path::new(env!("CARGO_BIN_EXE_hpp-csi-driver")).with_file_name("hpp-provisioner");
+    assert!(
+        stderr.contains(&format!("running {}", provisioner.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("in-cluster Kubernetes configuration"), "{stderr}");
+    assert!(!stderr.contains("serving CSI"), "{stderr}");
+}

@@ -60,6 +60,77 @@ pub fn left_behind_warning(regarding: ObjectReference) -> ObjectWarning {
     }
 }
 
+/// Whether a 403 on applying an object of this kind that already exists keeps the live object
+/// instead of failing: only RBAC objects. The API server lets a subject grant only permissions
+/// it holds itself, and KubeVirt's operator ClusterRole and Role (which an image-only swap keeps)
+/// lack a few that hpp's roles grant (the csi-resizer's `persistentvolumeclaims/status`,
+/// `volumeattributesclasses`, `leases` patch, `events.k8s.io`). The role KubeVirt's operator
+/// made still serves everything KubeVirt's driver and sidecars did; failing the pass would stop
+/// the whole swap (nothing after the RBAC step would be applied). A role that does not exist yet
+/// is still an error: nothing would grant the sidecars anything.
+pub fn may_stay_when_apply_is_forbidden(kind: &Kind) -> bool {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    [
+        Kind::of::<ClusterRole>(),
+        Kind::of::<Role>(),
+        Kind::of::<ClusterRoleBinding>(),
+        Kind::of::<RoleBinding>(),
+    ]
+    .contains(kind)
+}
+
+/// Warning Event reason: RBAC forbids the operator to update an existing object (a role granting
+/// permissions the operator does not hold), so it keeps its current form.
+pub const REASON_APPLY_FORBIDDEN: &str = "ApplyForbidden";
+
+/// The warning about an existing object the operator may not update.
+pub fn kept_stale_warning(regarding: ObjectReference, answer: &str) -> ObjectWarning {
+    let what = format!(
+        "{} {}",
+        regarding.kind.as_deref().unwrap_or_default(),
+        regarding.name.as_deref().unwrap_or_default()
+    );
+    ObjectWarning {
+        message: format!(
+            "{what} keeps its current rules: the operator's RBAC does not allow it to write hpp's ({answer}). \
+             This is expected after swapping KubeVirt's operator image for hpp's, which keeps KubeVirt's operator \
+             RBAC: what KubeVirt's driver did still works, what needs the missing permissions (volume expansion \
+             and modification by csi-resizer) fails until you apply hpp's: kubectl apply -f deploy/operator/rbac.yaml"
+        ),
+        reason: REASON_APPLY_FORBIDDEN.into(),
+        regarding,
+    }
+}
+
+/// `patch` merged onto `target` as a JSON merge patch without deletions (RFC 7386): objects merge
+/// key by key, anything else (lists included) is replaced by the patch's value.
+pub fn merge_onto(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (target, patch) {
+        (serde_json::Value::Object(t), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                match t.get_mut(k) {
+                    Some(existing) if existing.is_object() && v.is_object() => merge_onto(existing, v),
+                    _ => {
+                        t.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+/// An Event's reference to an object of `kind`.
+fn reference(kind: &Kind, namespace: Option<&str>, name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(kind.api_version()),
+        kind: Some(kind.kind.clone()),
+        namespace: namespace.filter(|_| kind.namespaced).map(str::to_owned),
+        name: Some(name.to_owned()),
+        ..Default::default()
+    }
+}
+
 /// Writes desired objects to the cluster. Cheap to clone (clones share the watch caches and
 /// the record of objects left behind).
 #[derive(Clone)]
@@ -67,6 +138,7 @@ pub struct Applier {
     client: Client,
     cache: Cache,
     left_behind: Arc<Mutex<Vec<ObjectReference>>>,
+    kept_stale: Arc<Mutex<Vec<ObjectWarning>>>,
 }
 
 impl Applier {
@@ -76,6 +148,7 @@ impl Applier {
             client,
             cache: Cache::new(),
             left_behind: Arc::default(),
+            kept_stale: Arc::default(),
         }
     }
 
@@ -164,11 +237,73 @@ impl Applier {
             (ApplyStrategy::ServerSideApply, live) => {
                 info!(object = %key, adopt = live.is_some(), "applying");
                 let pp = PatchParams::apply(field_manager).force();
-                api.patch(&key.name, &pp, &Patch::Apply(&stamped))
+                let refused = match api.patch(&key.name, &pp, &Patch::Apply(&stamped)).await {
+                    Ok(applied) => return Ok(applied),
+                    Err(kube::Error::Api(s)) if s.code == 403 => s,
+                    Err(e) => return Err(Error::kube("apply", key.to_string(), e)),
+                };
+                // KubeVirt's operator RBAC (kept by an image-only swap) grants create and
+                // update, not patch: write the way KubeVirt's operator does.
+                debug!(object = %key, answer = %refused.message, "server-side apply forbidden; creating or updating instead");
+                match self
+                    .create_or_update(&api, field_manager, &stamped, live.as_ref())
                     .await
-                    .map_err(|e| Error::kube("apply", key.to_string(), e))
+                {
+                    Ok(written) => Ok(written),
+                    Err(kube::Error::Api(s)) if s.code == 403 && may_stay_when_apply_is_forbidden(&desired.kind) => {
+                        let Some(live) = live else {
+                            return Err(Error::kube("apply, then create", key.to_string(), kube::Error::Api(s)));
+                        };
+                        warn!(object = %key, "updating is forbidden by the operator's RBAC; keeping the live object ({})", s.message);
+                        if let Ok(mut kept) = self.kept_stale.lock() {
+                            kept.push(kept_stale_warning(
+                                reference(&desired.kind, key.namespace.as_deref(), &key.name),
+                                &s.message,
+                            ));
+                        }
+                        Ok(live)
+                    }
+                    Err(e) => Err(Error::kube(
+                        if live.is_some() {
+                            "apply, then update"
+                        } else {
+                            "apply, then create"
+                        },
+                        key.to_string(),
+                        e,
+                    )),
+                }
             }
         }
+    }
+
+    /// Writes `stamped` without PATCH: creates it when there is no live object, else replaces
+    /// the live object with `stamped` merged onto it (desired fields win, fields others set are
+    /// kept; the live `resourceVersion` makes a concurrent change a 409).
+    async fn create_or_update(
+        &self,
+        api: &Api<DynamicObject>,
+        field_manager: &str,
+        stamped: &serde_json::Value,
+        live: Option<&DynamicObject>,
+    ) -> std::result::Result<DynamicObject, kube::Error> {
+        let pp = PostParams {
+            field_manager: Some(field_manager.to_owned()),
+            ..Default::default()
+        };
+        let Some(live) = live else {
+            let obj: DynamicObject = serde_json::from_value(stamped.clone()).map_err(kube::Error::SerdeError)?;
+            return api.create(&pp, &obj).await;
+        };
+        let mut merged = serde_json::to_value(live).map_err(kube::Error::SerdeError)?;
+        merge_onto(&mut merged, stamped);
+        if let Some(meta) = merged.get_mut("metadata").and_then(serde_json::Value::as_object_mut) {
+            // Left out, the server keeps tracking field owners as before.
+            meta.remove("managedFields");
+        }
+        let name = live.metadata.name.clone().unwrap_or_default();
+        let obj: DynamicObject = serde_json::from_value(merged).map_err(kube::Error::SerdeError)?;
+        api.replace(&name, &pp, &obj).await
     }
 
     /// Applies objects in order, stopping at the first failure.
@@ -200,13 +335,7 @@ impl Applier {
                     s.message
                 );
                 if let Ok(mut left) = self.left_behind.lock() {
-                    left.push(ObjectReference {
-                        api_version: Some(kind.api_version()),
-                        kind: Some(kind.kind.clone()),
-                        namespace: namespace.filter(|_| kind.namespaced).map(str::to_owned),
-                        name: Some(name.to_owned()),
-                        ..Default::default()
-                    });
+                    left.push(reference(kind, namespace, name));
                 }
                 Ok(Deleted::LeftForbidden)
             }
@@ -220,6 +349,15 @@ impl Applier {
         self.left_behind
             .lock()
             .map(|mut l| std::mem::take(&mut *l))
+            .unwrap_or_default()
+    }
+
+    /// Warnings about existing objects [`apply`](Self::apply) kept as they are because RBAC
+    /// forbids updating them, since the last call.
+    pub fn take_kept_stale(&self) -> Vec<ObjectWarning> {
+        self.kept_stale
+            .lock()
+            .map(|mut k| std::mem::take(&mut *k))
             .unwrap_or_default()
     }
 
@@ -256,5 +394,35 @@ impl Applier {
             .await
             .map_err(|e| Error::kube("list", format!("{}/{}", kind.group, kind.plural), e))?;
         Ok(list.items)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_onto;
+    use serde_json::json;
+
+    #[test]
+    fn desired_fields_win_others_stay_and_lists_are_replaced() {
+        let mut live = json!({
+            "metadata": { "labels": { "k8s-app": "hostpath-provisioner", "extra": "kept" }, "resourceVersion": "7" },
+            "spec": { "template": { "spec": { "containers": [{ "name": "a", "image": "old" }, { "name": "b" }] } } },
+            "status": { "numberReady": 2 },
+        });
+        merge_onto(
+            &mut live,
+            &json!({
+                "metadata": { "labels": { "k8s-app": "hostpath-provisioner", "new": "x" } },
+                "spec": { "template": { "spec": { "containers": [{ "name": "a", "image": "new" }] } } },
+            }),
+        );
+        assert_eq!(
+            live,
+            json!({
+                "metadata": { "labels": { "k8s-app": "hostpath-provisioner", "extra": "kept", "new": "x" }, "resourceVersion": "7" },
+                "spec": { "template": { "spec": { "containers": [{ "name": "a", "image": "new" }] } } },
+                "status": { "numberReady": 2 },
+            })
+        );
     }
 }

@@ -8,6 +8,14 @@ pub const DEFAULT_NAMESPACE: &str = "hostpath-provisioner";
 /// Default CSI DaemonSet `--metrics-tls-version` (KubeVirt's servers' Intermediate default).
 pub const DEFAULT_METRICS_TLS_VERSION: &str = "VersionTLS12";
 
+/// The version the operator writes to `status.operatorVersion`, `targetVersion` and
+/// `observedVersion` (and gives the driver as `--version`) unless `OPERATOR_VERSION` says
+/// otherwise: `hpp-v<crate version>`. Not semver on purpose, so KubeVirt's operator never reads
+/// it as newer than itself (see [`crate::status::HPP_VERSION_PREFIX`]).
+pub fn default_version() -> String {
+    format!("{}v{}", crate::status::HPP_VERSION_PREFIX, env!("CARGO_PKG_VERSION"))
+}
+
 /// Container images of everything the operator deploys (same env names as KubeVirt).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Images {
@@ -114,7 +122,7 @@ impl OperatorConfig {
             .unwrap_or_else(|| DEFAULT_RUNBOOK_URL_TEMPLATE.to_owned());
         OperatorConfig {
             namespace: get("POD_NAMESPACE", DEFAULT_NAMESPACE.to_owned()),
-            version: get("OPERATOR_VERSION", format!("v{}", env!("CARGO_PKG_VERSION"))),
+            version: get("OPERATOR_VERSION", default_version()),
             images,
             verbosity: env.get("VERBOSITY").map_or(3, |v| v.trim().parse().unwrap_or(0)),
             monitoring_namespace: get("MONITORING_NAMESPACE", "monitoring".to_owned()),

@@ -4,28 +4,36 @@
 //! [`Election::acquired`] waits for the lease, [`Election::lost`] resolves when another holder
 //! took it, and [`Election::step_down`] releases it for the next candidate at once.
 //!
-//! Built on `kube-lease-manager`: the holder renews `grace_seconds` before the lease expires;
-//! a holder that stops renewing (crashed, partitioned) loses it `duration_seconds` after its
-//! last renewal, and a waiting candidate takes it over.
+//! The Lease is read, created and updated, never patched, as client-go's leader election (so
+//! controller-runtime's, so KubeVirt's operator's) does: KubeVirt's operator Role grants
+//! `leases` get, list, watch, create, update and delete but not patch, and a swap that changes
+//! only the operator's image runs hpp's operator with that Role. The rules are client-go's too:
+//! a candidate takes a Lease that has no holder, or whose record it has seen unchanged for the
+//! Lease's `leaseDurationSeconds` on its own clock (so clock skew between nodes does not
+//! matter); the holder renews `grace_seconds` before its lease would lapse.
 //!
-//! A holder cut off from the API server must also stop acting before that happens, as
-//! client-go's renew deadline makes it. `kube-lease-manager`'s own watch loop keeps reporting
-//! "leader" while its renewals fail, so the campaign here drives it step by step: once renewals
-//! have failed for half the grace period (the lease then has about half the grace left), it
-//! reports the lease lost and releases it as soon as the API server answers again.
+//! A holder cut off from the API server must also stop acting before another candidate takes
+//! over, as client-go's renew deadline makes it: once renewals have failed for half the grace
+//! period (the lease then has about half the grace left), it reports the lease lost; when the
+//! API server answers again it renews the lease it still holds, or waits like any candidate.
 
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
-use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
+use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Pause after a failed lease call before the next (doubling up to [`MAX_RETRY`]).
 const FIRST_RETRY: Duration = Duration::from_millis(250);
 /// Longest pause between lease calls while they fail.
 const MAX_RETRY: Duration = Duration::from_secs(5);
+/// How often a waiting candidate reads a Lease another candidate holds (client-go's retry
+/// period), or half the lease duration when that is shorter.
+const RETRY_PERIOD: Duration = Duration::from_secs(2);
 
 /// Where the Lease lives, who we are, and how long a holder keeps it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,7 +48,7 @@ pub struct LeaseSettings {
     pub duration_seconds: u64,
     /// Seconds before expiry the holder renews; less than `duration_seconds`.
     pub grace_seconds: u64,
-    /// Field manager of the Lease writes (`kube-lease-manager`'s default when `None`).
+    /// Field manager of the Lease writes (the client's default when `None`).
     pub field_manager: Option<String>,
 }
 
@@ -101,9 +109,9 @@ pub enum LeaderError {
     Lease {
         /// `namespace/name` of the Lease.
         lease: String,
-        /// What the lease manager reported.
+        /// What the API server (or the connection to it) answered.
         #[source]
-        source: LeaseManagerError,
+        source: kube::Error,
     },
     /// The background election task ended although nobody asked it to.
     #[error("leader election on Lease {lease} stopped unexpectedly")]
@@ -119,11 +127,13 @@ pub enum LeaderError {
 pub struct Election {
     settings: LeaseSettings,
     leader: watch::Receiver<bool>,
-    task: JoinHandle<Result<LeaseManager, LeaseManagerError>>,
+    task: JoinHandle<Result<(), kube::Error>>,
 }
 
 impl Election {
-    /// Starts contending for the Lease (creating it when absent).
+    /// Starts contending for the Lease (creating it when absent) in the background. Fails only
+    /// on settings that cannot work; an API server that cannot be reached is retried (and each
+    /// failure logged) by the campaign.
     pub async fn start(client: Client, settings: LeaseSettings) -> Result<Self, LeaderError> {
         let (duration_seconds, grace_seconds) = (settings.duration_seconds, settings.grace_seconds);
         if duration_seconds == 0 || grace_seconds == 0 || grace_seconds >= duration_seconds {
@@ -133,20 +143,9 @@ impl Election {
                 grace_seconds,
             });
         }
-        let mut builder = LeaseManagerBuilder::new(client, &settings.name)
-            .with_namespace(&settings.namespace)
-            .with_identity(&settings.identity)
-            .with_duration(settings.duration_seconds)
-            .with_grace(settings.grace_seconds);
-        if let Some(field_manager) = &settings.field_manager {
-            builder = builder.with_field_manager(field_manager);
-        }
-        let manager = builder.build().await.map_err(|source| LeaderError::Lease {
-            lease: settings.lease(),
-            source,
-        })?;
+        let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
         let (sender, leader) = watch::channel(false);
-        let task = tokio::spawn(campaign(manager, sender, renew_deadline(&settings)));
+        let task = tokio::spawn(campaign(api, settings.clone(), sender));
         info!(lease = %settings.lease(), identity = %settings.identity, "contending for leadership");
         Ok(Self { settings, leader, task })
     }
@@ -190,7 +189,7 @@ impl Election {
         let Self { settings, leader, task } = self;
         drop(leader);
         match task.await {
-            Ok(Ok(_)) => {
+            Ok(Ok(())) => {
                 info!(lease = %settings.lease(), identity = %settings.identity, "released leadership");
                 Ok(())
             }
@@ -211,64 +210,212 @@ fn renew_deadline(settings: &LeaseSettings) -> Duration {
     Duration::from_millis(settings.grace_seconds.saturating_mul(500))
 }
 
+/// What a candidate does with the Lease it read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Move {
+    /// It holds the lease: renew it.
+    Renew,
+    /// Nobody holds it, or its holder has not renewed it for its whole duration: take it.
+    Take,
+    /// Another candidate holds it: read it again later.
+    Wait,
+}
+
+/// client-go's rule: a Lease held by another candidate is free once its record has stayed the
+/// same for the lease's duration, measured on this candidate's clock (`unchanged_for`).
+pub fn next_move(me: &str, holder: Option<&str>, unchanged_for: Duration, lease_duration: Duration) -> Move {
+    match holder.filter(|h| !h.is_empty()) {
+        None => Move::Take,
+        Some(h) if h == me => Move::Renew,
+        Some(_) if unchanged_for >= lease_duration => Move::Take,
+        Some(_) => Move::Wait,
+    }
+}
+
+/// What one read-and-write round came to.
+enum Round {
+    /// This candidate holds the lease (written just now).
+    Held,
+    /// Another candidate holds it.
+    Waiting,
+    /// Another write got there first (409): read again at once.
+    Raced,
+}
+
+/// The Lease record as this candidate last saw it, and since when.
+struct Observed {
+    spec: Option<LeaseSpec>,
+    since: Instant,
+}
+
+fn now() -> MicroTime {
+    MicroTime(k8s_openapi::jiff::Timestamp::now())
+}
+
+fn seconds(s: u64) -> i32 {
+    i32::try_from(s).unwrap_or(i32::MAX)
+}
+
+/// One round: read the Lease, then create, renew or take it, or leave it to its holder.
+async fn round(api: &Api<Lease>, s: &LeaseSettings, observed: &mut Option<Observed>) -> Result<Round, kube::Error> {
+    let pp = PostParams {
+        field_manager: s.field_manager.clone(),
+        ..Default::default()
+    };
+    let Some(mut lease) = api.get_opt(&s.name).await? else {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(s.name.clone()),
+                namespace: Some(s.namespace.clone()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(s.identity.clone()),
+                lease_duration_seconds: Some(seconds(s.duration_seconds)),
+                acquire_time: Some(now()),
+                renew_time: Some(now()),
+                lease_transitions: Some(0),
+                ..Default::default()
+            }),
+        };
+        return match api.create(&pp, &lease).await {
+            Ok(_) => Ok(Round::Held),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(Round::Raced),
+            Err(e) => Err(e),
+        };
+    };
+    let spec = lease.spec.clone().unwrap_or_default();
+    if observed.as_ref().is_none_or(|o| o.spec.as_ref() != Some(&spec)) {
+        *observed = Some(Observed {
+            spec: Some(spec.clone()),
+            since: Instant::now(),
+        });
+    }
+    let unchanged_for = observed.as_ref().map_or(Duration::ZERO, |o| o.since.elapsed());
+    let lease_duration = Duration::from_secs(
+        spec.lease_duration_seconds
+            .and_then(|d| u64::try_from(d).ok())
+            .unwrap_or(s.duration_seconds),
+    );
+    let holder = spec.holder_identity.as_deref();
+    let next = next_move(&s.identity, holder, unchanged_for, lease_duration);
+    let mut new = spec.clone();
+    match next {
+        Move::Wait => return Ok(Round::Waiting),
+        Move::Renew => {}
+        Move::Take => {
+            if holder.is_some_and(|h| !h.is_empty()) {
+                new.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+            }
+            new.holder_identity = Some(s.identity.clone());
+            new.acquire_time = Some(now());
+        }
+    }
+    new.renew_time = Some(now());
+    new.lease_duration_seconds = Some(seconds(s.duration_seconds));
+    lease.spec = Some(new);
+    // An update carries the resourceVersion read: a concurrent write makes it a 409, not a
+    // second holder.
+    match api.replace(&s.name, &pp, &lease).await {
+        Ok(_) => Ok(Round::Held),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(Round::Raced),
+        Err(e) => Err(e),
+    }
+}
+
+/// Gives the lease up if this candidate holds it: no holder, so the next candidate takes it at
+/// once (client-go's release on cancel).
+async fn release(api: &Api<Lease>, s: &LeaseSettings) -> Result<(), kube::Error> {
+    let Some(mut lease) = api.get_opt(&s.name).await? else {
+        return Ok(());
+    };
+    let Some(spec) = lease.spec.as_mut() else { return Ok(()) };
+    if spec.holder_identity.as_deref() != Some(s.identity.as_str()) {
+        return Ok(());
+    }
+    spec.holder_identity = None;
+    spec.renew_time = Some(now());
+    let pp = PostParams {
+        field_manager: s.field_manager.clone(),
+        ..Default::default()
+    };
+    match api.replace(&s.name, &pp, &lease).await {
+        // Someone else wrote it meanwhile: it is not ours to release any more.
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
 /// Contends for the lease until every receiver of `sender` is gone, then releases it. Sends
-/// each change of leadership, and `false` once renewals have failed for `deadline` while
-/// leading; the lease is then released as soon as the API server answers, so that this
-/// candidate (or another) acquires it afresh instead of holding it without acting.
-async fn campaign(
-    manager: LeaseManager,
-    sender: watch::Sender<bool>,
-    deadline: Duration,
-) -> Result<LeaseManager, LeaseManagerError> {
+/// each change of leadership, and `false` once renewals have failed for the renew deadline
+/// while leading.
+async fn campaign(api: Api<Lease>, s: LeaseSettings, sender: watch::Sender<bool>) -> Result<(), kube::Error> {
+    let renew_every = Duration::from_secs(s.duration_seconds.saturating_sub(s.grace_seconds));
+    let poll = RETRY_PERIOD.min(Duration::from_millis(s.duration_seconds.saturating_mul(500)));
+    let deadline = renew_deadline(&s);
+    let mut observed = None;
     let mut failing_since: Option<Instant> = None;
     let mut retry = FIRST_RETRY;
-    let mut must_release = false;
     loop {
-        let step = async {
-            if must_release {
-                manager.release().await.map(|()| None)
-            } else {
-                manager.changed().await.map(Some)
-            }
-        };
         let result = tokio::select! {
             biased;
             () = sender.closed() => break,
-            result = step => result,
+            result = round(&api, &s, &mut observed) => result,
         };
-        match result {
-            Ok(changed) => {
+        let pause = match result {
+            Ok(round) => {
                 failing_since = None;
                 retry = FIRST_RETRY;
-                match changed {
-                    None => must_release = false,
-                    Some(held) => {
-                        if sender.send(held).is_err() {
-                            break;
-                        }
+                let (held, pause) = match round {
+                    Round::Held => (true, renew_every),
+                    Round::Waiting => (false, poll),
+                    Round::Raced => (*sender.borrow(), FIRST_RETRY),
+                };
+                if *sender.borrow() != held {
+                    debug!(lease = %s.lease(), held, "leadership changed");
+                    if sender.send(held).is_err() {
+                        break;
                     }
                 }
+                pause
             }
             Err(error) => {
                 let since = *failing_since.get_or_insert_with(Instant::now);
                 if *sender.borrow() && since.elapsed() >= deadline {
-                    warn!(%error, failing_for = ?since.elapsed(), "cannot renew the lease; no longer acting as leader");
-                    must_release = true;
+                    warn!(lease = %s.lease(), %error, failing_for = ?since.elapsed(),
+                        "cannot renew the lease; no longer acting as leader");
                     if sender.send(false).is_err() {
                         break;
                     }
                 } else {
-                    warn!(%error, "lease call failed; retrying");
+                    warn!(lease = %s.lease(), %error, retry_seconds = retry.as_secs_f64(),
+                        "cannot read or write the leader Lease (API server unreachable or refusing); retrying");
                 }
-                tokio::select! {
-                    biased;
-                    () = sender.closed() => break,
-                    () = tokio::time::sleep(retry) => {}
-                }
+                let pause = retry;
                 retry = (retry * 2).min(MAX_RETRY);
+                pause
             }
+        };
+        tokio::select! {
+            biased;
+            () = sender.closed() => break,
+            () = tokio::time::sleep(pause) => {}
         }
     }
-    manager.release().await?;
-    Ok(manager)
+    release(&api, &s).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moves_follow_client_gos_rules() {
+        let d = Duration::from_secs(15);
+        assert_eq!(next_move("me", None, Duration::ZERO, d), Move::Take);
+        assert_eq!(next_move("me", Some(""), Duration::ZERO, d), Move::Take, "released");
+        assert_eq!(next_move("me", Some("me"), Duration::ZERO, d), Move::Renew);
+        assert_eq!(next_move("me", Some("other"), Duration::from_secs(14), d), Move::Wait);
+        assert_eq!(next_move("me", Some("other"), d, d), Move::Take, "lapsed");
+    }
 }

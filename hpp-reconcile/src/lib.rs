@@ -49,6 +49,7 @@ pub mod object;
 pub mod reconcilers;
 pub mod render;
 pub mod status;
+pub mod status_write;
 
 pub use apply::Applier;
 pub use cache::Cache;

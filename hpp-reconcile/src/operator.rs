@@ -8,13 +8,12 @@ use std::time::{Duration, Instant};
 
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants::FINALIZER;
-use hpp_api::v1beta1::HostPathProvisionerStatus;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::{Client, Resource, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 use tracing::{debug, info, instrument, warn};
 
 use crate::apply::Applier;
@@ -28,6 +27,7 @@ use crate::names;
 use crate::pipeline::Pipeline;
 use crate::reconcilers::storage_pools;
 use crate::status::{self, Outcome};
+use crate::status_write::{self, StatusPath, Written};
 use crate::subreconciler::ObjectWarning;
 
 /// Default [`Context::warning_grace`].
@@ -38,8 +38,12 @@ pub const REASON_CLEANUP_PENDING: &str = "CleanupPending";
 /// Event reason: a deletion finished without some unmount Jobs (skip-cleanup annotation).
 pub const REASON_CLEANUP_SKIPPED: &str = "CleanupSkipped";
 
-/// Field manager of status writes.
-pub const STATUS_MANAGER: &str = "hpp-operator/status";
+pub use crate::status_write::STATUS_MANAGER;
+
+/// Event reason: the CRD has no status subresource; status is written with the whole object.
+pub const REASON_STATUS_SUBRESOURCE_MISSING: &str = "StatusSubresourceMissing";
+/// Event reason: the CRD has the status subresource again.
+pub const REASON_STATUS_SUBRESOURCE_PRESENT: &str = status::REASON_STATUS_SUBRESOURCE_PRESENT;
 
 /// Shared state of the controller.
 pub struct Context {
@@ -72,6 +76,8 @@ pub struct Context {
     pub warning_grace: Duration,
     held: Mutex<HashMap<String, HeldWarnings>>,
     now: fn() -> String,
+    /// Whether status goes through `/status` or the whole object (KubeVirt's CRD).
+    pub status_path: StatusPath,
 }
 
 /// Warning Events of a CR that was never Available, held back during the grace period.
@@ -108,6 +114,7 @@ impl Context {
             warning_grace: DEFAULT_WARNING_GRACE,
             held: Mutex::new(HashMap::new()),
             now: rfc3339_now,
+            status_path: StatusPath::default(),
         }
     }
 
@@ -325,7 +332,7 @@ async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
     if let Some(observed) = prev
         .observed_version
         .as_deref()
-        .filter(|o| status::version_newer(o, &cfg.version))
+        .filter(|o| status::is_downgrade(o, &cfg.version))
     {
         let err = Error::Downgrade {
             from: observed.to_owned(),
@@ -416,26 +423,6 @@ async fn cleanup(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action>
     }
 }
 
-/// Full status as a merge patch body: absent fields become null so they are cleared.
-fn status_patch(status: &HostPathProvisionerStatus) -> Result<Value> {
-    let mut v = serde_json::to_value(status).map_err(|source| Error::Serialize {
-        what: "status".into(),
-        source,
-    })?;
-    if let Value::Object(map) = &mut v {
-        for key in [
-            "conditions",
-            "observedVersion",
-            "operatorVersion",
-            "targetVersion",
-            "storagePoolStatuses",
-        ] {
-            map.entry(key).or_insert(Value::Null);
-        }
-    }
-    Ok(json!({ "status": v }))
-}
-
 /// Derives and writes the status (only when something besides heartbeats changed) and
 /// publishes an Event on a condition transition; a Warning Event of a CR that was never
 /// Available waits for [`Context::warning_grace`] and is dropped if the CR recovers first.
@@ -446,19 +433,41 @@ async fn write_status(
     ctx: &Context,
 ) -> Result<StatusWritten> {
     let prev = hpp.status.clone().unwrap_or_default();
-    let derived = status::derive(&prev, &ctx.config.version, outcome, &(ctx.now)());
-    if derived.changed {
-        let body = status_patch(&derived.status)?;
-        api.patch_status(
-            &hpp.name_any(),
-            &PatchParams {
-                field_manager: Some(STATUS_MANAGER.to_owned()),
-                ..Default::default()
-            },
-            &Patch::Merge(&body),
+    let derive = |via_main: bool| {
+        let now = (ctx.now)();
+        status::with_status_path(
+            status::derive(&prev, &ctx.config.version, outcome, &now),
+            &prev,
+            via_main,
+            &now,
         )
-        .await
-        .map_err(|e| Error::kube("patch status", hpp.name_any(), e))?;
+    };
+    if status_write::recheck(&ctx.client, &ctx.status_path).await? {
+        publish(
+            ctx,
+            hpp,
+            EventType::Normal,
+            REASON_STATUS_SUBRESOURCE_PRESENT.to_owned(),
+            status::MESSAGE_STATUS_SUBRESOURCE_PRESENT.to_owned(),
+        )
+        .await;
+    }
+    let mut derived = derive(ctx.status_path.via_main());
+    if derived.changed {
+        let name = hpp.name_any();
+        if status_write::write(api, &name, &derived.status, &ctx.status_path).await? == Written::SubresourceMissing {
+            // Said once per process, then written the way KubeVirt's operator writes it.
+            publish(
+                ctx,
+                hpp,
+                EventType::Warning,
+                REASON_STATUS_SUBRESOURCE_MISSING.to_owned(),
+                status::MESSAGE_WITHOUT_STATUS_SUBRESOURCE.to_owned(),
+            )
+            .await;
+            derived = derive(true);
+            status_write::write_whole(api, &name, &derived.status).await?;
+        }
     }
     ctx.metrics.cr_ready.set(status::cr_ready_value(&derived.status));
     let warning = derived.state.is_warning();

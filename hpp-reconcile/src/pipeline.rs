@@ -171,6 +171,7 @@ impl Pipeline {
             .readiness
             .warnings
             .extend(applier.take_left_behind().into_iter().map(left_behind_warning));
+        report.readiness.warnings.extend(applier.take_kept_stale());
         report.readiness.pool_statuses.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(report)
     }

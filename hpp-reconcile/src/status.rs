@@ -84,6 +84,29 @@ pub struct Derived {
     pub changed: bool,
 }
 
+/// Prefix of the versions hpp writes by default (`hpp-v0.1.0`). KubeVirt's operator compares
+/// `status.observedVersion` with its own version as semver and refuses to reconcile ("operator
+/// downgraded from X to Y") only when both parse and its own is lower; a version that is not
+/// semver (this prefix makes it so) counts there as an upgrade. So KubeVirt's operator takes a CR
+/// back from hpp whatever the two version numbers, and hpp, which compares only versions of its
+/// own family (see [`is_downgrade`]), takes a CR over from any KubeVirt release.
+pub const HPP_VERSION_PREFIX: &str = "hpp-";
+
+/// Whether an operator at version `own` must refuse a CR whose `observedVersion` is `observed`:
+/// only when both are of the same family (both hpp's `hpp-v…`, or both plain semver as set with
+/// `OPERATOR_VERSION`) and `observed` is newer. A plain version next to an `hpp-` one is the
+/// other product's: taking over from it is an upgrade, whatever the numbers.
+pub fn is_downgrade(observed: &str, own: &str) -> bool {
+    match (
+        observed.strip_prefix(HPP_VERSION_PREFIX),
+        own.strip_prefix(HPP_VERSION_PREFIX),
+    ) {
+        (Some(o), Some(n)) => version_newer(o, n),
+        (None, None) => version_newer(observed, own),
+        _ => false,
+    }
+}
+
 /// Whether the version string `a` is newer than `b` (semver, leading `v` ignored; unparsable
 /// parts compare as 0).
 pub fn version_newer(a: &str, b: &str) -> bool {
@@ -197,20 +220,7 @@ pub fn derive(prev: &HostPathProvisionerStatus, version: &str, outcome: &Outcome
     };
     let flags = state.flags();
     let condition = |ty: &str, on: bool, reason: Option<String>, message: Option<String>| {
-        let value = if on { "True" } else { "False" };
-        let old = prev.conditions.iter().find(|c| c.type_ == ty);
-        let transition_time = match old {
-            Some(o) if o.status == value => o.last_transition_time.clone().or_else(|| Some(now.to_owned())),
-            _ => Some(now.to_owned()),
-        };
-        Condition {
-            type_: ty.to_owned(),
-            status: value.to_owned(),
-            reason,
-            message,
-            last_heartbeat_time: Some(now.to_owned()),
-            last_transition_time: transition_time,
-        }
+        condition(&prev.conditions, ty, on, reason, message, now)
     };
     let mut conditions: Vec<Condition> = OPERATOR_CONDITIONS
         .iter()
@@ -252,6 +262,94 @@ pub fn derive(prev: &HostPathProvisionerStatus, version: &str, outcome: &Outcome
         transition,
         changed,
     }
+}
+
+/// A condition as written at `now`: its transition time is kept from `prev` while its status
+/// stays the same.
+fn condition(
+    prev: &[Condition],
+    ty: &str,
+    on: bool,
+    reason: Option<String>,
+    message: Option<String>,
+    now: &str,
+) -> Condition {
+    let value = if on { "True" } else { "False" };
+    let transition_time = match prev.iter().find(|c| c.type_ == ty) {
+        Some(o) if o.status == value => o.last_transition_time.clone().or_else(|| Some(now.to_owned())),
+        _ => Some(now.to_owned()),
+    };
+    Condition {
+        type_: ty.to_owned(),
+        status: value.to_owned(),
+        reason,
+        message,
+        last_heartbeat_time: Some(now.to_owned()),
+        last_transition_time: transition_time,
+    }
+}
+
+/// Condition type: whether the HostPathProvisioner CRD has the status subresource. Written only
+/// once the operator found it missing (KubeVirt's CRD): `False` while status goes through the
+/// whole object, `True` after the CRD gained it.
+pub const CONDITION_STATUS_SUBRESOURCE: &str = "StatusSubresource";
+/// Reason: the CRD has no status subresource; status is written with the whole object.
+pub const REASON_CRD_WITHOUT_STATUS_SUBRESOURCE: &str = "CRDWithoutStatusSubresource";
+/// Reason: the CRD has the status subresource again; status is written through `/status`.
+pub const REASON_STATUS_SUBRESOURCE_PRESENT: &str = "StatusSubresourcePresent";
+
+/// What the `StatusSubresource` condition says while status is written through the whole
+/// object.
+pub const MESSAGE_WITHOUT_STATUS_SUBRESOURCE: &str = "The HostPathProvisioner CRD has no status subresource \
+     (KubeVirt's CRD, as its deploy/operator.yaml ships it): PATCH .../status answered 404 NotFound, so \
+     the operator writes status with the whole object, as KubeVirt's operator does. Fields hpp's CRD \
+     adds are pruned by this CRD until hpp's is applied: kubectl apply -f \
+     deploy/crds/hostpathprovisioner.kubevirt.io_hostpathprovisioners.yaml";
+/// What the `StatusSubresource` condition says once the CRD has the subresource again.
+pub const MESSAGE_STATUS_SUBRESOURCE_PRESENT: &str =
+    "The HostPathProvisioner CRD has the status subresource: status is written through /status";
+
+/// Adds the `StatusSubresource` condition to a derived status: `False` while the status is
+/// written through the whole object (`via_main`), `True` once it goes through `/status` again
+/// after the previous status said `False` (or `True`); absent on a CRD that always had the
+/// subresource. `transition` says whether any other condition changed: the switch has its own
+/// Event.
+pub fn with_status_path(mut d: Derived, prev: &HostPathProvisionerStatus, via_main: bool, now: &str) -> Derived {
+    let had = prev.conditions.iter().any(|c| c.type_ == CONDITION_STATUS_SUBRESOURCE);
+    d.status.conditions.retain(|c| c.type_ != CONDITION_STATUS_SUBRESOURCE);
+    let (on, reason, message) = if via_main {
+        (
+            false,
+            REASON_CRD_WITHOUT_STATUS_SUBRESOURCE,
+            MESSAGE_WITHOUT_STATUS_SUBRESOURCE,
+        )
+    } else if had {
+        (
+            true,
+            REASON_STATUS_SUBRESOURCE_PRESENT,
+            MESSAGE_STATUS_SUBRESOURCE_PRESENT,
+        )
+    } else {
+        return d;
+    };
+    d.status.conditions.push(condition(
+        &prev.conditions,
+        CONDITION_STATUS_SUBRESOURCE,
+        on,
+        Some(reason.to_owned()),
+        Some(message.to_owned()),
+        now,
+    ));
+    d.changed = comparable(&d.status) != comparable(prev);
+    // A transition is a change of the other conditions; this one's switch has its own Event.
+    let others = |c: &[Condition]| {
+        strip_times(c)
+            .into_iter()
+            .filter(|c| c.type_ != CONDITION_STATUS_SUBRESOURCE)
+            .collect::<Vec<_>>()
+    };
+    d.transition = others(&d.status.conditions) != others(&prev.conditions);
+    d
 }
 
 /// Value of `kubevirt_hpp_cr_ready` for a status: 1 when Available and neither Progressing nor
@@ -418,6 +516,106 @@ mod tests {
             .find(|c| c.type_ == "QuotaReady")
             .unwrap();
         assert_eq!(q.status, "True");
+    }
+
+    #[test]
+    fn status_subresource_condition_follows_how_status_is_written() {
+        let ready = Readiness::ready();
+        let healthy = derive(&Default::default(), "v1", &Outcome::Applied(&ready), "t0");
+        // A CRD that always had the subresource: no condition at all.
+        let plain = with_status_path(healthy.clone(), &Default::default(), false, "t0");
+        assert!(
+            plain
+                .status
+                .conditions
+                .iter()
+                .all(|c| c.type_ != CONDITION_STATUS_SUBRESOURCE)
+        );
+        // KubeVirt's CRD: False, with the way out in the message.
+        let main = with_status_path(healthy.clone(), &Default::default(), true, "t0");
+        let c = main.status.conditions.last().unwrap();
+        assert_eq!(
+            (c.type_.as_str(), c.status.as_str(), c.reason.as_deref()),
+            (
+                CONDITION_STATUS_SUBRESOURCE,
+                "False",
+                Some(REASON_CRD_WITHOUT_STATUS_SUBRESOURCE)
+            )
+        );
+        assert!(c.message.as_deref().unwrap().contains("kubectl apply -f deploy/crds/"));
+        // Steady: the next pass writes nothing new.
+        let again = derive(&main.status, "v1", &Outcome::Applied(&ready), "t1");
+        let again = with_status_path(again, &main.status, true, "t1");
+        assert!(!again.changed && !again.transition, "{:?}", again.status.conditions);
+        assert_eq!(again.status.conditions.len(), main.status.conditions.len());
+        // The CRD gained the subresource: True, a change to write, then steady again.
+        let back = derive(&main.status, "v1", &Outcome::Applied(&ready), "t2");
+        let back = with_status_path(back, &main.status, false, "t2");
+        let c = back.status.conditions.last().unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_deref()),
+            ("True", Some(REASON_STATUS_SUBRESOURCE_PRESENT))
+        );
+        assert!(back.changed);
+        let steady = with_status_path(
+            derive(&back.status, "v1", &Outcome::Applied(&ready), "t3"),
+            &back.status,
+            false,
+            "t3",
+        );
+        assert!(!steady.changed);
+        // A failed pass keeps step conditions from the last status; the condition is not doubled.
+        let failed = derive(&main.status, "v1", &Outcome::Failed("x".into()), "t4");
+        let failed = with_status_path(failed, &main.status, true, "t4");
+        let n = failed
+            .status
+            .conditions
+            .iter()
+            .filter(|c| c.type_ == CONDITION_STATUS_SUBRESOURCE)
+            .count();
+        assert_eq!(n, 1);
+    }
+
+    #[test]
+    fn downgrades_are_refused_only_within_one_family() {
+        // hpp after hpp: a lower hpp version is refused.
+        assert!(is_downgrade("hpp-v0.2.0", "hpp-v0.1.0"));
+        assert!(!is_downgrade("hpp-v0.1.0", "hpp-v0.2.0"));
+        assert!(!is_downgrade("hpp-v0.1.0", "hpp-v0.1.0"));
+        // hpp after KubeVirt (any release, even one numbered higher): an upgrade.
+        assert!(!is_downgrade("v0.25.2", "hpp-v0.1.0"));
+        assert!(!is_downgrade("v9.0.0", "hpp-v0.1.0"));
+        // An explicit OPERATOR_VERSION in plain semver keeps the plain comparison.
+        assert!(is_downgrade("v2.0.0", "v1.0.0"));
+        assert!(!is_downgrade("v1.0.0", "v2.0.0"));
+        assert!(!is_downgrade("hpp-v9.0.0", "v1.0.0"));
+    }
+
+    /// KubeVirt's `canUpgrade` (pkg/controller/hostpathprovisioner/controller.go): strip one
+    /// leading `v`, parse both as strict semver (blang/semver `Make`: exactly three numeric
+    /// parts, optional `-pre` and `+build`); only when both parse and its own version is lower
+    /// does it refuse. hpp's default version must never be refused, whatever KubeVirt release
+    /// comes back.
+    #[test]
+    fn kubevirts_operator_takes_back_a_cr_hpp_wrote() {
+        fn strict_semver(v: &str) -> Option<(u64, u64, u64)> {
+            let v = v.strip_prefix('v').unwrap_or(v);
+            let core = v.split(['-', '+']).next()?;
+            let parts: Vec<&str> = core.split('.').collect();
+            let [a, b, c] = parts.as_slice() else { return None };
+            let num = |p: &str| (!p.is_empty() && p.bytes().all(|c| c.is_ascii_digit())).then(|| p.parse().ok())?;
+            Some((num(a)?, num(b)?, num(c)?))
+        }
+        fn kubevirt_refuses(observed: &str, kubevirt: &str) -> bool {
+            matches!((strict_semver(observed), strict_semver(kubevirt)), (Some(o), Some(k)) if k < o)
+        }
+        let written = crate::OperatorConfig::default().version;
+        assert!(written.starts_with(HPP_VERSION_PREFIX), "{written}");
+        for kubevirt in ["v0.0.1", "v0.25.2", "v0.26.0", "v1.0.0"] {
+            assert!(!kubevirt_refuses(&written, kubevirt), "{kubevirt} after {written}");
+        }
+        // What the old default did: a plain v0.26.0 stranded KubeVirt v0.25.2.
+        assert!(kubevirt_refuses("v0.26.0", "v0.25.2"));
     }
 
     #[test]

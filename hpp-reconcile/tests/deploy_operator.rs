@@ -141,16 +141,10 @@ fn deployment_runs_the_operator_with_an_optional_webhook_secret() {
     ] {
         assert!(env.contains(&var), "{var}");
     }
-    let version = c
-        .env
-        .iter()
-        .flatten()
-        .find(|e| e.name == "OPERATOR_VERSION")
-        .and_then(|e| e.value.clone())
-        .unwrap();
+    // The default version (hpp-v…), which neither operator reads as a downgrade of the other.
     assert!(
-        !hpp_reconcile::status::version_newer("v0.25.2", &version),
-        "{version} would refuse to take over from KubeVirt v0.25.2"
+        !env.contains(&"OPERATOR_VERSION"),
+        "an explicit semver OPERATOR_VERSION would strand KubeVirt's operator on the way back"
     );
     let secret = pod.volumes.unwrap()[0].secret.clone().unwrap();
     assert_eq!(secret.optional, Some(true));

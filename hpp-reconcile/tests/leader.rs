@@ -98,3 +98,28 @@ async fn bad_settings_are_reported() {
     );
     assert!(err.to_string().contains("hpp/test-lock"), "{err}");
 }
+
+/// KubeVirt's operator Role grants `leases` get, list, watch, create, update and delete, not
+/// patch, and a swap that changes only the operator's image runs hpp's operator with it: the
+/// election works without a single PATCH (every PATCH of a Lease is refused here).
+#[tokio::test]
+async fn the_election_needs_no_patch_permission() {
+    let fake = FakeApiServer::new();
+    fake.fail_requests(
+        FailureRule::new(403)
+            .method(http::Method::PATCH)
+            .path_contains("/leases/"),
+    );
+    let (a, mut b) = a_leads_b_waits(&fake).await;
+    a.step_down().await.unwrap();
+    tokio::time::timeout(HANG, b.acquired()).await.unwrap().unwrap();
+    assert_eq!(holder(&fake).as_deref(), Some("b"));
+    b.step_down().await.unwrap();
+    assert_eq!(holder(&fake), None, "released for the next candidate");
+    let patches = fake
+        .requests()
+        .iter()
+        .filter(|r| r.method == http::Method::PATCH)
+        .count();
+    assert_eq!(patches, 0);
+}

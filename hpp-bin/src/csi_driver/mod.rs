@@ -240,6 +240,41 @@ pub fn startup_hint(exe: &str, endpoint: &Endpoint, metrics_url: &str) -> String
     )
 }
 
+/// The executable of the legacy provisioner, next to this one in the image.
+pub const LEGACY_PROVISIONER_EXE: &str = "hpp-provisioner";
+
+/// Whether this start is KubeVirt's legacy DaemonSet running the image `PROVISIONER_IMAGE`
+/// names: KubeVirt's operator renders that container with no `command` and no `args`, only the
+/// environment `USE_NAMING_PREFIX`, `NODE_NAME` and `PV_DIR` (daemonset.go of
+/// kubevirt/hostpath-provisioner-operator), so the image's entrypoint, this driver, runs bare.
+/// Every CSI DaemonSet (KubeVirt's and hpp's) passes `--endpoint` and friends and sets
+/// `CSI_ENDPOINT`: no arguments, `PV_DIR` set and `CSI_ENDPOINT` unset is only ever the legacy
+/// DaemonSet, which the driver would otherwise serve as a CSI driver on a socket nobody reads.
+pub fn is_kubevirt_legacy_start(argv: &[std::ffi::OsString], env: impl Fn(&str) -> Option<std::ffi::OsString>) -> bool {
+    let set = |k: &str| env(k).is_some_and(|v| !v.is_empty());
+    argv.len() <= 1 && set("PV_DIR") && !set("CSI_ENDPOINT")
+}
+
+/// Replaces this process with the legacy provisioner next to it (same environment), for
+/// [`is_kubevirt_legacy_start`]. Returns only when that cannot be done, with the reason.
+pub fn exec_legacy_provisioner() -> anyhow::Error {
+    use std::os::unix::process::CommandExt as _;
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe.with_file_name(LEGACY_PROVISIONER_EXE),
+        Err(e) => return anyhow::Error::new(e).context("finding this executable's directory"),
+    };
+    eprintln!(
+        "hpp-csi-driver: started with no arguments, PV_DIR set and no CSI_ENDPOINT, as KubeVirt's legacy \
+         DaemonSet runs its provisioner image: running {}",
+        exe.display()
+    );
+    let e = std::process::Command::new(&exe).exec();
+    anyhow::Error::new(e).context(format!(
+        "running the legacy provisioner {} (KubeVirt's legacy DaemonSet runs this image without a command)",
+        exe.display()
+    ))
+}
+
 /// Entry point of the executable.
 pub async fn main(args: Args) -> anyhow::Result<()> {
     if args.wants_version() {

@@ -603,3 +603,37 @@ async fn the_volume_report_needs_its_token_and_lists_every_volume() {
     );
     drop(running);
 }
+
+/// KubeVirt's legacy DaemonSet (no command, no args, PV_DIR) runs the legacy provisioner; every
+/// CSI DaemonSet start (arguments, CSI_ENDPOINT) and a bare start without PV_DIR stay the driver.
+#[test]
+fn only_kubevirts_legacy_daemonset_start_runs_the_legacy_provisioner() {
+    use std::ffi::OsString;
+    let env = |vars: &'static [(&'static str, &'static str)]| {
+        move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| OsString::from(v))
+    };
+    let bare = [OsString::from("/usr/bin/hpp-csi-driver")];
+    let legacy: &[(&str, &str)] = &[
+        ("USE_NAMING_PREFIX", "false"),
+        ("NODE_NAME", "n1"),
+        ("PV_DIR", "/var/hpvolumes"),
+    ];
+    assert!(is_kubevirt_legacy_start(&bare, env(legacy)));
+    // KubeVirt's CSI DaemonSet: arguments, and CSI_ENDPOINT and PV_DIR in the environment.
+    let csi: &[(&str, &str)] = &[
+        ("CSI_ENDPOINT", "unix:///csi/csi.sock"),
+        ("PV_DIR", "[]"),
+        ("NODE_NAME", "n1"),
+    ];
+    let with_args = [
+        OsString::from("hpp-csi-driver"),
+        OsString::from("--endpoint=$(CSI_ENDPOINT)"),
+    ];
+    assert!(!is_kubevirt_legacy_start(&with_args, env(csi)));
+    assert!(!is_kubevirt_legacy_start(&bare, env(csi)));
+    // Arguments always mean the driver, whatever the environment.
+    assert!(!is_kubevirt_legacy_start(&with_args, env(legacy)));
+    // A bare start without PV_DIR (or with it empty) is the driver's own defaults.
+    assert!(!is_kubevirt_legacy_start(&bare, env(&[("NODE_NAME", "n1")])));
+    assert!(!is_kubevirt_legacy_start(&bare, env(&[("PV_DIR", "")])));
+}

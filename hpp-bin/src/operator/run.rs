@@ -2,6 +2,7 @@
 //! /metrics), the HTTPS metrics listener the ServiceMonitor scrapes (port `metrics`), leader
 //! election, then the controller until SIGTERM or lost leadership.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -29,10 +30,11 @@ const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/n
 /// Arguments of `run`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Address of the plain-HTTP admin server (/livez, /readyz, /metrics). Loopback by default;
-    /// the Deployment sets `0.0.0.0:6060` because the kubelet's httpGet probes reach the pod IP
-    /// (the NetworkPolicy in deploy/networkpolicy.yaml admits no one else to it).
-    #[arg(long, env = "HPP_ADMIN_ADDR", default_value = "127.0.0.1:6060")]
+    /// Address of the plain-HTTP admin server (/livez, /readyz, /metrics). All interfaces by
+    /// default, as KubeVirt's operator (controller-runtime's `:6060`): the kubelet's httpGet
+    /// probes in KubeVirt's Deployment reach the pod IP on port 6060 (deploy/networkpolicy.yaml
+    /// admits no one but the node to it).
+    #[arg(long, env = "HPP_ADMIN_ADDR", default_value = "0.0.0.0:6060")]
     pub admin_addr: SocketAddr,
     /// The HTTPS metrics listener.
     #[command(flatten)]
@@ -119,6 +121,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;
+    run_with_client(args, client, admin::shutdown_signal(), None).await
+}
+
+/// [`run`] with a client, until `shutdown` resolves or leadership is lost. `admin_bound`
+/// receives the admin server's address once it listens (tests bind port 0).
+pub async fn run_with_client(
+    args: RunArgs,
+    client: kube::Client,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    admin_bound: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+) -> anyhow::Result<()> {
+    let shutdown = shutdown.shared();
     let mut env: Vec<(String, String)> = std::env::vars().collect();
     env.push(("POD_NAMESPACE".into(), namespace(&args)));
     let config = OperatorConfig::from_env(env);
@@ -138,8 +152,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             policy: Some(policy.clone()),
             metrics: Some(hpp_webhook::metrics::Metrics::register(&mut registry)),
         };
-        let shutdown = admin::shutdown_signal();
-        let webhook = webhook_cmd::run_with(args.webhook.clone(), deps, shutdown);
+        let webhook = webhook_cmd::run_with(args.webhook.clone(), deps, shutdown.clone());
         let health = webhook_health.clone();
         Some(tokio::spawn(async move {
             if let Err(e) = webhook.await {
@@ -152,8 +165,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.admin_addr)
         .await
         .with_context(|| format!("binding {}", args.admin_addr))?;
-    info!(addr = %listener.local_addr()?, "admin server listening");
-    let shutdown = admin::shutdown_signal().shared();
+    let admin_addr = listener.local_addr()?;
+    info!(addr = %admin_addr, "admin server listening");
     let registry = Arc::new(registry);
     // The same registry over HTTPS for Prometheus, with the webhook's TLS policy.
     let names = SelfSignedNames {
@@ -173,6 +186,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         admin_router(registry, webhook_health),
         shutdown.clone(),
     ));
+    if let Some(tx) = admin_bound {
+        let _ = tx.send(admin_addr);
+    }
 
     let (stop, election) = if args.no_leader_election {
         (shutdown.clone().boxed(), None)
@@ -182,6 +198,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             .clone()
             .or_else(|| std::env::var("HOSTNAME").ok())
             .unwrap_or_else(|| format!("hpp-operator-{}", std::process::id()));
+        // Contends in the background; while the API server cannot be reached each failure is
+        // logged and retried, and this replica stays live and ready as a standby meanwhile, as
+        // KubeVirt's operator does while controller-runtime's election retries.
         let mut election = Election::start(client.clone(), leader::settings(&config.namespace, &identity)).await?;
         tokio::select! {
             r = election.acquired() => r?,
@@ -243,6 +262,139 @@ mod tests {
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out
+    }
+
+    /// `hpp-operator run` against a fake API server, with the admin server on a free port; the
+    /// returned sender stops it.
+    async fn standby(
+        fake: &hpp_reconcile::testkit::FakeApiServer,
+    ) -> (
+        SocketAddr,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<anyhow::Result<()>>,
+    ) {
+        use clap::Parser;
+        let args = crate::operator::Args::parse_from([
+            "hpp-operator",
+            "run",
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--disable-webhook",
+            "--namespace",
+            "hostpath-provisioner",
+            "--identity",
+            "hpp-pod",
+        ]);
+        let Some(crate::operator::Command::Run(run)) = args.command else {
+            panic!("run expected")
+        };
+        let (bound_tx, bound_rx) = tokio::sync::oneshot::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run_with_client(
+            run,
+            fake.client(),
+            async move {
+                let _ = stop_rx.await;
+            },
+            Some(bound_tx),
+        ));
+        (bound_rx.await.unwrap(), stop_tx, task)
+    }
+
+    fn lease_holder(fake: &hpp_reconcile::testkit::FakeApiServer) -> Option<String> {
+        fake.get::<k8s_openapi::api::coordination::v1::Lease>(Some("hostpath-provisioner"), super::leader::LEASE_NAME)
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+    }
+
+    async fn live_and_ready(addr: SocketAddr) {
+        assert!(get(addr, "/livez").await.starts_with("HTTP/1.1 200"));
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+    }
+
+    /// A rolling update from KubeVirt's operator: the new pod waits for the lease the old one
+    /// holds and renews, and is live and ready meanwhile (so the Deployment goes on and stops
+    /// the old pod); once the old pod stops renewing, the new one takes the lease.
+    #[tokio::test]
+    async fn a_standby_is_live_and_ready_and_takes_the_lease_when_it_is_let_go() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let fake = hpp_reconcile::testkit::FakeApiServer::new();
+        fake.register::<hpp_api::HostPathProvisioner>(false, true);
+        // KubeVirt's pod (controller-runtime): a 4 s lease here, renewed every second.
+        let lease = |now: String| -> k8s_openapi::api::coordination::v1::Lease {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": super::leader::LEASE_NAME, "namespace": "hostpath-provisioner" },
+                "spec": { "holderIdentity": "hostpath-provisioner-operator-kubevirt", "leaseDurationSeconds": 4,
+                          "acquireTime": now, "renewTime": now, "leaseTransitions": 0 },
+            }))
+            .unwrap()
+        };
+        fake.seed(&lease(k8s_openapi::jiff::Timestamp::now().to_string()));
+        let renewer = {
+            let fake = fake.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    let mut renewed = lease(k8s_openapi::jiff::Timestamp::now().to_string());
+                    renewed.metadata.resource_version = None;
+                    if let Some(current) = fake.get::<k8s_openapi::api::coordination::v1::Lease>(
+                        Some("hostpath-provisioner"),
+                        super::leader::LEASE_NAME,
+                    ) && current.spec.and_then(|s| s.holder_identity).as_deref()
+                        != Some("hostpath-provisioner-operator-kubevirt")
+                    {
+                        return;
+                    }
+                    fake.seed(&renewed);
+                }
+            })
+        };
+        let (addr, stop, task) = standby(&fake).await;
+        for _ in 0..3 {
+            live_and_ready(addr).await;
+            assert_eq!(
+                lease_holder(&fake).as_deref(),
+                Some("hostpath-provisioner-operator-kubevirt"),
+                "a standby never takes a lease that is renewed"
+            );
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+        // The old pod is stopped: no more renewals.
+        renewer.abort();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(120),
+            fake.wait_until(|f| lease_holder(f).as_deref() == Some("hpp-pod")),
+        )
+        .await
+        .expect("the standby takes the lease once it is no longer renewed");
+        live_and_ready(addr).await;
+        let _ = stop.send(());
+        task.await.unwrap().unwrap();
+    }
+
+    /// Without an API server to ask for the lease, the operator neither exits nor goes unready:
+    /// it says why and asks again, and contends once the API server answers.
+    #[tokio::test]
+    async fn an_unreachable_api_server_keeps_the_replica_live_and_ready_while_it_retries() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let fake = hpp_reconcile::testkit::FakeApiServer::new();
+        fake.register::<hpp_api::HostPathProvisioner>(false, true);
+        fake.set_unavailable(true);
+        let (addr, stop, task) = standby(&fake).await;
+        live_and_ready(addr).await;
+        assert!(!task.is_finished());
+        fake.set_unavailable(false);
+        tokio::time::timeout(
+            std::time::Duration::from_secs(120),
+            fake.wait_until(|f| lease_holder(f).as_deref() == Some("hpp-pod")),
+        )
+        .await
+        .expect("the lease is taken once the API server answers");
+        live_and_ready(addr).await;
+        let _ = stop.send(());
+        task.await.unwrap().unwrap();
     }
 
     #[tokio::test]
@@ -403,6 +555,24 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// With no flags at all (KubeVirt's Deployment runs `hostpath-provisioner-operator` bare),
+    /// the probes' port 6060 and the metrics port 8443 listen on every interface, as KubeVirt's
+    /// operator does, and the webhook is served on 9443 from KubeVirt's certificate directory.
+    #[test]
+    fn bare_command_line_listens_where_kubevirts_deployment_looks() {
+        use clap::Parser;
+        let args = crate::operator::Args::parse_from(["hostpath-provisioner-operator"]);
+        assert!(args.command.is_none());
+        assert_eq!(args.run.admin_addr, "0.0.0.0:6060".parse().unwrap());
+        assert_eq!(args.run.metrics.addr, "0.0.0.0:8443".parse().unwrap());
+        assert_eq!(args.run.webhook.listen, "0.0.0.0:9443".parse().unwrap());
+        assert_eq!(
+            args.run.webhook.cert_dir,
+            std::path::Path::new("/tmp/k8s-webhook-server/serving-certs")
+        );
+        assert!(!args.run.disable_webhook && !args.run.no_leader_election);
     }
 
     #[test]

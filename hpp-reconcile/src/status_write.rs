@@ -1,0 +1,153 @@
+//! Writing a HostPathProvisioner's status: through `/status`, or, on a CRD without the status
+//! subresource (KubeVirt's `deploy/operator.yaml` ships it so), through the object itself as
+//! KubeVirt's operator does with its full `Update`. A 404 from `/status` is never retried as is:
+//! it either switches the path (the CR exists) or is returned (the CR is gone).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use hpp_api::HostPathProvisioner;
+use hpp_api::v1beta1::HostPathProvisionerStatus;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, Resource};
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use crate::error::{Error, Result};
+
+/// Field manager of status writes.
+pub const STATUS_MANAGER: &str = "hpp-operator/status";
+
+/// How this process writes status: through `/status` until a 404 shows the CRD has no status
+/// subresource, then through the whole object until discovery lists the subresource again.
+#[derive(Debug, Default)]
+pub struct StatusPath {
+    via_main: AtomicBool,
+}
+
+impl StatusPath {
+    /// Whether status goes through the whole object (the CRD has no status subresource).
+    pub fn via_main(&self) -> bool {
+        self.via_main.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, via_main: bool) {
+        self.via_main.store(via_main, Ordering::Relaxed);
+    }
+}
+
+/// What a write found out about the CRD.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// Written the way [`StatusPath`] said.
+    Done,
+    /// Not written: the CRD has no status subresource (`/status` answered 404 while the CR
+    /// exists). [`StatusPath`] now says so; derive the status again and [`write_whole`] it.
+    SubresourceMissing,
+}
+
+/// Full status as a merge patch body: absent fields become null so they are cleared.
+pub fn status_patch(status: &HostPathProvisionerStatus) -> Result<Value> {
+    let mut v = serde_json::to_value(status).map_err(|source| Error::Serialize {
+        what: "status".into(),
+        source,
+    })?;
+    if let Value::Object(map) = &mut v {
+        for key in [
+            "conditions",
+            "observedVersion",
+            "operatorVersion",
+            "targetVersion",
+            "storagePoolStatuses",
+        ] {
+            map.entry(key).or_insert(Value::Null);
+        }
+    }
+    Ok(json!({ "status": v }))
+}
+
+/// Writes `sent` as the status of `name` the way `path` says. A 404 from `/status` for a CR
+/// that exists switches `path` to the whole object and writes nothing
+/// ([`Written::SubresourceMissing`]); for a CR that is gone it is returned as the error.
+pub async fn write(
+    api: &Api<HostPathProvisioner>,
+    name: &str,
+    sent: &HostPathProvisionerStatus,
+    path: &StatusPath,
+) -> Result<Written> {
+    if path.via_main() {
+        write_whole(api, name, sent).await?;
+        return Ok(Written::Done);
+    }
+    match api
+        .patch_status(name, &params(), &Patch::Merge(&status_patch(sent)?))
+        .await
+    {
+        Ok(_) => Ok(Written::Done),
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            let exists = api
+                .get_opt(name)
+                .await
+                .map_err(|e| Error::kube("get", name, e))?
+                .is_some();
+            if !exists {
+                return Err(Error::kube("patch status", name, kube::Error::Api(e)));
+            }
+            warn!(hpp = name, answer = %e.message,
+                "PATCH status answered 404 NotFound while the CR exists: the CRD has no status subresource \
+                 (KubeVirt's); writing status with the whole object from now on");
+            path.set(true);
+            Ok(Written::SubresourceMissing)
+        }
+        Err(e) => Err(Error::kube("patch status", name, e)),
+    }
+}
+
+/// Writes `sent` as the status of `name` with a merge patch of the whole object: how status is
+/// written on a CRD without the status subresource (the patch touches nothing but `status`).
+pub async fn write_whole(api: &Api<HostPathProvisioner>, name: &str, sent: &HostPathProvisionerStatus) -> Result<()> {
+    api.patch(name, &params(), &Patch::Merge(&status_patch(sent)?))
+        .await
+        .map_err(|e| Error::kube("patch status through the whole object", name, e))?;
+    Ok(())
+}
+
+fn params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(STATUS_MANAGER.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// While status goes through the whole object, asks API discovery whether the CRD has the
+/// status subresource now (someone applied hpp's CRD); if so, switches `path` back and returns
+/// true. Every authenticated user may read discovery, so this needs no RBAC on
+/// CustomResourceDefinitions.
+pub async fn recheck(client: &Client, path: &StatusPath) -> Result<bool> {
+    if !path.via_main() {
+        return Ok(false);
+    }
+    let api_version = HostPathProvisioner::api_version(&());
+    let resources = client
+        .list_api_group_resources(&api_version)
+        .await
+        .map_err(|e| Error::kube("discover", api_version.to_string(), e))?;
+    let wanted = format!("{}/status", HostPathProvisioner::plural(&()));
+    if !resources.resources.iter().any(|r| r.name == wanted) {
+        return Ok(false);
+    }
+    info!("the HostPathProvisioner CRD has the status subresource now: writing status through /status again");
+    path.set(false);
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_patch_clears_what_the_status_no_longer_has() {
+        let body = status_patch(&HostPathProvisionerStatus::default()).unwrap();
+        assert_eq!(body["status"]["observedVersion"], Value::Null);
+        assert!(body["status"].as_object().unwrap().contains_key("storagePoolStatuses"));
+    }
+}
