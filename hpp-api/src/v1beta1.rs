@@ -108,6 +108,43 @@ pub struct StoragePool {
     #[schemars(extend("minimum" = 1, "maximum" = 1000, "format" = "int32"))]
     #[garde(custom(rules::overcommit_percent))]
     pub overcommit_percent: Option<u32>,
+    /// Deleted volumes kept for a while in a trash inside the pool, so a claim deleted by
+    /// mistake can be restored. Absent: a deleted volume is removed at once, as in KubeVirt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[garde(dive)]
+    pub trash: Option<PoolTrash>,
+}
+
+/// The trash of one pool: how long deleted volumes are kept, and how much free space the pool
+/// keeps by purging them early.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema, Validate)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolTrash {
+    /// How long a deleted volume is kept before it is purged, as a duration such as `72h`,
+    /// `90m` or `7d`. Absent or `0`: no trash, a deleted volume is removed at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[garde(custom(rules::trash_retention))]
+    pub retention: Option<String>,
+    /// Free space the pool's filesystem keeps, in percent (0 to 99, default 10 with a
+    /// retention): below it, trashed volumes are purged early, oldest first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("minimum" = 0, "maximum" = 99, "format" = "int32"))]
+    #[garde(custom(rules::trash_min_free_percent))]
+    pub min_free_percent: Option<u32>,
+}
+
+impl PoolTrash {
+    /// Default of [`PoolTrash::min_free_percent`] when a retention is set.
+    pub const DEFAULT_MIN_FREE_PERCENT: u32 = 10;
+
+    /// Whether deleted volumes go to the trash: a retention that parses and is not zero.
+    pub fn is_on(&self) -> bool {
+        self.retention
+            .as_deref()
+            .and_then(|r| crate::duration::parse(r).ok())
+            .is_some_and(|d| !d.is_zero())
+    }
 }
 
 /// Inline ephemeral volumes in one pool. Any pod creator can ask for one, so an admin may refuse
