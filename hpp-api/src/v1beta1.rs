@@ -228,6 +228,71 @@ pub struct HostPathProvisionerStatus {
     /// One entry per storage pool, sorted by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub storage_pool_statuses: Vec<StoragePoolStatus>,
+    /// Nodes lost while claims of a StorageClass with `nodeLossPolicy: Recreate` were pinned to
+    /// them, and the claims released so far. Absent until that first happens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_loss: Option<NodeLossStatus>,
+}
+
+/// What the operator did about lost nodes (StorageClass parameter `nodeLossPolicy`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeLossStatus {
+    /// Claims released (PVC and PV deleted) after a node loss, in total.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub claims_released: u64,
+    /// Lost nodes that still have claims of a `Recreate` class pinned to them, sorted by name;
+    /// a node leaves the list when it comes back or when its last such claim is released.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost_nodes: Vec<LostNode>,
+}
+
+impl NodeLossStatus {
+    /// Whether there is nothing to report (the field is then left out).
+    pub fn is_empty(&self) -> bool {
+        self.claims_released == 0 && self.lost_nodes.is_empty()
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// A lost node whose claims are being released or wait for their grace period.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LostNode {
+    /// Node name.
+    pub name: String,
+    /// `NodeDeleted` (no Node object) or `OutOfService` (the `node.kubernetes.io/out-of-service`
+    /// taint).
+    pub reason: NodeLossReason,
+    /// When the operator first saw the loss (RFC 3339); grace periods count from here, also
+    /// across operator restarts.
+    pub since: String,
+    /// Claims of this node released so far.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub claims_released: u64,
+}
+
+/// Why a node counts as lost.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum NodeLossReason {
+    /// The Node object is gone while PVs are still pinned to it.
+    #[default]
+    NodeDeleted,
+    /// The Node carries the `node.kubernetes.io/out-of-service` taint (non-graceful shutdown).
+    OutOfService,
+}
+
+impl NodeLossReason {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeLossReason::NodeDeleted => "NodeDeleted",
+            NodeLossReason::OutOfService => "OutOfService",
+        }
+    }
 }
 
 /// A status condition in the openshift custom-resource-status shape the KubeVirt operator uses.
