@@ -111,12 +111,9 @@ fn cached_watch(
     let (extra_tx, extra_rx) = futures::channel::mpsc::unbounded::<()>();
     let filtered = fingerprint.is_some();
     let events = reflector::reflector(writer, trimmed).inspect(move |event| {
-        let Ok(event) = event else { return };
-        let mut trigger = filtered && matches!(event, watcher::Event::Delete(_));
-        for index in &indexes {
-            trigger |= index.apply(event);
-        }
-        if trigger {
+        if let Ok(event) = event
+            && must_trigger(filtered, event, &indexes)
+        {
             let _ = extra_tx.unbounded_send(());
         }
     });
@@ -130,6 +127,16 @@ fn cached_watch(
     };
     // Ends with the watch: the sender lives in the watch stream's `inspect`.
     futures::stream::select(triggers, extra_rx).boxed()
+}
+
+/// Whether a watch event must trigger a pass even if the fingerprint filter (when `filtered`)
+/// would drop it: a deletion, or a change an index reports. Feeds every index on the way.
+fn must_trigger(filtered: bool, event: &watcher::Event<DynamicObject>, indexes: &[Arc<dyn WatchIndex>]) -> bool {
+    let mut trigger = filtered && matches!(event, watcher::Event::Delete(_));
+    for index in indexes {
+        trigger |= index.apply(event);
+    }
+    trigger
 }
 
 /// What the controller watches: every kind the pipeline manages (labelled objects), what the
@@ -193,4 +200,45 @@ pub async fn controller(
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
     controller(ctx, shutdown).await.for_each(|()| async {}).await;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn node(name: &str) -> DynamicObject {
+        serde_json::from_value(serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}))
+            .unwrap()
+    }
+
+    /// Reports every `Apply` as a change when told to.
+    #[derive(Default)]
+    struct Flag(AtomicBool);
+
+    impl WatchIndex for Flag {
+        fn apply(&self, event: &watcher::Event<DynamicObject>) -> bool {
+            matches!(event, watcher::Event::Apply(_)) && self.0.load(Ordering::Relaxed)
+        }
+        fn is_ready(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn deletions_of_filtered_kinds_and_index_changes_trigger() {
+        let gone = watcher::Event::Delete(node("n1"));
+        let changed = watcher::Event::Apply(node("n1"));
+        // A filtered kind (nodes, PVs): the fingerprint filter would swallow a deletion.
+        assert!(must_trigger(true, &gone, &[]));
+        assert!(!must_trigger(true, &changed, &[]), "the filter decides about updates");
+        // Unfiltered kinds trigger through the object stream anyway.
+        assert!(!must_trigger(false, &gone, &[]));
+        let flag = Arc::new(Flag::default());
+        let indexes: Vec<Arc<dyn WatchIndex>> = vec![flag.clone()];
+        assert!(!must_trigger(true, &changed, &indexes));
+        flag.0.store(true, Ordering::Relaxed);
+        assert!(must_trigger(true, &changed, &indexes), "an index asks for a pass");
+    }
 }

@@ -685,7 +685,8 @@ fn pipeline_can_be_edited_in_a_few_lines() {
             "storage-pools",
             "prometheus",
             "storage-class-pools",
-            "pool-mounts"
+            "pool-mounts",
+            "node-loss"
         ]
     );
     assert!(p.remove("prometheus"));
