@@ -28,8 +28,8 @@ pub const PARAM_OVERLAY_CSI: &str = "overlayCSI";
 /// attributes, which the operator reads when the class no longer exists.
 pub const PARAM_NODE_LOSS_POLICY: &str = "nodeLossPolicy";
 /// StorageClass parameter: how long a node must stay lost before `nodeLossPolicy: Recreate`
-/// releases its claims, a duration such as `5m` (default [`DEFAULT_NODE_LOSS_GRACE_PERIOD`]),
-/// measured from when the operator first saw the loss.
+/// releases its claims, a duration such as `90s`, `5m` or `1h` (default `5m`), measured from
+/// when the operator first saw the loss.
 pub const PARAM_NODE_LOSS_GRACE_PERIOD: &str = "nodeLossGracePeriod";
 /// [`PARAM_NODE_LOSS_POLICY`] value: leave the claims alone (the default).
 pub const NODE_LOSS_POLICY_RETAIN: &str = "Retain";
