@@ -9,7 +9,7 @@
 //! - **Grace period**: from when the operator first saw the loss, recorded in
 //!   `status.nodeLoss.lostNodes[].since`, so a restarted operator keeps the original deadline;
 //!   the step asks for a pass at the earliest deadline ([`Readiness::requeue_after`]).
-//! - **Release** (pure decision in [`decide`], done here): a Warning Event on the PVC and the
+//! - **Release** (pure decision in [`decide()`], done here): a Warning Event on the PVC and the
 //!   CR, the PVC deleted (uid precondition: the claim the PV is bound to, never a newer claim
 //!   of the same name), the PV deleted (uid precondition), and then exactly the external
 //!   provisioner's finalizer removed from it with a JSON patch that first tests the PV's uid

@@ -382,7 +382,8 @@ pub fn decide(inp: Inputs<'_>) -> Plan {
                 (false, None) => {}
             }
         }
-        if stored.is_none() {
+        // Announced once, when first seen with claims still to release.
+        if stored.is_none() && !waiting.is_empty() {
             waiting.sort();
             plan.new_losses.push(NewLoss {
                 node: (*node).to_owned(),
