@@ -240,7 +240,7 @@ pub struct HostPathProvisionerStatus {
 pub struct NodeLossStatus {
     /// Claims released (PVC and PV deleted) after a node loss, in total.
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub claims_released: u64,
+    pub claims_released: i64,
     /// Lost nodes that still have claims of a `Recreate` class pinned to them, sorted by name;
     /// a node leaves the list when it comes back or when its last such claim is released.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -254,7 +254,7 @@ impl NodeLossStatus {
     }
 }
 
-fn is_zero(n: &u64) -> bool {
+fn is_zero(n: &i64) -> bool {
     *n == 0
 }
 
@@ -272,7 +272,7 @@ pub struct LostNode {
     pub since: String,
     /// Claims of this node released so far.
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub claims_released: u64,
+    pub claims_released: i64,
 }
 
 /// Why a node counts as lost.

@@ -112,7 +112,7 @@ pub struct Cancelled {
     /// The node.
     pub node: String,
     /// Claims released before it came back.
-    pub released: u64,
+    pub released: i64,
 }
 
 /// What to do in this pass.
