@@ -21,6 +21,28 @@ pub const TOPOLOGY_KEY: &str = "topology.hostpath.csi/node";
 pub const PARAM_STORAGE_POOL: &str = "storagePool";
 /// Parameter the operator sets on the RWX overlay StorageClass; the driver ignores it.
 pub const PARAM_OVERLAY_CSI: &str = "overlayCSI";
+/// StorageClass parameter: what the operator does with the claims of this class pinned to a
+/// node that is lost (deleted, or tainted out-of-service): `Retain` (default, nothing) or
+/// `Recreate` (after the grace period, delete the claim and its PV so a StatefulSet re-creates
+/// the claim on another node, with an empty volume). CreateVolume copies it into the volume
+/// attributes, which the operator reads when the class no longer exists.
+pub const PARAM_NODE_LOSS_POLICY: &str = "nodeLossPolicy";
+/// StorageClass parameter: how long a node must stay lost before `nodeLossPolicy: Recreate`
+/// releases its claims, a duration such as `90s`, `5m` or `1h` (default `5m`), measured from
+/// when the operator first saw the loss.
+pub const PARAM_NODE_LOSS_GRACE_PERIOD: &str = "nodeLossGracePeriod";
+/// [`PARAM_NODE_LOSS_POLICY`] value: leave the claims alone (the default).
+pub const NODE_LOSS_POLICY_RETAIN: &str = "Retain";
+/// [`PARAM_NODE_LOSS_POLICY`] value: release the claims after the grace period.
+pub const NODE_LOSS_POLICY_RECREATE: &str = "Recreate";
+/// Grace period of [`PARAM_NODE_LOSS_GRACE_PERIOD`] when the class does not set one.
+pub const DEFAULT_NODE_LOSS_GRACE_PERIOD: &str = "5m";
+/// Node taint of Kubernetes' non-graceful node shutdown: the node is down and will not come
+/// back on its own; any effect counts as a lost node.
+pub const TAINT_OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
+/// Finalizer the external provisioner (csi-provisioner) puts on the PVs it provisions and
+/// removes after DeleteVolume; a lost node's provisioner never removes it.
+pub const FINALIZER_EXTERNAL_PROVISIONER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 /// Pool used when a request names no pool (the `pathConfig` pool of a legacy CR).
 pub const DEFAULT_POOL_NAME: &str = "legacy";
 

@@ -2,8 +2,8 @@
 //!
 //! Fields one version cannot express travel in the annotation
 //! [`ANNOTATION_CONVERSION_DATA`]: on a v1alpha1 object
-//! it holds the v1beta1-only fields (storage pools, feature gates, pool statuses, an absent
-//! `pathConfig`); on a v1beta1 object it holds the original v1alpha1 `useNamingPrefix` string when
+//! it holds the v1beta1-only fields (storage pools, feature gates, pool statuses, the node-loss
+//! status, an absent `pathConfig`); on a v1beta1 object it holds the original v1alpha1 `useNamingPrefix` string when
 //! that string is not plain `true`/`false`. Converting there and back gives the object you started
 //! with, byte for byte once serialised.
 
@@ -41,7 +41,8 @@ pub enum ConversionError {
 /// Largest conversion annotation that still carries the pool statuses. The API server limits
 /// all of an object's annotations together to 256 KiB and fails a conversion whose result is
 /// over it, which would fail every v1alpha1 read; a cluster with thousands of per-node pool
-/// PVCs gets there through `claimStatuses`. Above this the statuses are left out: only the
+/// PVCs gets there through `claimStatuses` (or a mass node loss through `nodeLoss`). Above
+/// this the statuses are left out: only the
 /// operator writes status, in v1beta1, and a v1alpha1 write of the main resource keeps the
 /// stored status anyway (the status subresource).
 pub const MAX_STATUS_ANNOTATION_BYTES: usize = 64 * 1024;
@@ -58,6 +59,8 @@ struct Beta1Only {
     feature_gates: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     storage_pool_statuses: Vec<v1beta1::StoragePoolStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node_loss: Option<v1beta1::NodeLossStatus>,
 }
 
 /// The v1alpha1 fields a v1beta1 object cannot hold.
@@ -129,9 +132,11 @@ pub fn to_v1alpha1(obj: &v1beta1::HostPathProvisioner) -> Result<v1alpha1::HostP
             .as_ref()
             .map(|s| s.storage_pool_statuses.clone())
             .unwrap_or_default(),
+        node_loss: obj.status.as_ref().and_then(|s| s.node_loss.clone()),
     };
     if serde_json::to_vec(&beta_only).map_or(0, |v| v.len()) > MAX_STATUS_ANNOTATION_BYTES {
         beta_only.storage_pool_statuses.clear();
+        beta_only.node_loss = None;
     }
     put_annotation(&mut metadata.annotations, &beta_only)?;
     Ok(v1alpha1::HostPathProvisioner {
@@ -173,7 +178,10 @@ pub fn to_v1beta1(obj: &v1alpha1::HostPathProvisioner) -> Result<v1beta1::HostPa
             workload: obj.spec.workload.clone(),
             feature_gates: beta_only.feature_gates,
         },
-        status: match (&obj.status, beta_only.storage_pool_statuses.is_empty()) {
+        status: match (
+            &obj.status,
+            beta_only.storage_pool_statuses.is_empty() && beta_only.node_loss.is_none(),
+        ) {
             (None, true) => None,
             (status, _) => {
                 let s = status.clone().unwrap_or_default();
@@ -183,6 +191,7 @@ pub fn to_v1beta1(obj: &v1alpha1::HostPathProvisioner) -> Result<v1beta1::HostPa
                     operator_version: s.operator_version,
                     target_version: s.target_version,
                     storage_pool_statuses: beta_only.storage_pool_statuses,
+                    node_loss: beta_only.node_loss,
                 })
             }
         },

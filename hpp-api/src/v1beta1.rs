@@ -108,6 +108,43 @@ pub struct StoragePool {
     #[schemars(extend("minimum" = 1, "maximum" = 1000, "format" = "int32"))]
     #[garde(custom(rules::overcommit_percent))]
     pub overcommit_percent: Option<u32>,
+    /// Deleted volumes kept for a while in a trash inside the pool, so a claim deleted by
+    /// mistake can be restored. Absent: a deleted volume is removed at once, as in KubeVirt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[garde(dive)]
+    pub trash: Option<PoolTrash>,
+}
+
+/// The trash of one pool: how long deleted volumes are kept, and how much free space the pool
+/// keeps by purging them early.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema, Validate)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolTrash {
+    /// How long a deleted volume is kept before it is purged, as a duration such as `72h`,
+    /// `90m` or `7d`. Absent or `0`: no trash, a deleted volume is removed at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[garde(custom(rules::trash_retention))]
+    pub retention: Option<String>,
+    /// Free space the pool's filesystem keeps, in percent (0 to 99, default 10 with a
+    /// retention): below it, trashed volumes are purged early, oldest first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("minimum" = 0, "maximum" = 99, "format" = "int32"))]
+    #[garde(custom(rules::trash_min_free_percent))]
+    pub min_free_percent: Option<u32>,
+}
+
+impl PoolTrash {
+    /// Default of [`PoolTrash::min_free_percent`] when a retention is set.
+    pub const DEFAULT_MIN_FREE_PERCENT: u32 = 10;
+
+    /// Whether deleted volumes go to the trash: a retention that parses and is not zero.
+    pub fn is_on(&self) -> bool {
+        self.retention
+            .as_deref()
+            .and_then(|r| crate::duration::parse(r).ok())
+            .is_some_and(|d| !d.is_zero())
+    }
 }
 
 /// Inline ephemeral volumes in one pool. Any pod creator can ask for one, so an admin may refuse
@@ -191,6 +228,71 @@ pub struct HostPathProvisionerStatus {
     /// One entry per storage pool, sorted by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub storage_pool_statuses: Vec<StoragePoolStatus>,
+    /// Nodes lost while claims of a StorageClass with `nodeLossPolicy: Recreate` were pinned to
+    /// them, and the claims released so far. Absent until that first happens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_loss: Option<NodeLossStatus>,
+}
+
+/// What the operator did about lost nodes (StorageClass parameter `nodeLossPolicy`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeLossStatus {
+    /// Claims released (PVC and PV deleted) after a node loss, in total.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub claims_released: i64,
+    /// Lost nodes that still have claims of a `Recreate` class pinned to them, sorted by name;
+    /// a node leaves the list when it comes back or when its last such claim is released.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost_nodes: Vec<LostNode>,
+}
+
+impl NodeLossStatus {
+    /// Whether there is nothing to report (the field is then left out).
+    pub fn is_empty(&self) -> bool {
+        self.claims_released == 0 && self.lost_nodes.is_empty()
+    }
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+/// A lost node whose claims are being released or wait for their grace period.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LostNode {
+    /// Node name.
+    pub name: String,
+    /// `NodeDeleted` (no Node object) or `OutOfService` (the `node.kubernetes.io/out-of-service`
+    /// taint).
+    pub reason: NodeLossReason,
+    /// When the operator first saw the loss (RFC 3339); grace periods count from here, also
+    /// across operator restarts.
+    pub since: String,
+    /// Claims of this node released so far.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub claims_released: i64,
+}
+
+/// Why a node counts as lost.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum NodeLossReason {
+    /// The Node object is gone while PVs are still pinned to it.
+    #[default]
+    NodeDeleted,
+    /// The Node carries the `node.kubernetes.io/out-of-service` taint (non-graceful shutdown).
+    OutOfService,
+}
+
+impl NodeLossReason {
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeLossReason::NodeDeleted => "NodeDeleted",
+            NodeLossReason::OutOfService => "OutOfService",
+        }
+    }
 }
 
 /// A status condition in the openshift custom-resource-status shape the KubeVirt operator uses.

@@ -66,6 +66,55 @@ fn pool_ephemeral_and_quota_settings_survive_a_trip_through_alpha() {
 }
 
 #[test]
+fn pool_trash_settings_survive_a_trip_through_alpha() {
+    let original = beta(json!({
+        "apiVersion": API_VERSION_V1BETA1, "kind": "HostPathProvisioner",
+        "metadata": {"name": "hpp"},
+        "spec": {"storagePools": [{"name": "local", "path": "/var/hpvolumes",
+            "trash": {"retention": "72h", "minFreePercent": 5}}]}
+    }));
+    let down = to_v1alpha1(&original).unwrap();
+    let annotation = &down.metadata.annotations.as_ref().unwrap()[hpp_api::constants::ANNOTATION_CONVERSION_DATA];
+    assert!(
+        annotation.contains(r#""trash":{"retention":"72h","minFreePercent":5}"#),
+        "{annotation}"
+    );
+    let up = to_v1beta1(&down).unwrap();
+    assert_eq!(up, original);
+    assert_eq!(
+        serde_json::to_value(&up).unwrap()["spec"]["storagePools"][0]["trash"],
+        json!({"retention": "72h", "minFreePercent": 5})
+    );
+}
+
+#[test]
+fn node_loss_status_survives_a_trip_through_alpha() {
+    let original = beta(json!({
+        "apiVersion": API_VERSION_V1BETA1, "kind": "HostPathProvisioner",
+        "metadata": {"name": "hpp"},
+        "spec": {"storagePools": [{"name": "local", "path": "/var/hpvolumes"}]},
+        "status": {"nodeLoss": {"claimsReleased": 4, "lostNodes": [
+            {"name": "node02", "reason": "OutOfService", "since": "2025-01-02T03:04:05Z", "claimsReleased": 1}]}}
+    }));
+    let down = to_v1alpha1(&original).unwrap();
+    assert!(
+        serde_json::to_value(&down).unwrap()["status"].get("nodeLoss").is_none(),
+        "v1alpha1 has no node-loss status"
+    );
+    assert_eq!(to_v1beta1(&down).unwrap(), original);
+    // A status with only the node-loss summary still comes back (not as an absent status).
+    let only = beta(json!({
+        "apiVersion": API_VERSION_V1BETA1, "kind": "HostPathProvisioner",
+        "metadata": {"name": "hpp"},
+        "spec": {"storagePools": [{"name": "local", "path": "/var/hpvolumes"}]},
+        "status": {"nodeLoss": {"claimsReleased": 1}}
+    }));
+    let mut down = to_v1alpha1(&only).unwrap();
+    down.status = None;
+    assert_eq!(to_v1beta1(&down).unwrap().status, only.status);
+}
+
+#[test]
 fn beta_legacy_round_trips_through_alpha_without_annotations() {
     let original = beta(json!({
         "apiVersion": API_VERSION_V1BETA1, "kind": "HostPathProvisioner",

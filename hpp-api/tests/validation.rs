@@ -401,3 +401,60 @@ fn ephemeral_quota_and_overcommit_settings_are_validated_with_their_paths() {
         .is_err()
     );
 }
+
+/// Issue 28: `trash.retention` is a duration (the parser says why one is not) and
+/// `trash.minFreePercent` is 0 to 99, each reported at its own path; a percentage without a
+/// retention is accepted with a warning.
+#[test]
+fn trash_settings_are_validated_with_their_paths() {
+    use hpp_api::v1beta1::PoolTrash;
+    let with = |retention: Option<&str>, min_free_percent: Option<u32>| {
+        let mut spec = pools(&[("local", "/var/hpvolumes")]);
+        spec.storage_pools.as_mut().unwrap()[0].trash = Some(PoolTrash {
+            retention: retention.map(Into::into),
+            min_free_percent,
+        });
+        spec
+    };
+    for ok in ["72h", "1h30m", "7d", "0", " 10s "] {
+        with(Some(ok), None).validate_create().unwrap();
+    }
+    with(Some("72h"), Some(0)).validate_create().unwrap();
+    with(Some("72h"), Some(99)).validate_create().unwrap();
+    rejected(
+        with(Some("three days"), None).validate_create(),
+        "spec.storagePools[0].trash.retention",
+        "is not a duration",
+    );
+    rejected(
+        with(Some(""), None).validate_create(),
+        "spec.storagePools[0].trash.retention",
+        "e.g. 30s",
+    );
+    rejected(
+        with(Some("100000h"), None).validate_create(),
+        "spec.storagePools[0].trash.retention",
+        "maximum of 10 years",
+    );
+    rejected(
+        with(Some("72h"), Some(100)).validate_create(),
+        "spec.storagePools[0].trash.minFreePercent",
+        "from 0 to 99",
+    );
+    // The wire spelling, and the warning for a percentage that does nothing.
+    let spec: HostPathProvisionerSpec = serde_json::from_value(serde_json::json!({
+        "storagePools": [{"name": "local", "path": "/p", "trash": {"retention": "72h", "minFreePercent": 5}},
+                         {"name": "other", "path": "/q", "trash": {"minFreePercent": 5}}]
+    }))
+    .unwrap();
+    spec.validate_create().unwrap();
+    let pools = spec.storage_pools.as_ref().unwrap();
+    assert!(pools[0].trash.as_ref().unwrap().is_on());
+    assert!(!pools[1].trash.as_ref().unwrap().is_on());
+    let warnings = hpp_api::validation::warnings(&spec);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with("spec.storagePools[1].trash.minFreePercent: has no effect"),
+        "{warnings:?}"
+    );
+}

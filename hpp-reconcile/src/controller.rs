@@ -2,7 +2,8 @@
 //! plugged in, from [`Pipeline::kinds`](crate::Pipeline::kinds)), the objects the facts are read
 //! from, and nodes, so drift is repaired by the next reconcile instead of by polling. Every
 //! watch fills a reflector store in the context's [`Cache`] (objects trimmed (`cache::trim`) of
-//! what no reader uses), which passes read instead of the API.
+//! what no reader uses), which passes read instead of the API, and the steps' indexes
+//! ([`WatchIndex`]) of its kind and selector.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -21,6 +22,7 @@ use tracing::{info, warn};
 
 use crate::cache::Cache;
 use crate::gather;
+use crate::index::WatchIndex;
 use crate::names::managed_selector;
 use crate::object::Kind;
 use crate::operator::{Context, error_policy, reconcile};
@@ -67,14 +69,21 @@ fn usage_fingerprint(obj: &DynamicObject) -> Option<u64> {
     Some(h.finish())
 }
 
-/// A reflector over `kind` objects matching `selector`, registered in `cache`; yields one item
-/// per change that should trigger a reconcile.
+/// A reflector over `kind` objects matching `selector`, registered in `cache`, feeding
+/// `indexes`; yields one item per change that should trigger a reconcile.
+///
+/// Nodes, PersistentVolumes and capacity objects pass a fingerprint filter (heartbeats and
+/// status churn do not trigger). The filter compares an object with its last seen state, so it
+/// would also swallow a deletion (the deleted object looks like the last one seen): deletions
+/// of those kinds always trigger, and so does every event an index reports as one its step must
+/// act on.
 fn cached_watch(
     client: &Client,
     namespace: &str,
     cache: &Cache,
     kind: &Kind,
     selector: &str,
+    indexes: Vec<Arc<dyn WatchIndex>>,
 ) -> BoxStream<'static, ()> {
     let ar = kind.api_resource();
     let api = if kind.namespaced {
@@ -91,24 +100,47 @@ fn cached_watch(
             .default_backoff()
             .modify(move |obj| crate::cache::trim(&kind, obj))
     };
-    let objects = reflector::reflector(writer, trimmed).touched_objects();
-    if kind.kind == "Node" && kind.group.is_empty() {
-        objects
-            .predicate_filter(node_fingerprint, Default::default())
-            .filter_map(|r| async move { r.ok().map(|_| ()) })
-            .boxed()
+    let fingerprint: Option<fn(&DynamicObject) -> Option<u64>> = if kind.kind == "Node" && kind.group.is_empty() {
+        Some(node_fingerprint)
     } else if (kind.kind == "PersistentVolume" && kind.group.is_empty()) || kind.kind == "CSIStorageCapacity" {
-        objects
-            .predicate_filter(usage_fingerprint, Default::default())
-            .filter_map(|r| async move { r.ok().map(|_| ()) })
-            .boxed()
+        Some(usage_fingerprint)
     } else {
-        objects.filter_map(|r| async move { r.ok().map(|_| ()) }).boxed()
+        None
+    };
+    // Triggers the fingerprint filter would swallow, sent beside the filtered stream.
+    let (extra_tx, extra_rx) = futures::channel::mpsc::unbounded::<()>();
+    let filtered = fingerprint.is_some();
+    let events = reflector::reflector(writer, trimmed).inspect(move |event| {
+        if let Ok(event) = event
+            && must_trigger(filtered, event, &indexes)
+        {
+            let _ = extra_tx.unbounded_send(());
+        }
+    });
+    let objects = events.touched_objects();
+    let triggers = match fingerprint {
+        Some(f) => objects
+            .predicate_filter(f, Default::default())
+            .filter_map(|r| async move { r.ok().map(|_| ()) })
+            .boxed(),
+        None => objects.filter_map(|r| async move { r.ok().map(|_| ()) }).boxed(),
+    };
+    // Ends with the watch: the sender lives in the watch stream's `inspect`.
+    futures::stream::select(triggers, extra_rx).boxed()
+}
+
+/// Whether a watch event must trigger a pass even if the fingerprint filter (when `filtered`)
+/// would drop it: a deletion, or a change an index reports. Feeds every index on the way.
+fn must_trigger(filtered: bool, event: &watcher::Event<DynamicObject>, indexes: &[Arc<dyn WatchIndex>]) -> bool {
+    let mut trigger = filtered && matches!(event, watcher::Event::Delete(_));
+    for index in indexes {
+        trigger |= index.apply(event);
     }
+    trigger
 }
 
 /// What the controller watches: every kind the pipeline manages (labelled objects), what the
-/// steps read without owning, and the sources the facts are gathered from.
+/// steps read without owning or index, and the sources the facts are gathered from.
 pub fn watched(ctx: &Context, facts: &crate::ClusterFacts) -> BTreeSet<(Kind, String)> {
     let managed = managed_selector();
     ctx.pipeline
@@ -116,6 +148,7 @@ pub fn watched(ctx: &Context, facts: &crate::ClusterFacts) -> BTreeSet<(Kind, St
         .into_iter()
         .map(|k| (k, managed.clone()))
         .chain(ctx.pipeline.watches())
+        .chain(ctx.pipeline.indexes().into_iter().map(|(k, sel, _)| (k, sel)))
         .chain(gather::fact_sources())
         .collect()
 }
@@ -142,9 +175,17 @@ pub async fn controller(
         watcher::Config::default(),
     );
     ctx.cache.set_provisioners(c.store());
+    let indexes = ctx.pipeline.indexes();
     let triggers: Vec<BoxStream<'static, ()>> = watched(&ctx, &facts)
         .iter()
-        .map(|(kind, selector)| cached_watch(&client, &ns, &ctx.cache, kind, selector))
+        .map(|(kind, selector)| {
+            let fed = indexes
+                .iter()
+                .filter(|(k, sel, _)| k == kind && sel == selector)
+                .map(|(_, _, index)| index.clone())
+                .collect();
+            cached_watch(&client, &ns, &ctx.cache, kind, selector, fed)
+        })
         .collect();
     c.reconcile_all_on(futures::stream::select_all(triggers))
         .graceful_shutdown_on(shutdown)
@@ -159,4 +200,45 @@ pub async fn controller(
 /// Runs the controller until `shutdown` resolves.
 pub async fn run(ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
     controller(ctx, shutdown).await.for_each(|()| async {}).await;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn node(name: &str) -> DynamicObject {
+        serde_json::from_value(serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}))
+            .unwrap()
+    }
+
+    /// Reports every `Apply` as a change when told to.
+    #[derive(Default)]
+    struct Flag(AtomicBool);
+
+    impl WatchIndex for Flag {
+        fn apply(&self, event: &watcher::Event<DynamicObject>) -> bool {
+            matches!(event, watcher::Event::Apply(_)) && self.0.load(Ordering::Relaxed)
+        }
+        fn is_ready(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn deletions_of_filtered_kinds_and_index_changes_trigger() {
+        let gone = watcher::Event::Delete(node("n1"));
+        let changed = watcher::Event::Apply(node("n1"));
+        // A filtered kind (nodes, PVs): the fingerprint filter would swallow a deletion.
+        assert!(must_trigger(true, &gone, &[]));
+        assert!(!must_trigger(true, &changed, &[]), "the filter decides about updates");
+        // Unfiltered kinds trigger through the object stream anyway.
+        assert!(!must_trigger(false, &gone, &[]));
+        let flag = Arc::new(Flag::default());
+        let indexes: Vec<Arc<dyn WatchIndex>> = vec![flag.clone()];
+        assert!(!must_trigger(true, &changed, &indexes));
+        flag.0.store(true, Ordering::Relaxed);
+        assert!(must_trigger(true, &changed, &indexes), "an index asks for a pass");
+    }
 }

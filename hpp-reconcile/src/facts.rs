@@ -178,6 +178,9 @@ pub struct ClusterFacts {
     pub capacities: Vec<CapacityFact>,
     /// Facts plugged-in steps gathered for themselves (see `SubReconciler::gather`).
     pub extensions: FactMap,
+    /// The pass's reading of the operator's clock, for steps that wait for deadlines (node
+    /// loss); `None` offline (`render`, hand-built facts), where no step acts.
+    pub now: Option<k8s_openapi::jiff::Timestamp>,
 }
 
 impl ClusterFacts {

@@ -146,7 +146,8 @@ fn capacities(objects: Vec<CSIStorageCapacity>) -> Vec<CapacityFact> {
         .collect()
 }
 
-fn typed<K: DeserializeOwned>(obj: DynamicObject) -> Result<K> {
+/// A watched object as its typed k8s-openapi struct.
+pub(crate) fn typed<K: DeserializeOwned>(obj: DynamicObject) -> Result<K> {
     let what = obj.name_any();
     serde_json::to_value(obj)
         .and_then(serde_json::from_value)

@@ -10,6 +10,9 @@
 //!   [`Readiness`], including [`StepCondition`]s that land in the CR's status.
 //! - [`Decorate`] ([`Pipeline::decorate`], [`SubReconcilerExt::decorate`]): wrap a step to edit
 //!   what it builds, keeping everything else it does.
+//! - [`SubReconciler::act`]: a step's changes to objects it does not own (decided purely, then
+//!   done), and [`WatchIndex`] ([`SubReconciler::indexes`]): an index a step keeps over watched
+//!   objects, fed per watch event, so a pass stays O(changes) on large clusters.
 //! - [`Pipeline`]: the ordered steps of a distribution; applies them, sweeps labelled leftovers,
 //!   cleans up in reverse order on deletion.
 //! - [`Applier`]: the only writer (server-side apply per step field manager, skipped when the
@@ -25,7 +28,8 @@
 //! # The HPP distribution
 //!
 //! [`Pipeline::standard`] lists the HPP steps in [`reconcilers`] (ServiceAccounts, RBAC,
-//! CSIDriver, SCC, CSI DaemonSet, legacy DaemonSet, storage pools, Prometheus) with the names in
+//! CSIDriver, SCC, CSI DaemonSet, legacy DaemonSet, storage pools, Prometheus, the report-only
+//! checks, node loss) with the names in
 //! [`names`], configured by [`OperatorConfig`]; [`status`] derives KubeVirt's conditions and
 //! [`render`] prints every object offline.
 
@@ -38,6 +42,7 @@ pub mod operator;
 mod cache;
 mod error;
 mod gather;
+pub mod index;
 mod pipeline;
 mod subreconciler;
 
@@ -57,9 +62,12 @@ pub use config::OperatorConfig;
 pub use error::{Error, Result};
 pub use facts::{ClusterFacts, FactMap};
 pub use gather::fact_sources;
+pub use index::WatchIndex;
 pub use object::{ApplyStrategy, DesiredObject, Kind, StaticScope};
 pub use pipeline::{PassReport, Pipeline};
-pub use subreconciler::{Decorate, Edit, ObjectWarning, Readiness, StepCondition, SubReconciler, SubReconcilerExt};
+pub use subreconciler::{
+    Decorate, Edit, ObjectEvent, ObjectWarning, Readiness, StepCondition, SubReconciler, SubReconcilerExt,
+};
 
 /// The crates a custom sub-reconciler needs, re-exported so an embedder depends on one crate
 /// and always gets the versions this library was built with.

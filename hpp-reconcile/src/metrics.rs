@@ -57,6 +57,8 @@ pub struct Metrics {
     /// 1 for every StorageClass of the driver whose `storagePool` names no configured pool
     /// (no series for classes that are fine).
     pub storageclass_unknown_pool: Family<StorageClassLabels, Gauge>,
+    /// Claims released (PVC and PV deleted) after a node loss, by StorageClass.
+    pub node_loss_claims_released: Family<StorageClassLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -69,6 +71,7 @@ impl Default for Metrics {
             errors: Family::default(),
             duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             storageclass_unknown_pool: Family::default(),
+            node_loss_claims_released: Family::default(),
         }
     }
 }
@@ -86,6 +89,11 @@ impl Metrics {
             "storageclass_unknown_pool",
             "StorageClass of the driver whose storagePool names no configured pool (1); fixed classes have no series",
             m.storageclass_unknown_pool.clone(),
+        );
+        registry.sub_registry_with_prefix(KUBEVIRT_PREFIX).register(
+            "node_loss_claims_released",
+            "Claims released (PVC and PV deleted) after their node was lost, by StorageClass (nodeLossPolicy Recreate)",
+            m.node_loss_claims_released.clone(),
         );
         let r = registry.sub_registry_with_prefix(PREFIX);
         r.register("reconcile", "Reconcile passes by result", m.reconciles.clone());
@@ -114,6 +122,15 @@ impl Metrics {
         }
     }
 
+    /// Counts one claim of `storageclass` released after a node loss.
+    pub fn node_loss_claim_released(&self, storageclass: &str) {
+        self.node_loss_claims_released
+            .get_or_create(&StorageClassLabels {
+                storageclass: storageclass.to_owned(),
+            })
+            .inc();
+    }
+
     /// Records one pass.
     pub fn observe(&self, seconds: f64, error_category: Option<&'static str>) {
         self.duration.observe(seconds);
@@ -135,6 +152,8 @@ mod tests {
         let m = Metrics::register(&mut registry);
         m.observe(0.01, None);
         m.observe(0.02, Some("conflict"));
+        m.node_loss_claim_released("hostpath-csi");
+        m.node_loss_claim_released("hostpath-csi");
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
         assert!(out.contains("kubevirt_hpp_cr_ready -1"), "{out}");
@@ -143,6 +162,10 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("hpp_operator_reconcile_total{result=\"ok\"} 1"), "{out}");
+        assert!(
+            out.contains("kubevirt_hpp_node_loss_claims_released_total{storageclass=\"hostpath-csi\"} 2"),
+            "{out}"
+        );
         assert!(
             out.contains("# TYPE hpp_operator_reconcile_duration_seconds histogram"),
             "{out}"

@@ -52,6 +52,9 @@ pub const POOL_ACTION_MOUNT: &str = "mount";
 /// [`ANNOTATION_POOL_ACTION`] of a cleanup Job.
 pub const POOL_ACTION_UNMOUNT: &str = "unmount";
 
+/// Name of the node-loss step (`Pipeline::standard`), also its field manager suffix.
+pub const STEP_NODE_LOSS: &str = "node-loss";
+
 /// Kubernetes name limit used for every generated name.
 pub const MAX_NAME_LENGTH: usize = 63;
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants::FINALIZER;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Reporter};
@@ -26,9 +27,9 @@ use crate::metrics::Metrics;
 use crate::names;
 use crate::pipeline::Pipeline;
 use crate::reconcilers::storage_pools;
-use crate::status::{self, Outcome};
+use crate::status::{self, Outcome, rfc3339};
 use crate::status_write::{self, StatusPath, Written};
-use crate::subreconciler::ObjectWarning;
+use crate::subreconciler::{ObjectEvent, ObjectWarning, Readiness};
 
 /// Default [`Context::warning_grace`].
 pub const DEFAULT_WARNING_GRACE: Duration = Duration::from_secs(60);
@@ -75,21 +76,19 @@ pub struct Context {
     /// routine for a few seconds).
     pub warning_grace: Duration,
     held: Mutex<HashMap<String, HeldWarnings>>,
-    now: fn() -> String,
+    clock: Clock,
     /// Whether status goes through `/status` or the whole object (KubeVirt's CRD).
     pub status_path: StatusPath,
 }
+
+/// The operator's clock: heartbeat times in status and the deadlines steps wait for (node
+/// loss grace periods). Tests replace it ([`Context::with_clock`]) to move time by hand.
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
 
 /// Warning Events of a CR that was never Available, held back during the grace period.
 struct HeldWarnings {
     since: Instant,
     events: Vec<(String, String)>,
-}
-
-fn rfc3339_now() -> String {
-    k8s_openapi::jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
 }
 
 impl Context {
@@ -113,9 +112,20 @@ impl Context {
             warned: Mutex::new(BTreeSet::new()),
             warning_grace: DEFAULT_WARNING_GRACE,
             held: Mutex::new(HashMap::new()),
-            now: rfc3339_now,
+            clock: Arc::new(Timestamp::now),
             status_path: StatusPath::default(),
         }
+    }
+
+    /// Replaces the clock (tests move time by hand; see [`Clock`]).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The clock's current reading.
+    pub fn now(&self) -> Timestamp {
+        (self.clock)()
     }
 
     /// Reads `--metrics-tls-version` for the CSI driver from `source` on every pass.
@@ -344,18 +354,24 @@ async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
     let pass = async {
         let applier = ctx.applier();
         let mut facts = gather::gather(&applier, &cfg.namespace).await?;
+        facts.now = Some(ctx.now());
         ctx.pipeline.gather(&applier, cfg, &mut facts).await?;
         ctx.pipeline.apply(&applier, &hpp, cfg, &facts).await
     };
     match pass.await {
         Ok(report) => {
+            // What steps did is recorded first: a failed status write must not lose it.
+            record_actions(ctx, &report.readiness).await;
             let derived = write_status(&api, &hpp, &Outcome::Applied(&report.readiness), ctx).await?;
             publish_warnings(ctx, &report.readiness.warnings).await;
-            Ok(match derived.warnings_due_in {
-                // Come back when the held Warning Events are due, even if nothing changes.
-                Some(due) => Action::requeue(due),
-                None => Action::await_change(),
-            })
+            // Come back when held Warning Events or a step's deadline are due, even if nothing
+            // changes.
+            Ok(
+                match earliest(derived.warnings_due_in, report.readiness.requeue_after) {
+                    Some(due) => Action::requeue(due),
+                    None => Action::await_change(),
+                },
+            )
         }
         Err(e) => {
             match write_status(&api, &hpp, &Outcome::Failed(e.to_string()), ctx).await {
@@ -423,6 +439,25 @@ async fn cleanup(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action>
     }
 }
 
+/// The earlier of two optional delays.
+fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Publishes the one-off Events of what steps did and counts the claims released after a node
+/// loss.
+async fn record_actions(ctx: &Context, readiness: &Readiness) {
+    for storageclass in &readiness.node_loss_releases {
+        ctx.metrics.node_loss_claim_released(storageclass);
+    }
+    for e in &readiness.events {
+        publish_event(ctx, e).await;
+    }
+}
+
 /// Derives and writes the status (only when something besides heartbeats changed) and
 /// publishes an Event on a condition transition; a Warning Event of a CR that was never
 /// Available waits for [`Context::warning_grace`] and is dropped if the CR recovers first.
@@ -433,8 +468,9 @@ async fn write_status(
     ctx: &Context,
 ) -> Result<StatusWritten> {
     let prev = hpp.status.clone().unwrap_or_default();
+    let with_node_loss = matches!(outcome, Outcome::Applied(r) if r.node_loss.is_some());
     let derive = |via_main: bool| {
-        let now = (ctx.now)();
+        let now = rfc3339(ctx.now());
         status::with_status_path(
             status::derive(&prev, &ctx.config.version, outcome, &now),
             &prev,
@@ -455,7 +491,9 @@ async fn write_status(
     let mut derived = derive(ctx.status_path.via_main());
     if derived.changed {
         let name = hpp.name_any();
-        if status_write::write(api, &name, &derived.status, &ctx.status_path).await? == Written::SubresourceMissing {
+        if status_write::write(api, &name, &derived.status, with_node_loss, &ctx.status_path).await?
+            == Written::SubresourceMissing
+        {
             // Said once per process, then written the way KubeVirt's operator writes it.
             publish(
                 ctx,
@@ -466,7 +504,7 @@ async fn write_status(
             )
             .await;
             derived = derive(true);
-            status_write::write_whole(api, &name, &derived.status).await?;
+            status_write::write_whole(api, &name, &derived.status, with_node_loss).await?;
         }
     }
     ctx.metrics.cr_ready.set(status::cr_ready_value(&derived.status));
@@ -554,6 +592,25 @@ async fn publish_warning(ctx: &Context, w: &ObjectWarning) {
     };
     if let Err(e) = recorder.publish(&event, &w.regarding).await {
         warn!(error = %e, "could not publish event");
+    }
+}
+
+/// Publishes a step's one-off Event on its object; failures are logged, never fatal.
+async fn publish_event(ctx: &Context, e: &ObjectEvent) {
+    match e.type_ {
+        EventType::Warning => warn!(object = ?e.regarding.name, reason = %e.reason, "{}", e.message),
+        EventType::Normal => info!(object = ?e.regarding.name, reason = %e.reason, "{}", e.message),
+    }
+    let Some(recorder) = &ctx.recorder else { return };
+    let event = Event {
+        type_: e.type_,
+        reason: e.reason.clone(),
+        note: Some(e.message.clone()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(err) = recorder.publish(&event, &e.regarding).await {
+        warn!(error = %err, "could not publish event");
     }
 }
 

@@ -2,6 +2,7 @@
 //! leftovers nobody claimed, and fold their readiness. Embedders edit the list in a few lines.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use hpp_api::HostPathProvisioner;
 use tracing::{info, instrument};
@@ -10,6 +11,7 @@ use crate::apply::{Applier, Deleted, left_behind_warning};
 use crate::config::OperatorConfig;
 use crate::error::Result;
 use crate::facts::ClusterFacts;
+use crate::index::WatchIndex;
 use crate::object::{DesiredObject, Kind, ObjectKey};
 use crate::reconcilers;
 use crate::subreconciler::{Decorate, Edit, Readiness, SubReconciler};
@@ -48,6 +50,7 @@ impl Pipeline {
             .with(reconcilers::Prometheus)
             .with(reconcilers::StorageClassPools)
             .with(reconcilers::PoolMounts)
+            .with(reconcilers::NodeLoss::default())
     }
 
     /// Appends a step.
@@ -119,6 +122,11 @@ impl Pipeline {
         set.into_iter().collect()
     }
 
+    /// Every index the steps keep over watched objects (see [`SubReconciler::indexes`]).
+    pub fn indexes(&self) -> Vec<(Kind, String, Arc<dyn WatchIndex>)> {
+        self.steps.iter().flat_map(|s| s.indexes()).collect()
+    }
+
     /// Every desired object, grouped by step: pure, used by `render` and tests.
     pub fn desired(
         &self,
@@ -140,7 +148,8 @@ impl Pipeline {
         Ok(())
     }
 
-    /// One pass: apply every step in order, then delete labelled objects nobody claimed.
+    /// One pass: apply every step in order, delete labelled objects nobody claimed, then let
+    /// every step [act](SubReconciler::act) on objects it does not own.
     #[instrument(skip_all, fields(hpp = %hpp.metadata.name.as_deref().unwrap_or_default()))]
     pub async fn apply(
         &self,
@@ -172,6 +181,10 @@ impl Pipeline {
             .warnings
             .extend(applier.take_left_behind().into_iter().map(left_behind_warning));
         report.readiness.warnings.extend(applier.take_kept_stale());
+        // Last, so nothing after an action can fail the pass and lose the record of it.
+        for step in &self.steps {
+            report.readiness.merge(step.act(applier, hpp, cfg, facts).await?);
+        }
         report.readiness.pool_statuses.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(report)
     }

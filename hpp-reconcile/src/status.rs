@@ -1,5 +1,5 @@
-//! Pure status derivation: conditions, versions and pool statuses from the previous status and
-//! the outcome of a pass, with KubeVirt's states, reasons and messages.
+//! Pure status derivation: conditions, versions, pool statuses and the node-loss summary from
+//! the previous status and the outcome of a pass, with KubeVirt's states, reasons and messages.
 
 use hpp_api::condition as cond;
 use hpp_api::v1beta1::{Condition, HostPathProvisionerStatus};
@@ -107,6 +107,11 @@ pub fn is_downgrade(observed: &str, own: &str) -> bool {
     }
 }
 
+/// A timestamp as status and conditions write it (RFC 3339, whole seconds, UTC).
+pub fn rfc3339(t: k8s_openapi::jiff::Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
 /// Whether the version string `a` is newer than `b` (semver, leading `v` ignored; unparsable
 /// parts compare as 0).
 pub fn version_newer(a: &str, b: &str) -> bool {
@@ -160,6 +165,10 @@ pub fn derive(prev: &HostPathProvisionerStatus, version: &str, outcome: &Outcome
     let (state, reason, message) = match outcome {
         Outcome::Applied(r) => {
             status.storage_pool_statuses = r.pool_statuses.clone();
+            // `None`: the step had nothing to say; the stored summary stays.
+            if let Some(node_loss) = &r.node_loss {
+                status.node_loss = (!node_loss.is_empty()).then(|| node_loss.clone());
+            }
             let rolling_out = !r.workloads_rolling_out.is_empty();
             if rolling_out || !r.workloads_not_ready.is_empty() {
                 let detail = r
@@ -616,6 +625,46 @@ mod tests {
         }
         // What the old default did: a plain v0.26.0 stranded KubeVirt v0.25.2.
         assert!(kubevirt_refuses("v0.26.0", "v0.25.2"));
+    }
+
+    #[test]
+    fn node_loss_summary_is_kept_unless_a_step_reports_one() {
+        use hpp_api::v1beta1::NodeLossStatus;
+        let ready = Readiness::ready();
+        let base = derive(&Default::default(), "v1", &Outcome::Applied(&ready), "t0").status;
+        assert_eq!(base.node_loss, None, "absent until reported");
+        let summary = NodeLossStatus {
+            claims_released: 2,
+            ..Default::default()
+        };
+        let reported = Readiness {
+            node_loss: Some(summary.clone()),
+            ..Default::default()
+        };
+        let with = derive(&base, "v1", &Outcome::Applied(&reported), "t1");
+        assert!(with.changed && !with.transition);
+        assert_eq!(with.status.node_loss.as_ref(), Some(&summary));
+        // A pass with nothing to say, a failed or a refused pass: the summary stays, no write.
+        for outcome in [
+            Outcome::Applied(&ready),
+            Outcome::Failed("boom".into()),
+            Outcome::Refused("no".into()),
+        ] {
+            let d = derive(&with.status, "v1", &outcome, "t2");
+            assert_eq!(d.status.node_loss.as_ref(), Some(&summary), "{outcome:?}");
+        }
+        assert!(!derive(&with.status, "v1", &Outcome::Applied(&ready), "t2").changed);
+        // An empty report clears it.
+        let empty = Readiness {
+            node_loss: Some(NodeLossStatus::default()),
+            ..Default::default()
+        };
+        assert_eq!(
+            derive(&with.status, "v1", &Outcome::Applied(&empty), "t3")
+                .status
+                .node_loss,
+            None
+        );
     }
 
     #[test]

@@ -46,7 +46,9 @@ pub enum Written {
 }
 
 /// Full status as a merge patch body: absent fields become null so they are cleared.
-pub fn status_patch(status: &HostPathProvisionerStatus) -> Result<Value> {
+/// `nodeLoss` is written only when `with_node_loss` (a pass whose step reported it), so a pass
+/// that read an older copy of the CR never overwrites a newer one.
+pub fn status_patch(status: &HostPathProvisionerStatus, with_node_loss: bool) -> Result<Value> {
     let mut v = serde_json::to_value(status).map_err(|source| Error::Serialize {
         what: "status".into(),
         source,
@@ -61,6 +63,16 @@ pub fn status_patch(status: &HostPathProvisionerStatus) -> Result<Value> {
         ] {
             map.entry(key).or_insert(Value::Null);
         }
+        if with_node_loss {
+            let node_loss = map.entry("nodeLoss").or_insert(Value::Null);
+            if let Value::Object(fields) = node_loss {
+                for key in ["claimsReleased", "lostNodes"] {
+                    fields.entry(key).or_insert(Value::Null);
+                }
+            }
+        } else {
+            map.remove("nodeLoss");
+        }
     }
     Ok(json!({ "status": v }))
 }
@@ -72,14 +84,15 @@ pub async fn write(
     api: &Api<HostPathProvisioner>,
     name: &str,
     sent: &HostPathProvisionerStatus,
+    with_node_loss: bool,
     path: &StatusPath,
 ) -> Result<Written> {
     if path.via_main() {
-        write_whole(api, name, sent).await?;
+        write_whole(api, name, sent, with_node_loss).await?;
         return Ok(Written::Done);
     }
     match api
-        .patch_status(name, &params(), &Patch::Merge(&status_patch(sent)?))
+        .patch_status(name, &params(), &Patch::Merge(&status_patch(sent, with_node_loss)?))
         .await
     {
         Ok(_) => Ok(Written::Done),
@@ -104,8 +117,13 @@ pub async fn write(
 
 /// Writes `sent` as the status of `name` with a merge patch of the whole object: how status is
 /// written on a CRD without the status subresource (the patch touches nothing but `status`).
-pub async fn write_whole(api: &Api<HostPathProvisioner>, name: &str, sent: &HostPathProvisionerStatus) -> Result<()> {
-    api.patch(name, &params(), &Patch::Merge(&status_patch(sent)?))
+pub async fn write_whole(
+    api: &Api<HostPathProvisioner>,
+    name: &str,
+    sent: &HostPathProvisionerStatus,
+    with_node_loss: bool,
+) -> Result<()> {
+    api.patch(name, &params(), &Patch::Merge(&status_patch(sent, with_node_loss)?))
         .await
         .map_err(|e| Error::kube("patch status through the whole object", name, e))?;
     Ok(())
@@ -146,7 +164,7 @@ mod tests {
 
     #[test]
     fn the_patch_clears_what_the_status_no_longer_has() {
-        let body = status_patch(&HostPathProvisionerStatus::default()).unwrap();
+        let body = status_patch(&HostPathProvisionerStatus::default(), false).unwrap();
         assert_eq!(body["status"]["observedVersion"], Value::Null);
         assert!(body["status"].as_object().unwrap().contains_key("storagePoolStatuses"));
     }

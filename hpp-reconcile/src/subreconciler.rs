@@ -1,18 +1,23 @@
 //! The extension point: one `SubReconciler` per owned object kind (or family of kinds), and
-//! [`Decorate`], the one adapter that wraps a step to edit what it builds.
+//! [`Decorate`], the one adapter that wraps a step to edit what it builds. A step may also act
+//! on objects it does not own ([`SubReconciler::act`]) and keep an index over watched objects
+//! ([`SubReconciler::indexes`]).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
-use hpp_api::v1beta1::StoragePoolStatus;
+use hpp_api::v1beta1::{NodeLossStatus, StoragePoolStatus};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::DynamicObject;
+use kube::runtime::events::EventType;
 
 use crate::apply::Applier;
 use crate::config::OperatorConfig;
 use crate::error::Result;
 use crate::facts::ClusterFacts;
+use crate::index::WatchIndex;
 use crate::object::{DesiredObject, Kind};
 
 /// A status condition a step contributes to `status.conditions`, beside the operator's
@@ -43,6 +48,20 @@ pub struct ObjectWarning {
     pub message: String,
 }
 
+/// Something a step did, published as an Event on `regarding` every time it is reported
+/// (unlike an [`ObjectWarning`], which describes a lasting problem and is published once).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObjectEvent {
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// The object the Event is about.
+    pub regarding: ObjectReference,
+    /// CamelCase Event reason.
+    pub reason: String,
+    /// What happened, in words.
+    pub message: String,
+}
+
 /// What a sub-reconciler found after applying its objects.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Readiness {
@@ -59,6 +78,17 @@ pub struct Readiness {
     pub conditions: Vec<StepCondition>,
     /// Problems on objects, published as Warning Events.
     pub warnings: Vec<ObjectWarning>,
+    /// One-off Events about what a step did (see [`SubReconciler::act`]).
+    pub events: Vec<ObjectEvent>,
+    /// Run the next pass within this long even if nothing changes (a deadline the step waits
+    /// for); the earliest of all steps wins.
+    pub requeue_after: Option<Duration>,
+    /// The next `status.nodeLoss`; `None` leaves the stored one as it is (the field is then
+    /// not written at all, so a pass with nothing to say cannot overwrite a newer value).
+    pub node_loss: Option<NodeLossStatus>,
+    /// The StorageClass of each claim released after a node loss in this pass (for
+    /// `kubevirt_hpp_node_loss_claims_released_total`).
+    pub node_loss_releases: Vec<String>,
 }
 
 impl Readiness {
@@ -75,6 +105,15 @@ impl Readiness {
         self.pool_statuses.extend(other.pool_statuses);
         self.conditions.extend(other.conditions);
         self.warnings.extend(other.warnings);
+        self.events.extend(other.events);
+        self.requeue_after = match (self.requeue_after, other.requeue_after) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if other.node_loss.is_some() {
+            self.node_loss = other.node_loss;
+        }
+        self.node_loss_releases.extend(other.node_loss_releases);
     }
 }
 
@@ -94,6 +133,14 @@ pub trait SubReconciler: Send + Sync {
     /// object): the controller watches them so a change triggers a pass, and
     /// [`Applier::list`] with the same kind and selector reads them from that watch cache.
     fn watches(&self) -> Vec<(Kind, String)> {
+        Vec::new()
+    }
+
+    /// Indexes the step keeps over watched objects, as (kind, label selector, index): the
+    /// controller watches that kind and selector (as for [`watches`](Self::watches)) and feeds
+    /// every event to the index, so a pass can ask it instead of scanning the cache. The same
+    /// index must be returned on every call (the step holds it, e.g. in an `Arc`).
+    fn indexes(&self) -> Vec<(Kind, String, Arc<dyn WatchIndex>)> {
         Vec::new()
     }
 
@@ -126,6 +173,22 @@ pub trait SubReconciler: Send + Sync {
         Readiness::ready()
     }
 
+    /// Changes to objects the step does not own (deleting or patching them), after every step
+    /// applied and the sweep ran: decide with a pure function of the CR, the facts and the
+    /// stored status, then act. What the step did comes back as [`Readiness`] (one-off
+    /// [`events`](Readiness::events), status, a requeue). Once something was changed, a failure
+    /// should be reported in the returned `Readiness` (a warning, an Event) rather than as an
+    /// error, so what was done is still recorded. The default does nothing.
+    async fn act(
+        &self,
+        _applier: &Applier,
+        _hpp: &HostPathProvisioner,
+        _cfg: &OperatorConfig,
+        _facts: &ClusterFacts,
+    ) -> Result<Readiness> {
+        Ok(Readiness::ready())
+    }
+
     /// Removes what this sub-reconciler created when the CR is deleted. Must be idempotent and
     /// work even if `apply` never ran. Return `Error::CleanupPending` to be called again later.
     async fn cleanup(
@@ -153,6 +216,9 @@ macro_rules! delegate {
             fn watches(&self) -> Vec<(Kind, String)> {
                 (**self).watches()
             }
+            fn indexes(&self) -> Vec<(Kind, String, Arc<dyn WatchIndex>)> {
+                (**self).indexes()
+            }
             async fn gather(&self, applier: &Applier, cfg: &OperatorConfig, facts: &mut ClusterFacts) -> Result<()> {
                 (**self).gather(applier, cfg, facts).await
             }
@@ -167,6 +233,9 @@ macro_rules! delegate {
             }
             fn readiness(&self, hpp: &HostPathProvisioner, facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
                 (**self).readiness(hpp, facts, live)
+            }
+            async fn act(&self, applier: &Applier, hpp: &HostPathProvisioner, cfg: &OperatorConfig, facts: &ClusterFacts) -> Result<Readiness> {
+                (**self).act(applier, hpp, cfg, facts).await
             }
             async fn cleanup(&self, applier: &Applier, hpp: &HostPathProvisioner, cfg: &OperatorConfig, facts: &ClusterFacts) -> Result<()> {
                 (**self).cleanup(applier, hpp, cfg, facts).await
@@ -215,6 +284,9 @@ impl<S: SubReconciler, F: Edit> SubReconciler for Decorate<S, F> {
     fn watches(&self) -> Vec<(Kind, String)> {
         self.inner.watches()
     }
+    fn indexes(&self) -> Vec<(Kind, String, Arc<dyn WatchIndex>)> {
+        self.inner.indexes()
+    }
     async fn gather(&self, applier: &Applier, cfg: &OperatorConfig, facts: &mut ClusterFacts) -> Result<()> {
         self.inner.gather(applier, cfg, facts).await
     }
@@ -236,6 +308,15 @@ impl<S: SubReconciler, F: Edit> SubReconciler for Decorate<S, F> {
     }
     fn readiness(&self, hpp: &HostPathProvisioner, facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
         self.inner.readiness(hpp, facts, live)
+    }
+    async fn act(
+        &self,
+        applier: &Applier,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &ClusterFacts,
+    ) -> Result<Readiness> {
+        self.inner.act(applier, hpp, cfg, facts).await
     }
     /// The wrapped step's cleanup (which deletes by name, so edited objects go too).
     async fn cleanup(

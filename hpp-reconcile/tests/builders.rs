@@ -685,7 +685,8 @@ fn pipeline_can_be_edited_in_a_few_lines() {
             "storage-pools",
             "prometheus",
             "storage-class-pools",
-            "pool-mounts"
+            "pool-mounts",
+            "node-loss"
         ]
     );
     assert!(p.remove("prometheus"));
@@ -787,4 +788,49 @@ fn pool_ephemeral_and_quota_settings_render_into_the_datadir() {
     });
     let err = csi_daemonset::desired_csi_daemonset(&hpp, &cfg()).unwrap_err();
     assert!(err.to_string().contains("fast"), "{err}");
+}
+
+/// Issue 28: a pool's `trash` reaches the driver's `--datadir` as `trashRetention` (as the CR
+/// wrote it, trimmed) and `trashMinFreePercent` (only when given); a pool without it renders
+/// exactly as before, and a retention the webhook would refuse is an error, not a silent off.
+#[test]
+fn pool_trash_settings_render_into_the_datadir() {
+    use hpp_api::v1beta1::PoolTrash;
+    let mut hpp = example("hostpathprovisioner_cr");
+    let mut second = hpp.spec.storage_pools.as_ref().unwrap()[0].clone();
+    let mut third = second.clone();
+    hpp.spec.storage_pools.as_mut().unwrap()[0].trash = Some(PoolTrash {
+        retention: Some(" 72h ".into()),
+        min_free_percent: Some(15),
+    });
+    second.name = "fast".into();
+    second.path = "/mnt/fast".into();
+    second.trash = Some(PoolTrash {
+        retention: Some("0".into()),
+        min_free_percent: None,
+    });
+    third.name = "plain".into();
+    third.path = "/mnt/plain".into();
+    hpp.spec.storage_pools.as_mut().unwrap().extend([second, third]);
+    let ds = value(&csi_daemonset::desired_csi_daemonset(&hpp, &cfg()).unwrap());
+    assert_eq!(
+        env(container(&ds, "hostpath-provisioner"), "PV_DIR")["value"],
+        concat!(
+            r#"[{"name":"local","path":"local-data-dir/csi","shared":false,"trashRetention":"72h","trashMinFreePercent":15},"#,
+            r#"{"name":"fast","path":"fast-data-dir/csi","shared":false,"trashRetention":"0"},"#,
+            r#"{"name":"plain","path":"plain-data-dir/csi","shared":false}]"#
+        )
+    );
+    hpp.spec.storage_pools.as_mut().unwrap()[1].trash = Some(PoolTrash {
+        retention: Some("three days".into()),
+        min_free_percent: None,
+    });
+    let err = csi_daemonset::desired_csi_daemonset(&hpp, &cfg()).unwrap_err();
+    assert!(err.to_string().contains("fast: trash.retention"), "{err}");
+    hpp.spec.storage_pools.as_mut().unwrap()[1].trash = Some(PoolTrash {
+        retention: Some("1h".into()),
+        min_free_percent: Some(100),
+    });
+    let err = csi_daemonset::desired_csi_daemonset(&hpp, &cfg()).unwrap_err();
+    assert!(err.to_string().contains("minFreePercent 100"), "{err}");
 }

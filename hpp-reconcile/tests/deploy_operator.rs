@@ -115,6 +115,25 @@ fn rbac_covers_every_managed_kind_without_wildcards() {
     }
     // The operator never holds the driver's PersistentVolume write permissions itself.
     assert!(!allows(&cluster_rules, "", "persistentvolumes", "create"));
+    assert!(!allows(&cluster_rules, "", "persistentvolumes", "update"));
+    // Node loss: delete claims and PVs of lost nodes, patch the provisioner's finalizer away,
+    // read the CR's stored status; cluster-wide (see the rule's comment).
+    for (resource, verb) in [
+        ("persistentvolumes", "delete"),
+        ("persistentvolumes", "patch"),
+        ("persistentvolumeclaims", "delete"),
+    ] {
+        assert!(
+            allows(&cluster_rules, "", resource, verb),
+            "{verb} {resource} (node loss)"
+        );
+    }
+    assert!(allows(
+        &cluster_rules,
+        "hostpathprovisioner.kubevirt.io",
+        "hostpathprovisioners",
+        "get"
+    ));
 }
 
 #[test]

@@ -66,6 +66,12 @@ fn render(hpp: &HostPathProvisioner) -> Value {
     for (scenario, facts) in scenarios {
         let mut steps = Map::new();
         for (step, objects) in Pipeline::standard().desired(hpp, &cfg(), &facts).unwrap() {
+            // The node-loss step (added after these files) owns and renders nothing; it is
+            // left out of the snapshots so they stay byte-identical, and checked to be empty.
+            if step == hpp_reconcile::names::STEP_NODE_LOSS {
+                assert!(objects.is_empty(), "the node-loss step renders nothing");
+                continue;
+            }
             let objects: Vec<Value> = objects.iter().map(|o| o.to_value().unwrap()).collect();
             steps.insert(step, Value::Array(objects));
         }

@@ -176,7 +176,9 @@ async fn a_404_for_a_cr_that_is_gone_is_an_error_not_a_switch() {
         fake.register::<HostPathProvisioner>(false, subresource);
         let api: kube::Api<HostPathProvisioner> = kube::Api::all(fake.client());
         let path = StatusPath::default();
-        let err = write(&api, "gone", &Default::default(), &path).await.unwrap_err();
+        let err = write(&api, "gone", &Default::default(), false, &path)
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("patch status"), "{err}");
         assert!(!path.via_main(), "subresource {subresource}: {err}");
     }

@@ -78,6 +78,22 @@ const ALLOWED: &[(&str, &str, &str, &[&str], &str)] = &[
     ),
     (
         "hostpath-provisioner-operator",
+        "",
+        "persistentvolumes",
+        &["patch", "delete"],
+        "node loss: PVs of a lost node are named per claim (pvc-<uid>); deleted with a uid precondition, \
+         and only the external provisioner's finalizer is removed, by a patch testing uid and entry",
+    ),
+    (
+        "hostpath-provisioner-operator",
+        "",
+        "persistentvolumeclaims",
+        &["delete"],
+        "node loss: claims of a lost node live in any namespace under users' names; deleted with the uid \
+         the PV is bound to as a precondition",
+    ),
+    (
+        "hostpath-provisioner-operator",
         "batch",
         "jobs",
         &["delete"],

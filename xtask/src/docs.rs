@@ -291,6 +291,7 @@ fn exercised_registry(which: &str) -> anyhow::Result<Registry> {
             let m = hpp_reconcile::metrics::Metrics::register(&mut registry);
             m.observe(0.01, Some("conflict"));
             m.set_unknown_pool_classes(&["hostpath-csi".to_owned()]);
+            m.node_loss_claim_released("hostpath-csi");
             let w = hpp_webhook::metrics::Metrics::register(&mut registry);
             w.request("validate", "allowed", 0.001);
             w.handshake_failed();

@@ -357,6 +357,19 @@ pub fn warnings(spec: &HostPathProvisionerSpec) -> Vec<String> {
     if snapshotting_enabled(spec) && !snapshot_pool {
         out.push(WARNING_SNAPSHOTS_OFF.to_owned());
     }
+    for (i, pool) in spec.storage_pools.iter().flatten().enumerate() {
+        if let Some(trash) = &pool.trash
+            && trash.min_free_percent.is_some()
+            && !trash.is_on()
+        {
+            out.push(format!(
+                "spec.storagePools[{i}].trash.minFreePercent: has no effect without a trash.retention \
+                 other than 0, so deleted volumes of pool {:?} are removed at once; set retention \
+                 (e.g. 72h) to keep them",
+                pool.name
+            ));
+        }
+    }
     out
 }
 

@@ -69,6 +69,26 @@ pub fn overcommit_percent(value: &Option<u32>, _ctx: &()) -> garde::Result {
     }
 }
 
+/// `trash.retention`: a duration [`crate::duration::parse`] reads (`0` turns the trash off).
+pub fn trash_retention(value: &Option<String>, _ctx: &()) -> garde::Result {
+    match value {
+        Some(v) => crate::duration::parse(v)
+            .map(|_| ())
+            .map_err(|e| garde::Error::new(e.to_string())),
+        None => Ok(()),
+    }
+}
+
+/// `trash.minFreePercent`: 0 to 99 (% of the filesystem kept free by purging the trash early).
+pub fn trash_min_free_percent(value: &Option<u32>, _ctx: &()) -> garde::Result {
+    match value {
+        Some(v) if *v > 99 => Err(garde::Error::new(format!(
+            "{v} is out of range; use a percentage of the filesystem size from 0 to 99 (0 never purges early)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// `overlayClassName`: a valid StorageClass name.
 pub fn overlay_class_name(value: &Option<String>, _ctx: &()) -> garde::Result {
     match value {

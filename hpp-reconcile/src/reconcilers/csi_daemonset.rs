@@ -67,6 +67,13 @@ pub struct DataDirEntry {
     /// The CR's `overcommitPercent`, when set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overcommit_percent: Option<u32>,
+    /// The CR's `trash.retention` as written (trimmed); absent without one, so a pool without
+    /// a trash renders as before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trash_retention: Option<String>,
+    /// The CR's `trash.minFreePercent`, only when the CR gives it (the driver has the default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trash_min_free_percent: Option<u32>,
 }
 
 fn is_true(b: &bool) -> bool {
@@ -113,6 +120,8 @@ pub fn pool_mounts(hpp: &HostPathProvisioner) -> Result<Vec<PoolMount>> {
                 ephemeral_max_bytes: None,
                 quota: QuotaMode::None,
                 overcommit_percent: None,
+                trash_retention: None,
+                trash_min_free_percent: None,
             },
             mount_name,
         }]);
@@ -133,6 +142,7 @@ pub fn pool_mounts(hpp: &HostPathProvisioner) -> Result<Vec<PoolMount>> {
                     ))
                 })?),
             };
+            let (trash_retention, trash_min_free_percent) = trash_settings(p)?;
             Ok(PoolMount {
                 host_path: p.path.clone(),
                 entry: DataDirEntry {
@@ -146,11 +156,37 @@ pub fn pool_mounts(hpp: &HostPathProvisioner) -> Result<Vec<PoolMount>> {
                     ephemeral_max_bytes,
                     quota: p.quota.unwrap_or_default(),
                     overcommit_percent: p.overcommit_percent,
+                    trash_retention,
+                    trash_min_free_percent,
                 },
                 mount_name,
             })
         })
         .collect()
+}
+
+/// A pool's `trash` as `--datadir` carries it: the retention trimmed, the percentage as given.
+/// Values the webhook refuses (they can only arrive with the webhook off) are an error rather
+/// than a driver that refuses its `--datadir` at start.
+fn trash_settings(p: &hpp_api::StoragePool) -> Result<(Option<String>, Option<u32>)> {
+    let Some(trash) = &p.trash else {
+        return Ok((None, None));
+    };
+    let retention = match &trash.retention {
+        None => None,
+        Some(r) => {
+            hpp_api::duration::parse(r)
+                .map_err(|e| Error::InvalidSpec(format!("storage pool {}: trash.retention: {e}", p.name)))?;
+            Some(r.trim().to_owned())
+        }
+    };
+    if let Some(pct) = trash.min_free_percent.filter(|pct| *pct > 99) {
+        return Err(Error::InvalidSpec(format!(
+            "storage pool {}: trash.minFreePercent {pct} is out of range 0 to 99",
+            p.name
+        )));
+    }
+    Ok((retention, trash.min_free_percent))
 }
 
 /// Whether the driver snapshots in some pool: only then does it advertise
