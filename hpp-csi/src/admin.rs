@@ -50,6 +50,9 @@ impl TrashService {
         let entries = blocking(move || {
             let mut all = Vec::new();
             for pool in &pools {
+                // Entries the background has not measured yet (a few walks at most), so a
+                // listing right after a deletion shows its size.
+                let _ = trash::refresh_sizes(pool);
                 match trash::list(pool) {
                     Ok(entries) => all.extend(entries.iter().map(entry_message)),
                     // One unusable pool (unmounted, say) must not hide the others' trash.

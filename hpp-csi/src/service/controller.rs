@@ -395,7 +395,10 @@ impl ControllerService {
                 state.ledger.check(pool);
                 if volumes::delete(pool, &id, &state.mounts)? {
                     state.ledger.forget(pool, &id);
-                    tracing::info!(volume_id = %id, pool = %pool.name, "volume deleted");
+                    // A pool with a trash logs the move itself.
+                    if pool.trash.is_none() {
+                        tracing::info!(volume_id = %id, pool = %pool.name, "volume deleted");
+                    }
                     deleted = true;
                 }
             }
