@@ -124,7 +124,7 @@ impl From<hpp_fs::quota::QuotaError> for Error {
         use hpp_fs::quota::QuotaError as Q;
         match e {
             Q::Io { op, source } => Error::io(op, source),
-            Q::Unsupported(m) => Error::FailedPrecondition(m),
+            Q::Unsupported(m) | Q::Refused(m) => Error::FailedPrecondition(m),
             Q::OutOfRange(m) => Error::OutOfRange(m),
             Q::Invalid(m) => Error::InvalidArgument(m),
             Q::Walk(w) => w.into(),

@@ -408,6 +408,8 @@ impl BoundDriver {
         ));
         // Purges trash entries whose retention is over (nothing to do without a trash).
         let purger = tokio::spawn(crate::service::health::purge_trash(driver.state.clone()));
+        // Counts subvolumes tenants make inside volumes where the filesystem does not.
+        let container = tokio::spawn(crate::service::health::contain_nested(driver.state.clone()));
         let router = tonic::transport::Server::builder()
             .layer(driver.rpc_layer())
             .add_service(driver.identity_service())
@@ -439,6 +441,7 @@ impl BoundDriver {
         };
         refresher.abort();
         purger.abort();
+        container.abort();
         // A clean stop leaves no records to redo: a later start (or another driver in the
         // meantime, KubeVirt's after a rollback) finds the pools as they are.
         let state = driver.state.clone();

@@ -4,6 +4,7 @@
 //! create, snapshot, clone, expand, modify and delete converges.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
 mod crash_child;
 #[path = "../../hpp-fs/tests/common/mod.rs"]
 mod loopfs;
@@ -545,4 +546,126 @@ fn deleting_a_plain_directory_volume_destroys_the_subvolumes_inside_it() {
     let plain = volumes::delete(&pool, "legacy", &mounts);
     assert!(matches!(plain, Ok(true)), "{plain:?}");
     assert!(!legacy.exists());
+}
+
+/// Writes up to `mib` MiB into `path`; whether all of it went in.
+fn try_write_mib(path: &std::path::Path, mib: u64) -> bool {
+    write_mib(path, mib).is_ok()
+}
+
+/// `btrfs subvolume create PATH`, the tenant's action (the tool when installed, else its ioctl).
+fn make_subvolume(path: &std::path::Path) {
+    let made = std::process::Command::new("btrfs")
+        .args(["subvolume", "create"])
+        .arg(path)
+        .output()
+        .map(|o| o.status.success());
+    if !matches!(made, Ok(true)) {
+        let parent = std::fs::File::open(path.parent().unwrap()).unwrap();
+        hpp_sys::btrfs::subvolume_create(parent.as_fd(), path.file_name().unwrap().to_str().unwrap()).unwrap();
+    }
+}
+
+/// Issue 29's sized-volume findings through the driver's socket, on simple and on full btrfs
+/// quotas: a clone of a full source at its size succeeds, no size means the source's, smaller
+/// is OutOfRange; a tenant's subvolume inside a published volume counts against its limit
+/// (at once with simple quotas, from the next containment pass with full ones); a snapshot of
+/// a volume holding one is refused.
+#[tokio::test]
+async fn through_the_driver_copies_keep_their_source_size_and_nested_subvolumes_count() {
+    use hpp_csi::csi;
+    for full_quotas in [false, true] {
+        let Some(fs) = loopfs::LoopFs::new("btrfs", 512, "") else {
+            return;
+        };
+        let root = fs.path().to_path_buf();
+        if full_quotas {
+            hpp_sys::btrfs::quota_enable(std::fs::File::open(&root).unwrap().as_fd()).unwrap();
+        }
+        let pool_root = root.clone();
+        let mut h = common::Harness::with(move |_, b| {
+            b.pool(
+                PoolConfig::new("b", pool_root.join("pool"))
+                    .with_snapshots(pool_root.join("snaps"))
+                    .quota(QuotaMode::Btrfs, 100),
+            )
+        })
+        .await;
+        let sized =
+            |name: &str, bytes: i64, source: Option<csi::volume_content_source::Type>| csi::CreateVolumeRequest {
+                parameters: common::params("b"),
+                volume_content_source: source.map(|t| csi::VolumeContentSource { r#type: Some(t) }),
+                ..common::sized_req(name, bytes, 0)
+            };
+        let from = |id: &str| {
+            Some(csi::volume_content_source::Type::Volume(
+                csi::volume_content_source::VolumeSource { volume_id: id.into() },
+            ))
+        };
+        h.controller
+            .create_volume(sized("src", 16 * MIB as i64, None))
+            .await
+            .unwrap();
+        // Full, to the last block.
+        assert!(!try_write_mib(&root.join("pool/src/fill"), 32));
+        rustix::fs::syncfs(std::fs::File::open(&root).unwrap()).unwrap();
+
+        let same = h
+            .controller
+            .create_volume(sized("same", 16 * MIB as i64, from("src")))
+            .await;
+        let same = same.unwrap_or_else(|e| panic!("full_quotas={full_quotas}: {e:?}"));
+        assert_eq!(same.into_inner().volume.unwrap().capacity_bytes, 16 * MIB as i64);
+        let no_size = h
+            .controller
+            .create_volume(sized("unsized", 0, from("src")))
+            .await
+            .unwrap();
+        assert_eq!(no_size.into_inner().volume.unwrap().capacity_bytes, 16 * MIB as i64);
+        let small = h
+            .controller
+            .create_volume(sized("small", 8 * MIB as i64, from("src")))
+            .await
+            .unwrap_err();
+        assert_eq!(small.code(), tonic::Code::OutOfRange, "{small:?}");
+        assert!(!root.join("pool/small").exists());
+
+        // The tenant, through the published volume.
+        h.controller
+            .create_volume(sized("tenant", 16 * MIB as i64, None))
+            .await
+            .unwrap();
+        let target = h.target(&format!("tenant-{full_quotas}"));
+        h.node
+            .node_publish_volume(csi::NodePublishVolumeRequest {
+                volume_context: common::params("b"),
+                ..common::publish_req("tenant", &target, false)
+            })
+            .await
+            .unwrap();
+        make_subvolume(&target.join("nested"));
+        if full_quotas {
+            hpp_csi::service::health::contain_nested_once(&h.state);
+        }
+        assert!(
+            !try_write_mib(&target.join("nested/f"), 48),
+            "full_quotas={full_quotas}: 48 MiB went into a 16 MiB volume"
+        );
+        let snap = h
+            .controller
+            .create_snapshot(csi::CreateSnapshotRequest {
+                source_volume_id: "tenant".into(),
+                name: "snap".into(),
+                parameters: common::params("b"),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(snap.code(), tonic::Code::FailedPrecondition, "{snap:?}");
+        assert!(snap.message().contains("would not include"), "{snap:?}");
+        h.unpublish("tenant", &target).await.unwrap();
+        h.delete("tenant").await.unwrap();
+        assert!(!root.join("pool/tenant").exists());
+        h.stop().await;
+    }
 }

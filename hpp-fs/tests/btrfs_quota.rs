@@ -170,3 +170,194 @@ fn compression_is_a_per_volume_parameter_applied_while_in_use() {
     drop((open_file, dir));
     backend.remove(pool, "v").unwrap();
 }
+
+/// `btrfs subvolume create DIR` as the tenant would run it (the `btrfs` tool when it is
+/// installed, else the same ioctl), as `uid` when given.
+fn tenant_makes_subvolume(path: &std::path::Path, uid: Option<u32>) -> bool {
+    let mut cmd = Command::new("btrfs");
+    cmd.args(["subvolume", "create"]).arg(path);
+    if let Some(uid) = uid {
+        use std::os::unix::process::CommandExt;
+        cmd.uid(uid).gid(uid);
+    }
+    match cmd.output() {
+        Ok(out) => out.status.success(),
+        Err(_) if uid.is_none() => {
+            let parent = std::fs::File::open(path.parent().unwrap()).unwrap();
+            let name = path.file_name().unwrap().to_str().unwrap();
+            hpp_sys::btrfs::subvolume_create(parent.as_fd(), name).is_ok()
+        }
+        Err(_) => false,
+    }
+}
+
+/// `dd` of `mib` MiB into `path` as `uid`; whether every byte was written.
+fn tenant_writes(path: &std::path::Path, mib: u64, uid: u32) -> bool {
+    use std::os::unix::process::CommandExt;
+    Command::new("dd")
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", path.display()))
+        .arg("bs=1M")
+        .arg(format!("count={mib}"))
+        .arg("conv=fsync")
+        .uid(uid)
+        .gid(uid)
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+/// The qgroup directory `<level>_<id>` of the filesystem holding `pool` in sysfs.
+fn qgroup_path(pool: std::os::fd::BorrowedFd<'_>, level: u8, id: u64) -> std::path::PathBuf {
+    let hex: String = hpp_sys::btrfs::fs_uuid(pool)
+        .unwrap()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    std::path::PathBuf::from(format!(
+        "/sys/fs/btrfs/{}-{}-{}-{}-{}/qgroups/{level}_{id}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    ))
+}
+
+/// The escape issue 29 measured (48 MiB written into a 16 MiB volume through a subvolume made
+/// inside it) is closed: with simple quotas, which a pool turns on where quotas were off, the
+/// kernel counts a subvolume made anywhere inside a volume against the volume's limit from the
+/// moment it exists, whoever makes it.
+#[test]
+fn a_subvolume_a_tenant_makes_inside_its_volume_counts_against_the_volume_limit() {
+    let Some(fs) = common::LoopFs::new("btrfs", 512, "") else {
+        return;
+    };
+    let pool_dir = std::fs::File::open(fs.path()).unwrap();
+    let pool = pool_dir.as_fd();
+    let backend = Btrfs::open(pool).unwrap();
+    if !backend.simple_quotas() {
+        eprintln!("skipping: this kernel has no simple btrfs quotas (the full-quota test covers it)");
+        return;
+    }
+    assert_eq!(backend.nested_containment(), None, "the kernel does it");
+
+    // As root in the volume, and deeper: a directory, then a subvolume inside the subvolume.
+    backend.create(pool, "vol", 16 * MIB).unwrap();
+    assert!(tenant_makes_subvolume(&fs.path().join("vol/nested"), None));
+    std::fs::create_dir(fs.path().join("vol/nested/dir")).unwrap();
+    assert!(tenant_makes_subvolume(&fs.path().join("vol/nested/dir/deeper"), None));
+    let mut f = std::fs::File::create(fs.path().join("vol/nested/dir/deeper/f")).unwrap();
+    let err = fill(&mut f, 48).unwrap_err();
+    assert!(is_quota_error(&err), "{err}");
+    drop(f);
+    rustix::fs::syncfs(&pool_dir).unwrap();
+    let usage = backend.usage(pool, "vol").unwrap().unwrap();
+    assert!(
+        usage.used_bytes > 12 * MIB && usage.used_bytes <= 16 * MIB + MIB,
+        "the nested data counts and stops at the limit: {usage:?}"
+    );
+
+    // As an unprivileged uid that owns the volume's directory (what a pod's user is).
+    backend.create(pool, "owned", 16 * MIB).unwrap();
+    std::os::unix::fs::chown(fs.path().join("owned"), Some(65534), Some(65534)).unwrap();
+    if !tenant_makes_subvolume(&fs.path().join("owned/mine"), Some(65534)) {
+        eprintln!("skipping the unprivileged half: the btrfs tool is not installed");
+        return;
+    }
+    assert!(
+        !tenant_writes(&fs.path().join("owned/mine/f"), 48, 65534),
+        "48 MiB went into a 16 MiB volume"
+    );
+    rustix::fs::syncfs(&pool_dir).unwrap();
+    let usage = backend.usage(pool, "owned").unwrap().unwrap();
+    assert!(usage.used_bytes <= 17 * MIB, "{usage:?}");
+}
+
+/// Where quotas were already on in full mode (earlier hpp versions turned them on so, or the
+/// kernel has no simple quotas), the driver limits every subvolume made inside a volume, at any
+/// depth, to what it holds, every `nested_containment()` interval: what was written before
+/// stays, nothing more goes in.
+#[test]
+fn with_full_quotas_nested_subvolumes_are_frozen_at_what_they_hold() {
+    let Some(fs) = common::LoopFs::new("btrfs", 512, "") else {
+        return;
+    };
+    let pool_dir = std::fs::File::open(fs.path()).unwrap();
+    let pool = pool_dir.as_fd();
+    hpp_sys::btrfs::quota_enable(pool).unwrap();
+    let backend = Btrfs::open(pool).unwrap();
+    assert!(!backend.simple_quotas());
+    assert_eq!(
+        backend.nested_containment(),
+        Some(hpp_fs::quota::btrfs::CONTAIN_INTERVAL)
+    );
+    backend.create(pool, "vol", 16 * MIB).unwrap();
+    // Direct children of the pool (volumes, temporaries, snapshot data) are never touched.
+    hpp_sys::btrfs::subvolume_create(pool, "not-a-volume").unwrap();
+    assert_eq!(backend.contain_nested(pool).unwrap(), 0);
+
+    assert!(tenant_makes_subvolume(&fs.path().join("vol/a"), None));
+    assert!(tenant_makes_subvolume(&fs.path().join("vol/a/b"), None));
+    let mut f = std::fs::File::create(fs.path().join("vol/a/b/early")).unwrap();
+    fill(&mut f, 8).unwrap();
+    drop(f);
+    rustix::fs::syncfs(&pool_dir).unwrap();
+    assert_eq!(backend.contain_nested(pool).unwrap(), 2, "both levels");
+    assert_eq!(backend.contain_nested(pool).unwrap(), 0, "only new ones are looked at");
+    for dir in ["vol/a", "vol/a/b"] {
+        // Even the new file's metadata may not fit any more.
+        let err = std::fs::File::create(fs.path().join(dir).join("late"))
+            .and_then(|mut g| fill(&mut g, 4))
+            .unwrap_err();
+        assert!(is_quota_error(&err), "{dir}: {err}");
+    }
+    assert_eq!(
+        std::fs::metadata(fs.path().join("vol/a/b/early")).unwrap().len(),
+        8 * MIB
+    );
+    // The volume itself keeps its own 16 MiB.
+    let mut h = std::fs::File::create(fs.path().join("vol/own")).unwrap();
+    fill(&mut h, 8).unwrap();
+    drop(h);
+    // Deleting the volume still takes everything.
+    backend.remove(pool, "vol").unwrap();
+    assert!(!fs.path().join("vol").exists());
+}
+
+/// A btrfs snapshot leaves a nested subvolume's data out: snapshots and clones of such a volume
+/// are refused with the reason, never taken without it; the volume is still deleted whole,
+/// with its qgroups.
+#[test]
+fn snapshots_and_clones_of_a_volume_holding_subvolumes_are_refused() {
+    let Some(fs) = common::LoopFs::new("btrfs", 512, "") else {
+        return;
+    };
+    let pool_dir = std::fs::File::open(fs.path()).unwrap();
+    let pool = pool_dir.as_fd();
+    let backend = Btrfs::open(pool).unwrap();
+    backend.create(pool, "vol", 32 * MIB).unwrap();
+    assert!(tenant_makes_subvolume(&fs.path().join("vol/inner"), None));
+    std::fs::write(fs.path().join("vol/inner/data"), b"would be lost").unwrap();
+    let vol = std::fs::File::open(fs.path().join("vol")).unwrap();
+    let id = hpp_sys::btrfs::subvolume_id(vol.as_fd()).unwrap();
+
+    let err = backend.clone_volume(pool, "clone", vol.as_fd(), 32 * MIB).unwrap_err();
+    assert!(matches!(err, hpp_fs::quota::QuotaError::Refused(_)), "{err}");
+    assert!(err.to_string().contains("would not include"), "{err}");
+    assert!(!fs.path().join("clone").exists());
+    std::fs::create_dir(fs.path().join("snaps")).unwrap();
+    let snaps = std::fs::File::open(fs.path().join("snaps")).unwrap();
+    let err = backend.snapshot(snaps.as_fd(), "s", vol.as_fd()).unwrap_err();
+    assert!(matches!(err, hpp_fs::quota::QuotaError::Refused(_)), "{err}");
+    assert!(!fs.path().join("snaps/s").exists());
+
+    drop(vol);
+    backend.remove(pool, "vol").unwrap();
+    assert!(!fs.path().join("vol").exists());
+    assert!(
+        !qgroup_path(pool, 1, id).exists(),
+        "the volume's level-1 qgroup went with it"
+    );
+}

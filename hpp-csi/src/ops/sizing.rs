@@ -52,6 +52,34 @@ pub fn create_size(range: Range, granularity: u64) -> Result<u64> {
     fit(range, round_up(want, granularity), granularity)
 }
 
+/// The size a volume made from a source (a clone, a restore) of `source_bytes` gets in a pool
+/// that enforces limits: the requested size when it holds the source, the source's own size
+/// when nothing was asked. A range that cannot hold the source is OutOfRange (the CSI spec: a
+/// volume cannot be smaller than its content source). A source of unknown size (0) sizes like
+/// a new volume.
+pub fn copy_size(range: Range, source_bytes: u64, granularity: u64) -> Result<u64> {
+    if source_bytes == 0 {
+        return create_size(range, granularity);
+    }
+    let too_small = |what: &str, bytes: u64| {
+        Error::OutOfRange(format!(
+            "capacity_range.{what} is {bytes} bytes, smaller than the {source_bytes} bytes of the volume content source"
+        ))
+    };
+    if range.limit != 0 && range.limit < source_bytes {
+        return Err(too_small("limit_bytes", range.limit));
+    }
+    if range.required != 0 && range.required < source_bytes {
+        return Err(too_small("required_bytes", range.required));
+    }
+    let want = if range.required == 0 {
+        source_bytes
+    } else {
+        range.required
+    };
+    fit(range, round_up(want, granularity), granularity)
+}
+
 /// The size an expansion asks for: `required_bytes` rounded up to the granularity, never
 /// above `limit_bytes` (OutOfRange). An expansion must say how big (InvalidArgument
 /// otherwise).
@@ -89,6 +117,38 @@ fn fit(range: Range, rounded: u64, granularity: u64) -> Result<u64> {
 /// `bytes` rounded down to a multiple of `granularity`.
 pub fn round_down(bytes: u64, granularity: u64) -> u64 {
     bytes - bytes % granularity.max(1)
+}
+
+#[cfg(test)]
+mod copy_tests {
+    use super::*;
+
+    fn range(required: u64, limit: u64) -> Range {
+        Range { required, limit }
+    }
+
+    #[test]
+    fn a_copy_is_never_smaller_than_its_source() {
+        const G: u64 = 4096;
+        // Nothing asked: the source's size.
+        assert_eq!(copy_size(range(0, 0), 64 << 20, G).unwrap(), 64 << 20);
+        // The same size, or bigger: as asked (rounded).
+        assert_eq!(copy_size(range(64 << 20, 0), 64 << 20, G).unwrap(), 64 << 20);
+        assert_eq!(
+            copy_size(range((100 << 20) + 1, 0), 64 << 20, G).unwrap(),
+            (100 << 20) + G
+        );
+        // Smaller, by required or limit: OutOfRange, naming both sizes.
+        for r in [range(16 << 20, 0), range(0, 16 << 20), range(16 << 20, 32 << 20)] {
+            let err = copy_size(r, 64 << 20, G).unwrap_err();
+            assert!(matches!(&err, Error::OutOfRange(m) if m.contains("67108864")), "{err}");
+        }
+        // A source of unknown size: like a new volume.
+        assert_eq!(
+            copy_size(range(0, 0), 0, G).unwrap(),
+            create_size(range(0, 0), G).unwrap()
+        );
+    }
 }
 
 #[cfg(test)]

@@ -391,8 +391,11 @@ pub(crate) fn build(
             }
         }
     };
-    // After the copy: the source's own record came along with its xattrs.
-    if let Err(e) = record_capacity(pool, tmp_fd.as_fd(), requested.required) {
+    // After the copy: the source's own record came along with its xattrs. A copy at its
+    // source's size keeps that record as it is: writing it again inside a full volume would be
+    // refused (the xattr is metadata charged to the volume's limit).
+    let recorded = source.is_some() && read_capacity(tmp_fd.as_fd(), &tmp).ok().flatten() == Some(requested.required);
+    if !recorded && let Err(e) = record_capacity(pool, tmp_fd.as_fd(), requested.required) {
         return abandon(tmp_fd, e);
     }
     if source.is_some() {

@@ -93,6 +93,23 @@ impl QuotaBackend for Deferred {
         self.backend()?.create(pool, name, limit_bytes)
     }
 
+    /// Before the pool is mounted: as often as btrfs with full quotas would need it, so the
+    /// task that runs it exists when the backend is chosen (it does nothing until then).
+    fn nested_containment(&self) -> Option<std::time::Duration> {
+        match self.backend() {
+            Ok(b) => b.nested_containment(),
+            Err(_) => matches!(self.mode, QuotaMode::Btrfs | QuotaMode::Auto)
+                .then_some(hpp_fs::quota::btrfs::CONTAIN_INTERVAL),
+        }
+    }
+
+    fn contain_nested(&self, pool: BorrowedFd<'_>) -> Result<usize, QuotaError> {
+        match self.backend() {
+            Ok(b) => b.contain_nested(pool),
+            Err(_) => Ok(0),
+        }
+    }
+
     fn set_limit(&self, pool: BorrowedFd<'_>, name: &str, limit_bytes: u64) -> Result<(), QuotaError> {
         self.backend()?.set_limit(pool, name, limit_bytes)
     }

@@ -67,6 +67,16 @@ enum Source {
     Volume { id: String, pool: Pool },
 }
 
+impl Source {
+    /// The capacity the source records (0: unknown, or its pool enforces no sizes).
+    fn capacity(&self) -> u64 {
+        match self {
+            Source::Snapshot { id, pool } => snapshot_size(pool, id),
+            Source::Volume { id, pool } => enforced_size(pool, id).unwrap_or(0),
+        }
+    }
+}
+
 /// The pool that holds volume `id`, preferring `first`.
 fn locate_volume(state: &DriverState, id: &str, first: Option<&Pool>) -> Result<Option<Pool>> {
     let ordered = first.into_iter().chain(
@@ -283,6 +293,12 @@ impl ControllerService {
             // Looked up here, not on the async worker: a pool on a hung filesystem must stall
             // only this request.
             let source = source.map(|s| s.locate(&state, &p)).transpose()?;
+            // A copy is never smaller than its source where sizes are enforced, and takes the
+            // source's size when none is asked (elsewhere KubeVirt's answers stand).
+            let enforced = match (enforced, &source) {
+                (Some(_), Some(src)) => Some(sizing::copy_size(range, src.capacity(), p.quota.granularity())?),
+                (enforced, _) => enforced,
+            };
             let (health, dir) = open_usable(&p)?;
             let size = enforced.unwrap_or(required);
             // Checks only a new volume must pass: a retry of an existing one is judged by its

@@ -162,6 +162,36 @@ pub fn purge_trash_once(state: &DriverState) {
     }
 }
 
+/// Adds subvolumes tenants made inside volumes to their volume's limit, for every pool whose
+/// backend needs it done ([`hpp_fs::quota::QuotaBackend::nested_containment`]: btrfs with full
+/// quotas), at the shortest interval one asks for, until the task is dropped.
+pub async fn contain_nested(state: Arc<DriverState>) {
+    let Some(interval) = state.pools.iter().filter_map(|p| p.quota.nested_containment()).min() else {
+        return;
+    };
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let state = state.clone();
+        let _ = tokio::task::spawn_blocking(move || contain_nested_once(&state)).await;
+    }
+}
+
+/// One pass of [`contain_nested`].
+pub fn contain_nested_once(state: &DriverState) {
+    for pool in state.pools.iter().filter(|p| p.quota.nested_containment().is_some()) {
+        let outcome = pool.open().map_err(|e| e.to_string()).and_then(|dir| {
+            pool.quota
+                .contain_nested(std::os::fd::AsFd::as_fd(&dir))
+                .map_err(|e| e.to_string())
+        });
+        if let Err(e) = outcome {
+            tracing::debug!(pool = %pool.name, error = %e, "nested subvolumes not checked this time");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -3,11 +3,31 @@
 //! and snapshots are subvolume snapshots (instant, copy-on-write), deletion destroys the
 //! subvolume in one ioctl.
 //!
+//! The limit sits on a level-1 qgroup `1/<id>` that holds the volume's own qgroup `0/<id>`, so
+//! it can also hold what a tenant makes inside the volume: `btrfs subvolume create` needs only
+//! write permission on a directory, and a subvolume is a qgroup of its own whose data the
+//! volume's qgroup would not count. How a nested subvolume joins `1/<id>`:
+//!
+//! - **Simple quotas** (Linux 6.7+; what a pool turns on when quotas are off): the kernel adds
+//!   every new subvolume to the level-1 qgroup of the subvolume it is made in, in the same
+//!   transaction. No window: data written into it counts at once, at any depth.
+//! - **Full quotas** (a filesystem whose quotas were already on, as earlier hpp versions turned
+//!   them on, or a kernel without simple quotas): limits stay on `0/<id>`, as before (moving a
+//!   volume that shares extents with a clone into a new qgroup would leave the accounting
+//!   inconsistent until a rescan). Every [`CONTAIN_INTERVAL`] the driver finds the subvolumes
+//!   made inside volumes since its last look, at any depth, and limits each to what it holds
+//!   then ([`QuotaBackend::contain_nested`]): nothing more can be written into it. What a tenant
+//!   wrote into one before that stays (uncounted by the volume), so the window is at most that
+//!   interval of writes.
+//!
+//! Snapshots and clones of a volume holding subvolumes are refused: a btrfs snapshot does not
+//! include them, and a clone that silently lost data would be worse than none.
+//!
 //! Quotas are a filesystem-wide switch: a pool configured for btrfs turns them on when it is
-//! opened (logged; the kernel rescans existing data once). A subvolume's qgroup is removed
-//! with it; when the kernel is still dropping the subvolume's extents it refuses (`EBUSY`) and
-//! removes the qgroup itself when the drop finishes (Linux 6.7+; older kernels keep a stale
-//! qgroup, visible as `<stale>` in `btrfs qgroup show`, harmless and removable by hand).
+//! opened (logged). A volume's qgroups are removed with it; a level-0 qgroup whose extents the
+//! kernel is still dropping (or, with simple quotas, that a clone still shares) is removed by
+//! the kernel itself once they are gone (Linux 6.7+; older kernels keep a stale qgroup, visible
+//! as `<stale>` in `btrfs qgroup show`, harmless and removable by hand).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -29,11 +49,29 @@ pub const COMPRESSION: &str = "compression";
 /// platform hpp runs on.
 const GRANULARITY: u64 = 4096;
 
+/// How often subvolumes a tenant made inside a published volume are added to the volume's
+/// limit when the kernel does not do it (full quotas): the longest a tenant can write into one
+/// uncounted.
+pub const CONTAIN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The btrfs backend for one pool.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Btrfs {
     /// `/sys/fs/btrfs/<uuid>/qgroups`, where the kernel publishes every qgroup's counters.
     qgroups: PathBuf,
+    /// Simple quotas: the kernel puts a new subvolume in its parent volume's qgroup itself.
+    simple: bool,
+    /// What [`QuotaBackend::contain_nested`] knows (full quotas).
+    contained: std::sync::Mutex<Containment>,
+}
+
+/// The subvolumes seen so far and which of them were added to a volume's qgroup.
+#[derive(Debug, Default)]
+struct Containment {
+    /// The next subvolume id to look for (ids only grow).
+    next_id: u64,
+    /// Each subvolume seen, with the subvolume it was made in.
+    parents: std::collections::HashMap<u64, u64>,
 }
 
 /// Formats a filesystem UUID the way sysfs names its directory.
@@ -67,8 +105,15 @@ impl Btrfs {
         let uuid = hpp_sys::btrfs::fs_uuid(pool).map_err(io_err("reading the btrfs filesystem id"))?;
         let qgroups = PathBuf::from("/sys/fs/btrfs").join(uuid_string(&uuid)).join("qgroups");
         if !qgroups.is_dir() {
-            tracing::warn!(fs = %uuid_string(&uuid), "btrfs quotas are off on the pool's filesystem; turning them on");
-            hpp_sys::btrfs::quota_enable(pool).map_err(io_err("enabling btrfs quotas"))?;
+            match hpp_sys::btrfs::quota_enable_simple(pool) {
+                Ok(()) => tracing::warn!(fs = %uuid_string(&uuid),
+                    "btrfs quotas are off on the pool's filesystem; turned on simple quotas (subvolumes a tenant makes in a volume count against its limit at once)"),
+                Err(e) => {
+                    tracing::warn!(fs = %uuid_string(&uuid), simple_quotas = %e,
+                        "btrfs quotas are off on the pool's filesystem; turning on full quotas (this kernel has no simple quotas: subvolumes a tenant makes in a volume are added to its limit every 2 s)");
+                    hpp_sys::btrfs::quota_enable(pool).map_err(io_err("enabling btrfs quotas"))?;
+                }
+            }
             if !qgroups.is_dir() {
                 return Err(QuotaError::Unsupported(format!(
                     "btrfs quotas were enabled but {} does not exist (kernel older than 5.9?)",
@@ -76,11 +121,64 @@ impl Btrfs {
                 )));
             }
         }
-        Ok(Btrfs { qgroups })
+        // `mode` exists from Linux 6.7 on: `qgroup` (full) or `squota` (simple).
+        let simple = std::fs::read_to_string(qgroups.join("mode")).is_ok_and(|m| m.trim() == "squota");
+        Ok(Btrfs {
+            qgroups,
+            simple,
+            contained: Default::default(),
+        })
     }
 
-    fn read_counter(&self, id: u64, counter: &str) -> Result<u64, QuotaError> {
-        let path = self.qgroups.join(format!("0_{id}")).join(counter);
+    /// Whether the filesystem accounts with simple quotas.
+    pub fn simple_quotas(&self) -> bool {
+        self.simple
+    }
+
+    /// The directory of qgroup `<level>_<id>` in sysfs.
+    fn qgroup_dir(&self, level: u8, id: u64) -> PathBuf {
+        self.qgroups.join(format!("{level}_{id}"))
+    }
+
+    /// The qgroup that carries volume `id`'s limit: `1/<id>` for volumes made since limits
+    /// moved there, `0/<id>` for older ones (until their limit is next set).
+    fn limit_qgroup(&self, id: u64) -> (u8, u64) {
+        match self.qgroup_dir(1, id).is_dir() {
+            true => (1, hpp_sys::btrfs::level1(id)),
+            false => (0, id),
+        }
+    }
+
+    /// With simple quotas, makes `1/<id>` hold `0/<id>` and carry `limit_bytes`, the volume's
+    /// own qgroup left unlimited (an older volume's limit there would otherwise keep a raised
+    /// one from working); with full quotas, limits `0/<id>`. Idempotent. The ioctls go through `fd`, the pool directory: a transaction
+    /// started through a full volume would be charged to the volume's qgroup and refused.
+    fn limit_volume(&self, fd: BorrowedFd<'_>, name: &str, id: u64, limit_bytes: u64) -> Result<(), QuotaError> {
+        if !self.simple {
+            return hpp_sys::btrfs::qgroup_limit(fd, id, limit_bytes)
+                .map_err(io_err(format!("setting the qgroup limit of {name}")));
+        }
+        let parent = hpp_sys::btrfs::level1(id);
+        let exists = |e: &std::io::Error| Errno::from_io_error(e) == Some(Errno::EXIST);
+        match hpp_sys::btrfs::qgroup_create(fd, parent) {
+            Ok(()) => {}
+            Err(e) if exists(&e) => {}
+            Err(e) => return Err(io_err(format!("creating qgroup 1/{id} of {name}"))(e)),
+        }
+        match hpp_sys::btrfs::qgroup_assign(fd, id, parent, true) {
+            Ok(_) => {}
+            Err(e) if exists(&e) => {}
+            Err(e) => return Err(io_err(format!("adding {name} to qgroup 1/{id}"))(e)),
+        }
+        hpp_sys::btrfs::qgroup_limit(fd, parent, limit_bytes)
+            .map_err(io_err(format!("setting the limit of qgroup 1/{id} of {name}")))?;
+        hpp_sys::btrfs::qgroup_limit(fd, id, 0)
+            .map_err(io_err(format!("clearing the limit of qgroup 0/{id} of {name}")))
+    }
+
+    fn read_counter(&self, (level, id): (u8, u64), counter: &str) -> Result<u64, QuotaError> {
+        let id = id & ((1 << 48) - 1);
+        let path = self.qgroup_dir(level, id).join(counter);
         let text = std::fs::read_to_string(&path).map_err(io_err(format!("reading {}", path.display())))?;
         text.trim()
             .parse()
@@ -100,17 +198,90 @@ impl Btrfs {
         Ok((fd, id))
     }
 
-    /// Finishes a fresh subvolume: mode, limit. Destroys it on failure.
+    /// Finishes a fresh subvolume: its level-1 qgroup and limit. Destroys it on failure, with
+    /// the qgroups made for it.
     fn finish(&self, pool: BorrowedFd<'_>, name: &str, limit_bytes: u64) -> Result<OwnedFd, QuotaError> {
-        let result = self.subvolume(pool, name).and_then(|(fd, id)| {
-            hpp_sys::btrfs::qgroup_limit(fd.as_fd(), id, limit_bytes)
-                .map_err(io_err(format!("setting the qgroup limit of {name}")))?;
-            Ok(fd)
-        });
-        if result.is_err() {
-            let _ = hpp_sys::btrfs::subvolume_destroy(pool, name);
+        let made = self.subvolume(pool, name);
+        let result = match &made {
+            Ok((_, id)) => self.limit_volume(pool, name, *id, limit_bytes),
+            Err(_) => Ok(()),
+        };
+        match (made, result) {
+            (Ok((fd, _)), Ok(())) => Ok(fd),
+            (made, result) => {
+                let id = made.as_ref().ok().map(|(_, id)| *id);
+                drop(made);
+                let _ = hpp_sys::btrfs::subvolume_destroy(pool, name);
+                if let Some(id) = id {
+                    forget_qgroups(pool, id, &[id]);
+                }
+                Err(result.err().unwrap_or_else(|| {
+                    QuotaError::Unsupported(format!("{name} is not a btrfs subvolume after it was made"))
+                }))
+            }
         }
-        result
+    }
+
+    /// Whether subvolume `id` sits below a volume of the pool whose directory is in subvolume
+    /// `pool_subvol`: its chain of parents reaches `pool_subvol` through at least one other
+    /// subvolume (a volume, a temporary or a snapshot's data are direct children and are not).
+    fn is_nested(&self, pool: BorrowedFd<'_>, state: &mut Containment, id: u64, pool_subvol: u64) -> bool {
+        let mut at = id;
+        for depth in 0..64 {
+            let parent = match state.parents.get(&at) {
+                Some(p) => *p,
+                None => match hpp_sys::btrfs::subvolume_parent(pool, at) {
+                    Ok(Some(p)) => {
+                        state.parents.insert(at, p);
+                        p
+                    }
+                    _ => return false,
+                },
+            };
+            if parent == pool_subvol {
+                return depth > 0;
+            }
+            if parent == at || parent < 5 {
+                return false;
+            }
+            at = parent;
+        }
+        false
+    }
+
+    /// Refuses to copy the subvolume `source` (named `what`) by snapshot when it holds
+    /// subvolumes: the snapshot would hold empty directories where their data was.
+    fn refuse_nested(source: BorrowedFd<'_>, what: &str) -> Result<(), QuotaError> {
+        let nested = hpp_sys::btrfs::subvolume_children(source)
+            .map_err(io_err(format!("listing the subvolumes inside {what}")))?;
+        if nested.is_empty() {
+            return Ok(());
+        }
+        Err(QuotaError::Refused(format!(
+            "{what} holds {} btrfs subvolume(s) made inside it (ids {nested:?}); a btrfs snapshot would not \
+             include their data. Copy their contents into plain directories (or delete them) inside the \
+             volume, then try again",
+            nested.len()
+        )))
+    }
+}
+
+/// Takes qgroups `0/<m>` (for each member) out of `1/<id>`, then removes `1/<id>` and `0/<id>`;
+/// what the kernel refuses now (extents still being dropped or shared) it removes itself
+/// later (Linux 6.7+).
+fn forget_qgroups(fd: BorrowedFd<'_>, id: u64, members: &[u64]) {
+    let parent = hpp_sys::btrfs::level1(id);
+    for m in members {
+        let _ = hpp_sys::btrfs::qgroup_assign(fd, *m, parent, false);
+    }
+    for (qgroup, shown) in [(parent, format!("1/{id}")), (id, format!("0/{id}"))] {
+        match hpp_sys::btrfs::qgroup_remove(fd, qgroup) {
+            Ok(()) => {}
+            Err(e) if matches!(Errno::from_io_error(&e), Some(Errno::BUSY | Errno::NOENT)) => {
+                tracing::debug!(qgroup = %shown, "the kernel removes the qgroup once its extents are dropped");
+            }
+            Err(e) => tracing::warn!(qgroup = %shown, error = %e, "cannot remove the qgroup of a deleted volume"),
+        }
     }
 }
 
@@ -161,8 +332,9 @@ fn is_nested_subvolume(child: &Meta, parent: &Meta) -> bool {
 /// writable first, or the ones inside them could not go. The shared walker bounds it (open
 /// descriptors, iterative whatever the depth); symlinks are never followed and other mounts
 /// never entered (the caller's removal refuses them).
-fn destroy_nested(dir: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError> {
+fn destroy_nested(dir: BorrowedFd<'_>, name: &str) -> Result<Vec<u64>, QuotaError> {
     let prefix = Path::new(name);
+    let mut destroyed = Vec::new();
     if is_subvolume(dir) {
         make_writable(dir, prefix)?;
     }
@@ -175,6 +347,13 @@ fn destroy_nested(dir: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError> {
                 walk.descend(&child).map_err(|e| prefixed(e, prefix))?;
                 if is_nested_subvolume(&meta, &here) {
                     make_writable(walk.dir()?, &prefix.join(walk.path()))?;
+                    if let Ok(id) = hpp_sys::btrfs::subvolume_id(walk.dir()?) {
+                        // A limit (a frozen nested subvolume's) would refuse the transactions
+                        // that destroy what is inside it; through `dir`, whose limit the caller
+                        // lifted.
+                        let _ = hpp_sys::btrfs::qgroup_limit(dir, id, 0);
+                        destroyed.push(id);
+                    }
                 }
             }
             // Files and symlinks are the tree removal's; mounts are refused by it.
@@ -196,7 +375,7 @@ fn destroy_nested(dir: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError> {
             }
         }
     }
-    Ok(())
+    Ok(destroyed)
 }
 
 impl QuotaBackend for Btrfs {
@@ -225,6 +404,7 @@ impl QuotaBackend for Btrfs {
         if !is_subvolume(source) {
             return Ok(None);
         }
+        Self::refuse_nested(source, "the source volume")?;
         match hpp_sys::btrfs::snapshot_create(pool, name, source, false) {
             Ok(()) => {}
             // Another filesystem: the caller copies.
@@ -238,6 +418,7 @@ impl QuotaBackend for Btrfs {
         if !is_subvolume(source) {
             return Ok(false);
         }
+        Self::refuse_nested(source, "the volume")?;
         match hpp_sys::btrfs::snapshot_create(dir, name, source, true) {
             Ok(()) => Ok(true),
             Err(e) if Errno::from_io_error(&e) == Some(Errno::XDEV) => Ok(false),
@@ -246,9 +427,9 @@ impl QuotaBackend for Btrfs {
     }
 
     fn set_limit(&self, pool: BorrowedFd<'_>, name: &str, limit_bytes: u64) -> Result<(), QuotaError> {
-        let (fd, id) = self.subvolume(pool, name)?;
-        hpp_sys::btrfs::qgroup_limit(fd.as_fd(), id, limit_bytes)
-            .map_err(io_err(format!("setting the qgroup limit of {name}")))
+        let (_, id) = self.subvolume(pool, name)?;
+        // A volume from before limits moved to `1/<id>` gets its level-1 qgroup now.
+        self.limit_volume(pool, name, id, limit_bytes)
     }
 
     fn usage(&self, pool: BorrowedFd<'_>, name: &str) -> Result<Option<QuotaUsage>, QuotaError> {
@@ -258,9 +439,11 @@ impl QuotaBackend for Btrfs {
             return Ok(None);
         }
         let id = hpp_sys::btrfs::subvolume_id(fd.as_fd()).map_err(io_err(format!("subvolume id of {name}")))?;
-        let limit = self.read_counter(id, "max_referenced")?;
+        // `1/<id>` also counts the subvolumes made inside the volume.
+        let qgroup = self.limit_qgroup(id);
+        let limit = self.read_counter(qgroup, "max_referenced")?;
         Ok(Some(QuotaUsage {
-            used_bytes: self.read_counter(id, "referenced")?,
+            used_bytes: self.read_counter(qgroup, "referenced")?,
             limit_bytes: if limit == u64::MAX { 0 } else { limit },
             used_inodes: None,
             limit_inodes: None,
@@ -295,29 +478,28 @@ impl QuotaBackend for Btrfs {
         }
         let id = hpp_sys::btrfs::subvolume_id(fd.as_fd()).map_err(io_err(format!("subvolume id of {name}")))?;
         drop(fd);
+        let mut members = vec![id];
+        // A full volume's limit would refuse the transactions that destroy what is inside it
+        // (a tenant's subvolumes): nothing is written into a volume being removed, so it goes.
+        for qgroup in [hpp_sys::btrfs::level1(id), id] {
+            let _ = hpp_sys::btrfs::qgroup_limit(pool, qgroup, 0);
+        }
         if let Err(e) = hpp_sys::btrfs::subvolume_destroy(pool, name) {
             // Subvolumes the tenant made inside the volume block the one-shot destroy: destroy
             // them (deepest first), then the volume; its tree is walked only if that still fails.
             tracing::debug!(volume = name, error = %e, "destroying the subvolume failed; destroying the subvolumes inside first");
             let fd = crate::open_child_dir(pool, name).map_err(errno(format!("opening {name}")))?;
-            destroy_nested(fd.as_fd(), name)?;
+            members.extend(destroy_nested(fd.as_fd(), name)?);
             drop(fd);
             if let Err(e) = hpp_sys::btrfs::subvolume_destroy(pool, name) {
                 tracing::debug!(volume = name, error = %e, "destroying the subvolume failed; removing its tree");
                 super::remove_tree(pool, name)?;
             }
         }
-        match hpp_sys::btrfs::qgroup_remove(pool, id) {
-            Ok(()) => {}
-            Err(e) if matches!(Errno::from_io_error(&e), Some(Errno::BUSY | Errno::NOENT)) => {
-                tracing::debug!(
-                    volume = name,
-                    qgroup = id,
-                    "the kernel removes the qgroup once the subvolume is dropped"
-                );
-            }
-            Err(e) => {
-                tracing::warn!(volume = name, qgroup = id, error = %e, "cannot remove the qgroup of a deleted subvolume")
+        forget_qgroups(pool, id, &members);
+        if let Ok(mut contained) = self.contained.lock() {
+            for m in &members {
+                contained.parents.remove(m);
             }
         }
         Ok(())
@@ -326,6 +508,47 @@ impl QuotaBackend for Btrfs {
     fn release(&self, _pool: BorrowedFd<'_>, _name: &str) -> Result<(), QuotaError> {
         // The qgroup goes with the subvolume in `remove`.
         Ok(())
+    }
+
+    fn nested_containment(&self) -> Option<std::time::Duration> {
+        (!self.simple).then_some(CONTAIN_INTERVAL)
+    }
+
+    /// Limits every subvolume made inside a volume (at any depth) since the last call to
+    /// what it holds: with full quotas the kernel counts none of it against the volume.
+    fn contain_nested(&self, pool: BorrowedFd<'_>) -> Result<usize, QuotaError> {
+        if self.simple {
+            return Ok(0);
+        }
+        let pool_subvol = hpp_sys::btrfs::subvolume_id(pool).map_err(io_err("subvolume id of the pool"))?;
+        let mut state = self
+            .contained
+            .lock()
+            .map_err(|_| QuotaError::Unsupported("the nested-subvolume state was poisoned".into()))?;
+        let found = hpp_sys::btrfs::subvolumes_since(pool, state.next_id)
+            .map_err(io_err("listing subvolumes (root tree search)"))?;
+        let mut frozen = 0;
+        for (child, parent) in found {
+            state.next_id = state.next_id.max(child + 1);
+            state.parents.insert(child, parent);
+            if !self.is_nested(pool, &mut state, child, pool_subvol) {
+                continue;
+            }
+            let holds = self.read_counter((0, child), "referenced").unwrap_or(0);
+            match hpp_sys::btrfs::qgroup_limit(pool, child, holds.max(GRANULARITY)) {
+                Ok(()) => {
+                    frozen += 1;
+                    tracing::warn!(
+                        subvolume = child,
+                        inside = parent,
+                        bytes = holds,
+                        "a subvolume was made inside a volume; limited to what it holds (full btrfs quotas do not count it against the volume)"
+                    );
+                }
+                Err(e) => tracing::warn!(subvolume = child, error = %e, "cannot limit a nested subvolume"),
+            }
+        }
+        Ok(frozen)
     }
 
     fn parameters(&self) -> &'static [(&'static str, &'static str)] {

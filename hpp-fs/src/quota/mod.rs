@@ -46,6 +46,10 @@ pub enum QuotaError {
     /// A parameter or value the backend does not understand.
     #[error("{0}")]
     Invalid(String),
+    /// The operation would lose data or escape a limit, so it is refused (a btrfs snapshot of a
+    /// volume holding subvolumes would not include them).
+    #[error("{0}")]
+    Refused(String),
     /// Removing a volume's tree failed (a mount inside it, a permission error).
     #[error(transparent)]
     Walk(#[from] WalkError),
@@ -112,6 +116,20 @@ pub trait QuotaBackend: Send + Sync + Debug {
     /// Releases what the backend attached to volume `name` (qgroup, project id) after its
     /// tree was removed; [`QuotaBackend::remove`] calls it.
     fn release(&self, pool: BorrowedFd<'_>, name: &str) -> Result<(), QuotaError>;
+
+    /// How often [`QuotaBackend::contain_nested`] must run for sizes to hold: `Some` for a
+    /// backend where a tenant can make a new accounting unit inside its volume that the
+    /// filesystem does not count by itself (btrfs with full quotas); `None` (the default)
+    /// where nothing needs to.
+    fn nested_containment(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Adds accounting units a tenant made inside volumes of `pool` since the last call (btrfs
+    /// subvolumes) to their volume's limit; returns how many were added.
+    fn contain_nested(&self, _pool: BorrowedFd<'_>) -> Result<usize, QuotaError> {
+        Ok(0)
+    }
 
     /// Removes volume (or temporary, or snapshot) `name` in `pool` with everything the backend
     /// attached to it; missing is success, so an interrupted removal is simply retried. The
