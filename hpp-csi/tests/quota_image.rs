@@ -688,3 +688,109 @@ async fn an_image_volume_published_at_two_targets_is_mounted_once() {
     h.unpublish("pvc-race", &t4).await.unwrap();
     h.stop().await;
 }
+
+/// Issue 29's `image` findings through the driver: stats of a published volume are what `df`
+/// shows inside it; a clone on a filesystem without reflinks costs what its source holds, not
+/// its size; a NodeExpandVolume whose online growth fails records nothing (the size and the
+/// charge stay what the filesystem holds) and a retry that can grow records it.
+#[tokio::test]
+async fn image_stats_are_dfs_clones_stay_sparse_and_failed_growth_records_nothing() {
+    if !image_tools() {
+        return;
+    }
+    let mut h = Harness::with(|root, b| {
+        b.pool(legacy_pool(root).quota(QuotaMode::Image, 100))
+            .expansion(hpp_csi::ExpansionMode::Node)
+    })
+    .await;
+    h.controller
+        .create_volume(sized_req("src", 64 * MIB as i64, 0))
+        .await
+        .unwrap();
+    let target = h.target("src");
+    h.publish("src", &target, false).await.unwrap();
+    let mut f = std::fs::File::create(target.join("ten")).unwrap();
+    for _ in 0..10 {
+        f.write_all(&vec![3u8; MIB as usize]).unwrap();
+    }
+    f.sync_all().unwrap();
+    drop(f);
+
+    let stats = h
+        .node
+        .node_get_volume_stats(hpp_csi::csi::NodeGetVolumeStatsRequest {
+            volume_id: "src".into(),
+            volume_path: target.to_string_lossy().into_owned(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let bytes = &stats.usage[0];
+    let df = rustix::fs::statvfs(&target).unwrap();
+    assert_eq!(bytes.total as u64, df.f_blocks * df.f_frsize, "{stats:?}");
+    assert_eq!(bytes.available as u64, df.f_bavail * df.f_frsize, "{stats:?}");
+    assert!(
+        bytes.used as u64 >= 10 * MIB && (bytes.used as u64) < 20 * MIB,
+        "{stats:?}"
+    );
+    assert!(bytes.available > 0, "not the image's allocated blocks: {stats:?}");
+
+    h.unpublish("src", &target).await.unwrap();
+    let mut clone = sized_req("copy", 64 * MIB as i64, 0);
+    clone.volume_content_source = Some(hpp_csi::csi::VolumeContentSource {
+        r#type: Some(hpp_csi::csi::volume_content_source::Type::Volume(
+            hpp_csi::csi::volume_content_source::VolumeSource {
+                volume_id: "src".into(),
+            },
+        )),
+    });
+    h.controller.create_volume(clone).await.unwrap();
+    let allocated = |id: &str| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(h.pool_path().join(id).join("disk.img"))
+            .unwrap()
+            .blocks()
+            * 512
+    };
+    assert!(
+        allocated("copy") < 32 * MIB,
+        "a clone of 10 MiB in a 64 MiB image costs {} bytes",
+        allocated("copy")
+    );
+
+    // Growing online needs CAP_SYS_RESOURCE; without it the growth fails and records nothing.
+    h.publish("src", &target, false).await.unwrap();
+    let grown = h
+        .node
+        .node_expand_volume(hpp_csi::csi::NodeExpandVolumeRequest {
+            volume_id: "src".into(),
+            volume_path: target.to_string_lossy().into_owned(),
+            capacity_range: Some(hpp_csi::csi::CapacityRange {
+                required_bytes: 128 * MIB as i64,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        })
+        .await;
+    let recorded = || {
+        let mut buf = [0u8; 32];
+        let dir = std::fs::File::open(h.pool_path().join("src")).unwrap();
+        let n = rustix::fs::fgetxattr(&dir, "trusted.hpp.capacity", &mut buf).unwrap();
+        std::str::from_utf8(&buf[..n]).unwrap().parse::<u64>().unwrap()
+    };
+    match grown {
+        Ok(r) => {
+            assert!(can_grow_ext4_online());
+            assert_eq!(r.into_inner().capacity_bytes as u64, 128 * MIB);
+            assert_eq!(recorded(), 128 * MIB);
+        }
+        Err(e) => {
+            assert!(!can_grow_ext4_online(), "{e:?}");
+            assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+            assert_eq!(recorded(), 64 * MIB, "recorded ahead of the filesystem");
+        }
+    }
+    h.unpublish("src", &target).await.unwrap();
+    h.stop().await;
+}

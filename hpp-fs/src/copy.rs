@@ -167,8 +167,9 @@ fn copy_file(
     Ok(reflinked)
 }
 
-/// Copies the data regions of `src` into `dst` and leaves holes as holes.
-fn copy_sparse(src: &OwnedFd, dst: &OwnedFd, size: u64) -> std::io::Result<()> {
+/// Copies the data regions of `src` (`size` bytes) into `dst` and leaves holes as holes, so a
+/// sparse file (a volume's disk image) costs only what it holds.
+pub fn copy_sparse(src: &OwnedFd, dst: &OwnedFd, size: u64) -> std::io::Result<()> {
     let mut offset = 0u64;
     while offset < size {
         let data = match rustix::fs::seek(src, SeekFrom::Data(offset)) {

@@ -66,6 +66,21 @@ pub fn controller_expand(
     id: &str,
     range: Range,
 ) -> Result<Expanded> {
+    expand_with(ledger, pool, health, id, range, None).map(|(expanded, _)| expanded)
+}
+
+/// [`controller_expand`], running `grow` (the node growing the filesystem it presents) after
+/// the limit is raised and before the new size is recorded, so the record never runs ahead of
+/// what the volume holds: a failed `grow` leaves the old size recorded and charged, and the
+/// retry raises the (already raised) limit again and grows. Returns whether `grow` ran.
+fn expand_with(
+    ledger: &Ledger,
+    pool: &Pool,
+    health: &PoolHealth,
+    id: &str,
+    range: Range,
+    grow: Option<&dyn Fn() -> Result<()>>,
+) -> Result<(Expanded, bool)> {
     let backend = &pool.quota;
     let target = sizing::expand_size(range, backend.granularity())?;
     let dir = pool.open()?;
@@ -82,10 +97,13 @@ pub fn controller_expand(
             )));
         }
         // Already big enough (a retry, or a request to shrink): the size it has.
-        return Ok(Expanded {
-            capacity: have,
-            node_expansion_required,
-        });
+        return Ok((
+            Expanded {
+                capacity: have,
+                node_expansion_required,
+            },
+            false,
+        ));
     }
     // An expansion killed after raising the limit and before recording it, retried with a
     // smaller request (Kubernetes lets a user lower a failed expansion): the volume already
@@ -107,15 +125,21 @@ pub fn controller_expand(
         false => None,
     };
     backend.set_limit(dir.as_fd(), id, target).map_err(quota_error)?;
+    if let Some(grow) = grow {
+        grow()?;
+    }
     record(dir.as_fd(), id, target, backend.enforces())?;
     if let Some(promised) = promised {
         promised.settle(pool, Some(target));
     }
     tracing::info!(volume_id = %id, pool = %pool.name, from = current.unwrap_or(0), to = target, "volume expanded");
-    Ok(Expanded {
-        capacity: target,
-        node_expansion_required,
-    })
+    Ok((
+        Expanded {
+            capacity: target,
+            node_expansion_required,
+        },
+        grow.is_some(),
+    ))
 }
 
 /// Records `bytes` as volume `id`'s capacity, durably. A filesystem without trusted xattrs
@@ -166,14 +190,20 @@ pub fn node_expand(
             )));
         }
     }
+    let node_grows = pool.quota.needs_node_expansion();
+    let grow = || pool.quota.expand_mounted(target).map_err(quota_error);
+    let mut grown = false;
     if let Some((ledger, health)) = raise
         && (range.required > 0 || range.limit > 0)
     {
-        controller_expand(ledger, pool, health, id, range)?;
+        let grow: &dyn Fn() -> Result<()> = &grow;
+        (_, grown) = expand_with(ledger, pool, health, id, range, node_grows.then_some(grow))?;
     }
     let dir = pool.open()?;
-    if pool.quota.needs_node_expansion() {
-        pool.quota.expand_mounted(target).map_err(quota_error)?;
+    // Also when the size was recorded earlier (by ControllerExpandVolume, or before a growth
+    // that failed): growing an already grown filesystem changes nothing.
+    if node_grows && !grown {
+        grow()?;
     }
     let recorded = volumes::recorded_capacity(dir.as_fd(), id)?;
     Ok(recorded.unwrap_or(range.required))

@@ -465,6 +465,31 @@ fn volume_stats(
         };
     }
     let fs = rustix::fs::fstatvfs(&path_fd).map_err(|e| Error::io("statvfs of volume", e))?;
+    // A published image volume: the path is its own filesystem, and what `df` shows inside
+    // is the answer (the image's allocated blocks only bound it from above).
+    let own_filesystem =
+        mounted && matches!(&pool, Ok(pool) if matches!(pool.quota.layout(), hpp_fs::quota::Layout::Image(_)));
+    if own_filesystem {
+        let bytes = |blocks: u64| i64::try_from(blocks.saturating_mul(fs.f_frsize)).unwrap_or(i64::MAX);
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        return Ok(csi::NodeGetVolumeStatsResponse {
+            usage: vec![
+                csi::VolumeUsage {
+                    available: bytes(fs.f_bavail),
+                    total: bytes(fs.f_blocks),
+                    used: bytes(fs.f_blocks.saturating_sub(fs.f_bfree)),
+                    unit: csi::volume_usage::Unit::Bytes as i32,
+                },
+                csi::VolumeUsage {
+                    available: count(fs.f_favail),
+                    total: count(fs.f_files),
+                    used: count(fs.f_files.saturating_sub(fs.f_ffree)),
+                    unit: csi::volume_usage::Unit::Inodes as i32,
+                },
+            ],
+            volume_condition: Some(condition),
+        });
+    }
     let quota = match &pool {
         Ok(pool) if pool.quota.enforces() => {
             let dir = pool.open_unguarded()?;

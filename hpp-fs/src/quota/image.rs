@@ -349,11 +349,13 @@ impl QuotaBackend for Image {
                 Mode::from_raw_mode(0o600),
             )
             .map_err(errno(format!("creating {name}/{IMAGE_FILE}")))?;
-            // Copy-on-write where the pool can (btrfs, XFS with reflink), else a byte copy.
+            // Copy-on-write where the pool can (btrfs, XFS with reflink), else a copy of the
+            // image's data regions only: its holes stay holes, so a clone costs what the source
+            // holds, not its size.
             if rustix::fs::ioctl_ficlone(&dst, &src).is_err() {
-                let mut from = std::fs::File::from(rustix::io::dup(&src).map_err(errno("dup"))?);
-                let mut to = std::fs::File::from(rustix::io::dup(&dst).map_err(errno("dup"))?);
-                std::io::copy(&mut from, &mut to).map_err(io_err(format!("copying the image into {name}")))?;
+                let size = rustix::fs::fstat(&src).map_err(errno("stat the source image"))?.st_size;
+                crate::copy::copy_sparse(&src, &dst, u64::try_from(size).unwrap_or(0))
+                    .map_err(io_err(format!("copying the image into {name}")))?;
             }
             rustix::fs::fsync(&dst).map_err(errno(format!("fsync {name}/{IMAGE_FILE}")))?;
             drop(dst);
