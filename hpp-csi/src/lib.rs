@@ -44,6 +44,17 @@ pub mod service;
 #[cfg(not(feature = "internals"))]
 pub(crate) mod service;
 
+/// The crates whose types this crate's API uses, re-exported so a distribution depends on
+/// hpp-csi alone and always builds against the versions it was built with (tonic's `Router`
+/// and `Status`, prost's messages, prometheus-client's `Registry`, tower's layers).
+pub mod deps {
+    pub use prometheus_client;
+    pub use prost;
+    pub use prost_types;
+    pub use tonic;
+    pub use tower;
+}
+
 /// The mount table parser, shared with the rest of hpp (see [`hpp_fs::mountinfo`]).
 pub use hpp_fs::mountinfo;
 
@@ -54,7 +65,7 @@ pub use metrics::DriverMetrics;
 pub use ops::expand::ExpansionMode;
 pub use ops::trash::{PurgeReason, TrashTotals};
 pub use pool::{PoolHealth, build_quota_backend};
-pub use server::{BoundDriver, Driver, DriverBuilder, ServeError};
+pub use server::{Background, BoundDriver, CsiIncoming, CsiRouter, CsiSocket, Driver, DriverBuilder, ServeError};
 pub use service::authority::AuthorityFix;
 pub use service::health::{DEFAULT_HEALTH_INTERVAL, watch as watch_health};
 pub use service::rpc_layer::RpcLayer;

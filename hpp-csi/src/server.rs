@@ -1,6 +1,9 @@
-//! The embeddable driver: a builder that checks the configuration and prepares the pools, the
-//! three services for callers that compose their own tonic server, and a ready-made server on a
-//! unix socket or TCP port with clean shutdown.
+//! The embeddable driver: a builder that checks the configuration and prepares the pools, a
+//! ready-made server on a unix socket or TCP port with clean shutdown ([`BoundDriver::serve`]),
+//! extensible with services of your own ([`BoundDriver::serve_with`]), and, for a tonic server
+//! of your own, the pieces `serve` is made of: the services and their layer
+//! ([`Driver::router`]), the unix socket with its checks ([`CsiSocket`]), and the background
+//! work with its one shutdown call ([`Driver::start_background`], [`Background::stop`]).
 
 use std::future::Future;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -59,6 +62,7 @@ pub enum ServeError {
 #[derive(Debug, Clone)]
 pub struct DriverBuilder {
     name: String,
+    topology_key: Option<String>,
     version: String,
     node_id: Option<String>,
     pools: Vec<PoolConfig>,
@@ -74,6 +78,7 @@ impl Default for DriverBuilder {
     fn default() -> Self {
         DriverBuilder {
             name: DRIVER_NAME.to_owned(),
+            topology_key: None,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             node_id: None,
             pools: Vec::new(),
@@ -91,6 +96,15 @@ impl DriverBuilder {
     /// CSI driver name (default `kubevirt.io.hostpath-provisioner`).
     pub fn driver_name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
+        self
+    }
+
+    /// The topology key volumes are pinned to nodes with (default: KubeVirt's
+    /// `topology.hostpath.csi/node` under KubeVirt's driver name, else `topology.<driver
+    /// name>/node`, so two hostpath drivers on one cluster never read each other's topology).
+    /// Set it to keep the key of volumes made before the driver was renamed.
+    pub fn topology_key(mut self, key: impl Into<String>) -> Self {
+        self.topology_key = Some(key.into());
         self
     }
 
@@ -197,8 +211,10 @@ impl DriverBuilder {
             _ => PathBuf::from("/"),
         });
         let os_reference = std::fs::canonicalize(&os_reference).unwrap_or(os_reference);
+        let topology_key = self.topology_key.unwrap_or_else(|| default_topology_key(&self.name));
         Ok(Driver {
             state: Arc::new(DriverState {
+                topology_key,
                 name: self.name,
                 version: self.version,
                 node_id,
@@ -215,6 +231,15 @@ impl DriverBuilder {
             }),
             endpoint: self.endpoint,
         })
+    }
+}
+
+/// The topology key of a driver called `name` when none is set: KubeVirt's under KubeVirt's
+/// name, `topology.<name>/node` under any other.
+pub fn default_topology_key(name: &str) -> String {
+    match name {
+        DRIVER_NAME => hpp_api::constants::TOPOLOGY_KEY.to_owned(),
+        other => format!("topology.{other}/node"),
     }
 }
 
@@ -257,6 +282,36 @@ impl Driver {
         &self.state
     }
 
+    /// A tonic router with the driver's RPC layer and all its services (Identity, Controller,
+    /// Node, and hpp's admin service): what [`BoundDriver::serve`] serves. For a server of your
+    /// own, add your services and serve it on a [`CsiSocket`], with [`Driver::start_background`]
+    /// running beside it.
+    pub fn router(&self) -> CsiRouter {
+        tonic::transport::Server::builder()
+            .layer(self.rpc_layer())
+            .add_service(self.identity_service())
+            .add_service(self.controller_service())
+            .add_service(self.node_service())
+            .add_service(self.trash_service())
+    }
+
+    /// Starts what a serving driver runs in the background (see [`Background`]); stop it with
+    /// [`Background::stop`] once your server has stopped.
+    pub fn start_background(&self) -> Background {
+        let state = &self.state;
+        Background {
+            tasks: vec![
+                // Keeps the gauges and transition logs current, so Probe need not measure.
+                tokio::spawn(crate::service::health::watch(state.clone(), state.health_interval)),
+                // Purges trash entries whose retention is over (nothing without a trash).
+                tokio::spawn(crate::service::health::purge_trash(state.clone())),
+                // Counts subvolumes tenants make inside volumes where the filesystem does not.
+                tokio::spawn(crate::service::health::contain_nested(state.clone())),
+            ],
+            state: state.clone(),
+        }
+    }
+
     /// hpp's admin service (the trash of deleted volumes), for a tonic server of your own.
     pub fn trash_service(&self) -> crate::admin::TrashServer<crate::admin::TrashService> {
         crate::admin::TrashServer::new(crate::admin::TrashService::new(self.state.clone()))
@@ -292,20 +347,14 @@ impl Driver {
     pub async fn bind(self) -> Result<BoundDriver, ServeError> {
         let endpoint = self.endpoint.clone().ok_or(ServeError::NoEndpoint)?;
         let listener = match &endpoint {
-            Endpoint::Unix(path) => Listener::Unix(bind_unix(path).map_err(|e| match e {
-                BindUnixError::Serve(e) => e,
-                BindUnixError::Io(source) => ServeError::Bind {
-                    endpoint: endpoint.clone(),
-                    source,
-                },
-            })?),
+            Endpoint::Unix(path) => Listener::Unix(CsiSocket::bind(path)?),
             Endpoint::Tcp(addr) => Listener::Tcp(TcpListener::bind(addr).await.map_err(|source| ServeError::Bind {
                 endpoint: endpoint.clone(),
                 source,
             })?),
         };
         let local = match &listener {
-            Listener::Unix(u) => Endpoint::Unix(u.path.clone()),
+            Listener::Unix(u) => Endpoint::Unix(u.path().to_path_buf()),
             Listener::Tcp(t) => match t.local_addr() {
                 Ok(a) => Endpoint::Tcp(a.to_string()),
                 Err(_) => endpoint.clone(),
@@ -324,26 +373,9 @@ impl Driver {
     }
 }
 
-struct UnixSocket {
-    listener: UnixListener,
-    path: PathBuf,
-    ino: u64,
-}
-
 enum Listener {
-    Unix(UnixSocket),
+    Unix(CsiSocket),
     Tcp(TcpListener),
-}
-
-enum BindUnixError {
-    Serve(ServeError),
-    Io(std::io::Error),
-}
-
-impl From<std::io::Error> for BindUnixError {
-    fn from(e: std::io::Error) -> Self {
-        BindUnixError::Io(e)
-    }
 }
 
 /// Whether a live process accepts connections on the unix socket `path`.
@@ -352,29 +384,138 @@ fn socket_answers(path: &Path) -> bool {
         && std::os::unix::net::UnixStream::connect(path).is_ok()
 }
 
-fn bind_unix(path: &Path) -> Result<UnixSocket, BindUnixError> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)?;
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => {
-            if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                return Err(BindUnixError::Serve(ServeError::InUse(path.to_path_buf())));
-            }
-            std::fs::remove_file(path)?;
+/// A unix socket for the CSI services, bound the way the driver's own server binds it: the
+/// parent directory made, a socket nobody answers on any more (a crashed driver's) replaced,
+/// one a live process answers on refused ([`ServeError::InUse`]), anything else at the path
+/// refused ([`ServeError::NotASocket`]), mode 0660 (kubelet and the sidecars run as root or in
+/// the socket's group). Serve it with [`CsiSocket::incoming`].
+#[derive(Debug)]
+pub struct CsiSocket {
+    listener: UnixListener,
+    path: PathBuf,
+    ino: u64,
+}
+
+impl CsiSocket {
+    /// Binds `path` (see the type's documentation).
+    pub fn bind(path: impl AsRef<Path>) -> Result<CsiSocket, ServeError> {
+        let path = path.as_ref();
+        let io = |source| ServeError::Bind {
+            endpoint: Endpoint::Unix(path.to_path_buf()),
+            source,
+        };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(io)?;
         }
-        Ok(_) => return Err(BindUnixError::Serve(ServeError::NotASocket(path.to_path_buf()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e.into()),
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if meta.file_type().is_socket() => {
+                if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                    return Err(ServeError::InUse(path.to_path_buf()));
+                }
+                std::fs::remove_file(path).map_err(io)?;
+            }
+            Ok(_) => return Err(ServeError::NotASocket(path.to_path_buf())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(e)),
+        }
+        let listener = UnixListener::bind(path).map_err(io)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(io)?;
+        let ino = std::fs::symlink_metadata(path).map_err(io)?.ino();
+        Ok(CsiSocket {
+            listener,
+            path: path.to_path_buf(),
+            ino,
+        })
     }
-    let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
-    let ino = std::fs::symlink_metadata(path)?.ino();
-    Ok(UnixSocket {
-        listener,
-        path: path.to_path_buf(),
-        ino,
-    })
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The connections, for `serve_with_incoming[_shutdown]`: each wrapped in
+    /// [`AuthorityFix`](crate::AuthorityFix), without which every gRPC C-core client (Python,
+    /// Ruby, C++, csc) is reset, since they send the socket path as `:authority`. Dropping the
+    /// stream (the server stopped) removes the socket file, if it is still this one.
+    pub fn incoming(self) -> CsiIncoming {
+        CsiIncoming {
+            inner: UnixListenerStream::new(self.listener),
+            path: self.path,
+            ino: self.ino,
+        }
+    }
+}
+
+/// The connections of a [`CsiSocket`]; removes the socket file when dropped.
+#[derive(Debug)]
+pub struct CsiIncoming {
+    inner: UnixListenerStream,
+    path: PathBuf,
+    ino: u64,
+}
+
+impl tokio_stream::Stream for CsiIncoming {
+    type Item = std::io::Result<crate::AuthorityFix<tokio::net::UnixStream>>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        std::pin::Pin::new(&mut self.inner)
+            .poll_next(cx)
+            .map(|conn| conn.map(|conn| conn.map(crate::AuthorityFix::new)))
+    }
+}
+
+impl Drop for CsiIncoming {
+    fn drop(&mut self) {
+        // Only our own socket: a newer driver may have replaced it meanwhile.
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// What [`BoundDriver::serve_with`] and [`Driver::router`] hand over: a tonic router with the
+/// driver's RPC layer (spans, logs, metrics of the CSI and admin services) and its services
+/// added; `add_service` yours (wrap one in a layer of yours with `tonic::service::LayerExt`'s
+/// `named_layer`).
+pub type CsiRouter =
+    tonic::transport::server::Router<tower::layer::util::Stack<RpcLayer, tower::layer::util::Identity>>;
+
+/// The driver's work in the background while it serves: pool health (gauges, transition
+/// logs), trash purges, containment of subvolumes tenants make inside volumes. Stop it with
+/// [`Background::stop`] after the server stopped; dropping it only aborts the tasks.
+#[derive(Debug)]
+pub struct Background {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    state: Arc<DriverState>,
+}
+
+impl Background {
+    /// Stops the background work and checkpoints every pool's volume journal, so a later
+    /// start (or KubeVirt's driver after a rollback) finds nothing to redo. Call it once the
+    /// last request is answered.
+    pub async fn stop(mut self) {
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+        let state = self.state.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            for pool in &state.pools {
+                pool.retire_journal();
+            }
+        })
+        .await;
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
 }
 
 /// A driver with its listener bound.
@@ -398,59 +539,33 @@ impl BoundDriver {
 
     /// Serves until `shutdown` resolves. Pool health (gauges, transition logs) is measured after
     /// every mount-table change and every [`DriverBuilder::health_interval`]. The unix socket
-    /// is removed afterwards (only if it is still ours).
+    /// is removed afterwards (only if it is still ours), and every volume journal checkpointed.
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
+        self.serve_with(shutdown, |router| router).await
+    }
+
+    /// [`serve`](Self::serve), with services of your own on the same socket: `configure` gets
+    /// the router with the driver's services and returns it with yours added.
+    pub async fn serve_with(
+        self,
+        shutdown: impl Future<Output = ()> + Send,
+        configure: impl FnOnce(CsiRouter) -> CsiRouter,
+    ) -> Result<(), ServeError> {
         let driver = self.driver;
-        // Keeps the gauges and transition logs current, so Probe need not measure anything.
-        let refresher = tokio::spawn(crate::service::health::watch(
-            driver.state.clone(),
-            driver.state.health_interval,
-        ));
-        // Purges trash entries whose retention is over (nothing to do without a trash).
-        let purger = tokio::spawn(crate::service::health::purge_trash(driver.state.clone()));
-        // Counts subvolumes tenants make inside volumes where the filesystem does not.
-        let container = tokio::spawn(crate::service::health::contain_nested(driver.state.clone()));
-        let router = tonic::transport::Server::builder()
-            .layer(driver.rpc_layer())
-            .add_service(driver.identity_service())
-            .add_service(driver.controller_service())
-            .add_service(driver.node_service())
-            .add_service(driver.trash_service());
+        let background = driver.start_background();
+        let router = configure(driver.router());
         let result = match self.listener {
-            Listener::Unix(sock) => {
-                let UnixSocket { listener, path, ino } = sock;
-                let r = router
-                    .serve_with_incoming_shutdown(
-                        // Non-Go clients send the socket path as :authority; see authority.rs.
-                        tokio_stream::StreamExt::map(UnixListenerStream::new(listener), |conn| {
-                            conn.map(crate::service::authority::AuthorityFix::new)
-                        }),
-                        shutdown,
-                    )
-                    .await;
-                if std::fs::symlink_metadata(&path).is_ok_and(|m| m.ino() == ino) {
-                    let _ = std::fs::remove_file(&path);
-                }
-                r
-            }
+            // Non-Go clients send the socket path as :authority; see `AuthorityFix`.
+            Listener::Unix(sock) => router.serve_with_incoming_shutdown(sock.incoming(), shutdown).await,
             Listener::Tcp(listener) => {
                 router
                     .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
                     .await
             }
         };
-        refresher.abort();
-        purger.abort();
-        container.abort();
         // A clean stop leaves no records to redo: a later start (or another driver in the
         // meantime, KubeVirt's after a rollback) finds the pools as they are.
-        let state = driver.state.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            for pool in &state.pools {
-                pool.retire_journal();
-            }
-        })
-        .await;
+        background.stop().await;
         Ok(result?)
     }
 }

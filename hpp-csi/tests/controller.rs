@@ -566,3 +566,38 @@ async fn capabilities_advertise_only_what_is_implemented() {
     assert_eq!(r.unwrap_err().code(), Code::Unimplemented);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn the_topology_key_follows_a_custom_driver_name_unless_set() {
+    let mut h = Harness::with(|root, b| b.pool(legacy_pool(root)).driver_name("example.com.hostpath")).await;
+    let volume = h.create("vol").await;
+    let key = "topology.example.com.hostpath/node";
+    assert_eq!(
+        volume.accessible_topology[0].segments.get(key).map(String::as_str),
+        Some(NODE),
+        "{volume:?}"
+    );
+    let info = h
+        .node
+        .node_get_info(hpp_csi::csi::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(info.accessible_topology.unwrap().segments.contains_key(key));
+    h.stop().await;
+
+    // Kept as it was, for volumes made before the rename.
+    let mut h = Harness::with(|root, b| {
+        b.pool(legacy_pool(root))
+            .driver_name("example.com.hostpath")
+            .topology_key(hpp_api::constants::TOPOLOGY_KEY)
+    })
+    .await;
+    let volume = h.create("vol").await;
+    assert!(
+        volume.accessible_topology[0]
+            .segments
+            .contains_key(hpp_api::constants::TOPOLOGY_KEY)
+    );
+    h.stop().await;
+}

@@ -71,6 +71,7 @@ mod discovery;
 mod error;
 mod faults;
 mod gc;
+pub mod grpc_client;
 mod handler;
 mod immutable;
 mod kinds;

@@ -190,6 +190,8 @@ fn flags_and_env_names_in_prose_exist() {
         "--field-selector",
         // mount(8), quoted in the shared-mount troubleshooting row.
         "--make-rshared",
+        // btrfs(8): simple quotas, quoted where a pool's btrfs quota mode is chosen.
+        "--simple",
         "--ignore-not-found",
         "--type",
         "--show-labels",

@@ -4,7 +4,6 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
-use hpp_api::constants::TOPOLOGY_KEY;
 use tonic::{Request, Response, Status};
 
 use crate::csi::{self, controller_service_capability::rpc::Type as Cap, volume_content_source};
@@ -191,7 +190,7 @@ fn topology_allows(state: &DriverState, pool: &Pool, req: Option<&csi::TopologyR
     req.requisite
         .iter()
         .chain(&req.preferred)
-        .any(|t| t.segments.get(TOPOLOGY_KEY) == Some(&state.node_id))
+        .any(|t| t.segments.get(&state.topology_key) == Some(&state.node_id))
 }
 
 fn capability(t: Cap) -> csi::ControllerServiceCapability {
@@ -258,8 +257,8 @@ impl ControllerService {
         pool.check_volume_name(&name)?;
         if !topology_allows(&self.state, &pool, req.accessibility_requirements.as_ref()) {
             return Err(Error::ResourceExhausted(format!(
-                "the requested topology does not include node {} ({TOPOLOGY_KEY}); pool {} is node-local",
-                self.state.node_id, pool.name
+                "the requested topology does not include node {} ({}); pool {} is node-local",
+                self.state.node_id, self.state.topology_key, pool.name
             )));
         }
         let range = Range::parse(req.capacity_range.as_ref())?;
@@ -723,7 +722,9 @@ impl ControllerService {
         }
         if let Some(t) = &req.accessible_topology
             && !pool.shared
-            && t.segments.get(TOPOLOGY_KEY).is_some_and(|n| *n != self.state.node_id)
+            && t.segments
+                .get(&self.state.topology_key)
+                .is_some_and(|n| *n != self.state.node_id)
         {
             return Ok(zero_capacity());
         }

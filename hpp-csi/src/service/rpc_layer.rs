@@ -1,4 +1,5 @@
-//! Tower layer around every CSI RPC: one tracing span per call (with `volume_id`,
+//! Tower layer around every CSI RPC (and hpp's admin service; other services an embedder
+//! serves next to them pass through untouched): one tracing span per call (with `volume_id`,
 //! `snapshot_id` and `pool` fields the handlers fill in), a log line with the outcome, and the
 //! RPC count and latency metrics by method and gRPC code.
 
@@ -160,6 +161,11 @@ where
 
     fn call(&mut self, req: tonic::codegen::http::Request<B>) -> Self::Future {
         let (service, method) = rpc_labels(req.uri().path());
+        // Services an embedder added next to the driver's are theirs to observe: no span, log
+        // line or metric series here (a made-up path could not add series either way).
+        if service == "unknown" {
+            return Box::pin(self.inner.call(req));
+        }
         let span = tracing::info_span!(
             "csi_rpc",
             // Display, not Debug: the text format escapes a Debug string character by character.

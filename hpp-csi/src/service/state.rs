@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use hpp_api::constants::{DEFAULT_POOL_NAME, PARAM_STORAGE_POOL, TOPOLOGY_KEY};
+use hpp_api::constants::{DEFAULT_POOL_NAME, PARAM_STORAGE_POOL};
 
 use crate::csi;
 use crate::error::{Error, Result};
@@ -20,6 +20,8 @@ use crate::pool::{Pool, PoolHealth};
 pub struct DriverState {
     /// CSI driver name.
     pub name: String,
+    /// The topology key volumes carry (see [`crate::DriverBuilder::topology_key`]).
+    pub topology_key: String,
     /// Vendor version reported by GetPluginInfo.
     pub version: String,
     /// This node's id (the Kubernetes node name).
@@ -99,7 +101,7 @@ impl DriverState {
     /// The topology segment of this node.
     pub fn topology(&self) -> csi::Topology {
         csi::Topology {
-            segments: HashMap::from([(TOPOLOGY_KEY.to_owned(), self.node_id.clone())]),
+            segments: HashMap::from([(self.topology_key.clone(), self.node_id.clone())]),
         }
     }
 
