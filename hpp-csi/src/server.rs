@@ -21,7 +21,7 @@ use crate::endpoint::Endpoint;
 use crate::metrics::DriverMetrics;
 use crate::ops::expand::ExpansionMode;
 use crate::ops::ledger::Ledger;
-use crate::pool::Pool;
+use crate::pool::{DirCreation, Pool};
 use crate::pool::inflight::InFlight;
 use crate::service::controller::ControllerService;
 use crate::service::identity::IdentityService;
@@ -42,16 +42,16 @@ pub enum ServeError {
     #[error("{0} exists and is not a socket; refusing to replace it")]
     NotASocket(PathBuf),
     /// Binding the listener failed.
-    #[error("cannot listen on {endpoint}: {source}")]
+    #[error("cannot listen on {endpoint}: {cause}")]
     Bind {
         /// The endpoint.
         endpoint: Endpoint,
-        /// The error.
-        #[source]
-        source: std::io::Error,
+        /// The error (shown in the message, so not also a `source`).
+        cause: std::io::Error,
     },
-    /// The gRPC server failed.
-    #[error("gRPC server: {0}")]
+    /// The gRPC server failed. Its cause is the `source` (tonic's own message is only
+    /// "transport error").
+    #[error("gRPC server")]
     Transport(#[from] tonic::transport::Error),
 }
 
@@ -68,6 +68,7 @@ pub struct DriverBuilder {
     quota_overrides: Vec<(String, Arc<dyn QuotaBackend>)>,
     expansion: ExpansionMode,
     health_interval: Duration,
+    create_pool_parents: bool,
 }
 
 impl Default for DriverBuilder {
@@ -83,6 +84,7 @@ impl Default for DriverBuilder {
             quota_overrides: Vec::new(),
             expansion: ExpansionMode::default(),
             health_interval: crate::service::health::DEFAULT_HEALTH_INTERVAL,
+            create_pool_parents: false,
         }
     }
 }
@@ -158,7 +160,16 @@ impl DriverBuilder {
         self
     }
 
-    /// Checks the configuration and prepares the pool directories.
+    /// Whether a pool directory whose parent is missing is made with its parents (default
+    /// `false`: such a path is refused, as it is usually a typo or a disk that is not mounted).
+    /// A pool directory whose parent exists is always made; a guarded pool's never is.
+    pub fn create_pool_parents(mut self, create: bool) -> Self {
+        self.create_pool_parents = create;
+        self
+    }
+
+    /// Checks the configuration and prepares the pool directories: every pool is checked
+    /// before any directory is made, so a refused configuration leaves nothing behind.
     pub fn build(self) -> Result<Driver, ConfigError> {
         let node_id = self
             .node_id
@@ -168,19 +179,36 @@ impl DriverBuilder {
             return Err(ConfigError::Missing("driver name"));
         }
         check_pools(&self.pools)?;
-        let mut pools = self.pools.iter().map(Pool::prepare).collect::<Result<Vec<_>, _>>()?;
-        Pool::reserve_nested(&mut pools);
-        for (name, backend) in self.quota_overrides {
-            let pool = pools
-                .iter_mut()
-                .find(|p| p.name == name)
-                .ok_or_else(|| ConfigError::UnknownPool(name.clone()))?;
-            pool.quota = backend;
+        if let Some((name, _)) = self
+            .quota_overrides
+            .iter()
+            .find(|(name, _)| !self.pools.iter().any(|p| &p.name == name))
+        {
+            return Err(ConfigError::UnknownPool(name.clone()));
         }
         if let Some(Endpoint::Unix(socket)) = &self.endpoint
             && socket_answers(socket)
         {
             return Err(ConfigError::EndpointInUse(socket.clone()));
+        }
+        let create = match self.create_pool_parents {
+            true => DirCreation::WithParents,
+            false => DirCreation::LastComponent,
+        };
+        let planned = self
+            .pools
+            .iter()
+            .map(|cfg| Pool::plan(cfg, create))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut pools = planned
+            .into_iter()
+            .map(crate::pool::Planned::finish)
+            .collect::<Result<Vec<_>, _>>()?;
+        Pool::reserve_nested(&mut pools);
+        for (name, backend) in self.quota_overrides {
+            if let Some(pool) = pools.iter_mut().find(|p| p.name == name) {
+                pool.quota = backend;
+            }
         }
         for pool in &pools {
             // Redo what the journal says a crash lost before any request is served, and before
@@ -294,14 +322,14 @@ impl Driver {
         let listener = match &endpoint {
             Endpoint::Unix(path) => Listener::Unix(bind_unix(path).map_err(|e| match e {
                 BindUnixError::Serve(e) => e,
-                BindUnixError::Io(source) => ServeError::Bind {
+                BindUnixError::Io(cause) => ServeError::Bind {
                     endpoint: endpoint.clone(),
-                    source,
+                    cause,
                 },
             })?),
-            Endpoint::Tcp(addr) => Listener::Tcp(TcpListener::bind(addr).await.map_err(|source| ServeError::Bind {
+            Endpoint::Tcp(addr) => Listener::Tcp(TcpListener::bind(addr).await.map_err(|cause| ServeError::Bind {
                 endpoint: endpoint.clone(),
-                source,
+                cause,
             })?),
         };
         let local = match &listener {
