@@ -8,6 +8,7 @@
 //! `-V` and the `version` subcommand print the build instead.
 
 mod call;
+mod call_resize;
 mod call_trash;
 mod http;
 
@@ -248,7 +249,7 @@ pub fn startup_hint(exe: &str, endpoint: &Endpoint, metrics_url: &str) -> String
     format!(
         "hpp-csi-driver serving CSI on {endpoint}; talk to it with: \
          {exe} call --endpoint {endpoint} info \
-         (or probe, capacity, create-volume NAME, list-volumes, snapshot SRC NAME, publish ID DIR); \
+         (or probe, capacity, create-volume NAME --size 1Gi, list-volumes, expand ID SIZE, snapshot SRC NAME, publish ID DIR); \
          metrics at {metrics_url}/metrics, health at {metrics_url}/healthz"
     )
 }
