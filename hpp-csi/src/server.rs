@@ -479,3 +479,24 @@ impl BoundDriver {
         Ok(result?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A bind failure states its cause once: in its message, not again as a `source` that a
+    /// chain printer (anyhow's `{:#}`) would append.
+    #[test]
+    fn a_bind_failure_states_its_cause_once() {
+        let err = ServeError::Bind {
+            endpoint: Endpoint::Tcp("127.0.0.1:1".into()),
+            cause: std::io::Error::from_raw_os_error(13),
+        };
+        assert_eq!(
+            err.to_string(),
+            "cannot listen on tcp://127.0.0.1:1: Permission denied (os error 13)"
+        );
+        assert!(std::error::Error::source(&err).is_none());
+    }
+}
