@@ -396,9 +396,13 @@ fn pool_from_json(index: usize, entry: &Value) -> Result<PoolConfig, ConfigError
         get(key).map(|v| typed::<bool>(&label, key, v)).transpose()
     };
     let name = text("name")?.ok_or_else(|| ConfigError::field(&label, "name", "is required"))?;
-    let path = text("path")?
-        .filter(|p| !p.is_empty())
-        .ok_or_else(|| ConfigError::field(&label, "path", "is required: the directory that holds the pool's volumes"))?;
+    let path = text("path")?.filter(|p| !p.is_empty()).ok_or_else(|| {
+        ConfigError::field(
+            &label,
+            "path",
+            "is required: the directory that holds the pool's volumes",
+        )
+    })?;
     let mut pool = PoolConfig::new(name, path);
     pool.snapshot_path = text("snapshotPath")?.filter(|p| !p.is_empty()).map(PathBuf::from);
     pool.snapshot_provider = text("snapshotProvider")?.filter(|p| !p.is_empty());
@@ -417,7 +421,8 @@ fn pool_from_json(index: usize, entry: &Value) -> Result<PoolConfig, ConfigError
         pool.overcommit_percent = typed(&label, "overcommitPercent", v)?;
     }
     if let Some(retention) = text("trashRetention")? {
-        let d = rules::check_trash_retention(&retention).map_err(|e| ConfigError::field(&label, "trashRetention", e))?;
+        let d =
+            rules::check_trash_retention(&retention).map_err(|e| ConfigError::field(&label, "trashRetention", e))?;
         pool.trash_retention = (!d.is_zero()).then_some(d);
     }
     pool.trash_min_free_percent = get("trashMinFreePercent")
@@ -466,7 +471,11 @@ fn check_settings(p: &PoolConfig) -> Result<(), ConfigError> {
     let label = format!("{:?}", p.name);
     let field = |key, r: Result<(), String>| r.map_err(|reason| ConfigError::field(&label, key, reason));
     if p.path.as_os_str().is_empty() {
-        return Err(ConfigError::field(&label, "path", "is required: the directory that holds the pool's volumes"));
+        return Err(ConfigError::field(
+            &label,
+            "path",
+            "is required: the directory that holds the pool's volumes",
+        ));
     }
     if let Some(provider) = &p.snapshot_provider {
         field("snapshotProvider", rules::check_snapshot_provider(provider))?;
@@ -474,7 +483,10 @@ fn check_settings(p: &PoolConfig) -> Result<(), ConfigError> {
     if let Some(bytes) = p.ephemeral_max_bytes {
         field("ephemeralMaxBytes", rules::check_max_bytes(bytes))?;
     }
-    field("overcommitPercent", rules::check_overcommit_percent(p.overcommit_percent))?;
+    field(
+        "overcommitPercent",
+        rules::check_overcommit_percent(p.overcommit_percent),
+    )?;
     if let Some(retention) = p.trash_retention
         && retention > hpp_api::duration::MAX
     {
@@ -556,7 +568,13 @@ mod tests {
         let err =
             parse_pools(r#"[{"name":"a","path":"/a","trashRetention":"1h","trashMinFreePercent":100}]"#).unwrap_err();
         assert!(
-            matches!(err, ConfigError::Field { key: "trashMinFreePercent", .. }),
+            matches!(
+                err,
+                ConfigError::Field {
+                    key: "trashMinFreePercent",
+                    ..
+                }
+            ),
             "{err}"
         );
     }
@@ -672,11 +690,24 @@ mod tests {
         ];
         for (extra, key, reason) in cases {
             let err = parse_pools(&format!(r#"[{{"name":"a","path":"/a",{extra}}}]"#)).unwrap_err();
-            assert_eq!(err.to_string(), format!("storage pool \"a\": {key}: {reason}"), "{extra}");
+            assert_eq!(
+                err.to_string(),
+                format!("storage pool \"a\": {key}: {reason}"),
+                "{extra}"
+            );
         }
         // The same rules for pools an embedder builds.
         let err = check_pools(&[PoolConfig::new("a", "/a").quota(QuotaMode::Btrfs, 0)]).unwrap_err();
-        assert!(matches!(err, ConfigError::Field { key: "overcommitPercent", .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                ConfigError::Field {
+                    key: "overcommitPercent",
+                    ..
+                }
+            ),
+            "{err}"
+        );
         // Types and quota modes name the key too.
         let err = parse_pools(r#"[{"name":"a","path":"/a","quota":"Image"}]"#).unwrap_err();
         assert_eq!(
@@ -684,9 +715,15 @@ mod tests {
             "storage pool \"a\": quota: unknown quota mode \"Image\"; allowed: none, btrfs, xfs-project, ext4-project, image, auto"
         );
         let err = parse_pools(r#"[{"name":"a","path":"/a","shared":"yes"}]"#).unwrap_err();
-        assert!(err.to_string().starts_with("storage pool \"a\": shared: invalid type"), "{err}");
+        assert!(
+            err.to_string().starts_with("storage pool \"a\": shared: invalid type"),
+            "{err}"
+        );
         let err = parse_pools(r#"[{"name":"a"}]"#).unwrap_err();
-        assert!(err.to_string().starts_with("storage pool \"a\": path: is required"), "{err}");
+        assert!(
+            err.to_string().starts_with("storage pool \"a\": path: is required"),
+            "{err}"
+        );
         assert!(matches!(parse_pools(r#"[5]"#), Err(ConfigError::Parse(_))));
     }
 
@@ -703,7 +740,10 @@ mod tests {
             err.to_string(),
             "storage pool \"b\": quota mode btrfs needs the pool directory on a btrfs filesystem"
         );
-        assert!(std::error::Error::source(&err).is_none(), "stated in the message, not again as a source");
+        assert!(
+            std::error::Error::source(&err).is_none(),
+            "stated in the message, not again as a source"
+        );
         let err = ConfigError::Quota {
             pool: "b".into(),
             mode: QuotaMode::XfsProject,
@@ -718,7 +758,10 @@ mod tests {
     #[test]
     fn a_parse_error_is_stated_once() {
         let err = parse_pools("[{").unwrap_err();
-        assert!(err.to_string().starts_with("unable to parse storage pool info: "), "{err}");
+        assert!(
+            err.to_string().starts_with("unable to parse storage pool info: "),
+            "{err}"
+        );
         assert!(std::error::Error::source(&err).is_none());
     }
 }

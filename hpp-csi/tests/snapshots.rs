@@ -172,9 +172,8 @@ async fn snapshot_errors() {
 #[tokio::test]
 async fn a_snapshot_finds_its_source_in_any_pool() {
     let mut h = Harness::with(|root, b| {
-        b.pool(legacy_pool(root)).pool(
-            PoolConfig::new("second", root.join("pools/second")).with_snapshots(root.join("snapshots/second")),
-        )
+        b.pool(legacy_pool(root))
+            .pool(PoolConfig::new("second", root.join("pools/second")).with_snapshots(root.join("snapshots/second")))
     })
     .await;
     let mut req = create_req("pvc-2");
@@ -194,7 +193,14 @@ async fn a_snapshot_finds_its_source_in_any_pool() {
     // Named by a class of the other pool, and retried: the same snapshot.
     let mut again = snap_req("pvc-2", "snap-2");
     again.parameters = params("legacy");
-    let retried = h.controller.create_snapshot(again).await.unwrap().into_inner().snapshot.unwrap();
+    let retried = h
+        .controller
+        .create_snapshot(again)
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
     assert_eq!(retried.snapshot_id, "snap-2");
     h.stop().await;
 }

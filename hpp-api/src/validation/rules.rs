@@ -40,7 +40,9 @@ pub fn host_path(value: &str, _ctx: &()) -> garde::Result {
 
 /// `snapshotProvider`: a provider hpp implements.
 pub fn snapshot_provider(value: &Option<String>, _ctx: &()) -> garde::Result {
-    value.as_deref().map_or(Ok(()), |v| check_snapshot_provider(v).map_err(garde::Error::new))
+    value
+        .as_deref()
+        .map_or(Ok(()), |v| check_snapshot_provider(v).map_err(garde::Error::new))
 }
 
 /// `ephemeral.maxSize`: a positive storage quantity such as `10Gi`.
@@ -57,9 +59,9 @@ pub fn overcommit_percent(value: &Option<u32>, _ctx: &()) -> garde::Result {
 
 /// `trash.retention`: a duration [`crate::duration::parse`] reads (`0` turns the trash off).
 pub fn trash_retention(value: &Option<String>, _ctx: &()) -> garde::Result {
-    value
-        .as_deref()
-        .map_or(Ok(()), |v| check_trash_retention(v).map(|_| ()).map_err(garde::Error::new))
+    value.as_deref().map_or(Ok(()), |v| {
+        check_trash_retention(v).map(|_| ()).map_err(garde::Error::new)
+    })
 }
 
 /// `trash.minFreePercent`: 0 to 99 (% of the filesystem kept free by purging the trash early).
@@ -94,7 +96,11 @@ pub fn check_max_size(value: &str) -> Result<u64, String> {
 
 /// A largest ephemeral volume given as a byte count (the driver's `ephemeralMaxBytes`).
 pub fn check_max_bytes(bytes: u64) -> Result<(), String> {
-    if bytes > 0 { Ok(()) } else { Err(not_a_positive_size("0")) }
+    if bytes > 0 {
+        Ok(())
+    } else {
+        Err(not_a_positive_size("0"))
+    }
 }
 
 fn not_a_positive_size(shown: &str) -> String {

@@ -170,7 +170,10 @@ mod tests {
 
     #[test]
     fn parameters_are_key_value() {
-        assert_eq!(parse_parameter("compression=zstd"), Ok(("compression".into(), "zstd".into())));
+        assert_eq!(
+            parse_parameter("compression=zstd"),
+            Ok(("compression".into(), "zstd".into()))
+        );
         assert_eq!(parse_parameter("a=b=c"), Ok(("a".into(), "b=c".into())));
         assert!(parse_parameter("compression").is_err());
         assert!(parse_parameter("=zstd").is_err());

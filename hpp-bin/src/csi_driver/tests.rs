@@ -674,7 +674,9 @@ async fn call_creates_sized_volumes_expands_and_modifies_them_with_sizes_in_byte
         .await
         .unwrap();
     assert_eq!(json_of(&created)["capacityBytes"], 67_108_864, "{created}");
-    let table = call_cli(&ep, &["create-volume", "demo", "--size", "64Mi"]).await.unwrap();
+    let table = call_cli(&ep, &["create-volume", "demo", "--size", "64Mi"])
+        .await
+        .unwrap();
     assert!(table.lines().nth(1).unwrap().contains("64Mi"), "{table}");
     // A size larger than the one recorded: AlreadyExists, on one line.
     let err = call_cli(&ep, &["create-volume", "demo", "--size", "1Gi"])
@@ -696,7 +698,10 @@ async fn call_creates_sized_volumes_expands_and_modifies_them_with_sizes_in_byte
         .await
         .unwrap_err()
         .to_string();
-    assert!(err.starts_with("InvalidArgument: ") && err.contains("compression"), "{err}");
+    assert!(
+        err.starts_with("InvalidArgument: ") && err.contains("compression"),
+        "{err}"
+    );
     assert!(!err.contains('\n'), "{err}");
 
     // Bad sizes and parameters are refused before any call.
@@ -723,8 +728,13 @@ async fn call_expand_makes_the_node_call_where_the_driver_expands_on_the_node() 
     let datadir = format!(r#"[{{"name":"local","path":"{}"}}]"#, root.join("pool").display());
     let running = start_with(&root, &datadir, &["--expansion=node"]).await.unwrap();
     let ep = running.endpoint().clone();
-    call_cli(&ep, &["create-volume", "demo", "--size", "64Mi"]).await.unwrap();
-    let err = call_cli(&ep, &["expand", "demo", "128Mi"]).await.unwrap_err().to_string();
+    call_cli(&ep, &["create-volume", "demo", "--size", "64Mi"])
+        .await
+        .unwrap();
+    let err = call_cli(&ep, &["expand", "demo", "128Mi"])
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("--target") && err.contains("node only"), "{err}");
 
     let target = root.join("target");
@@ -755,8 +765,14 @@ async fn call_snapshot_finds_its_source_in_any_pool() {
     );
     let running = start_with(&root, &datadir, &[]).await.unwrap();
     let ep = running.endpoint().clone();
-    call_cli(&ep, &["create-volume", "vol-2", "--pool", "second"]).await.unwrap();
-    let snap = json_of(&call_cli(&ep, &["-o", "json", "snapshot", "vol-2", "snap-2"]).await.unwrap());
+    call_cli(&ep, &["create-volume", "vol-2", "--pool", "second"])
+        .await
+        .unwrap();
+    let snap = json_of(
+        &call_cli(&ep, &["-o", "json", "snapshot", "vol-2", "snap-2"])
+            .await
+            .unwrap(),
+    );
     assert_eq!(snap["sourceVolumeId"], "vol-2");
     assert!(root.join("snap-second/snap-2").is_dir());
     running.run_until(async {}).await.unwrap();
@@ -785,8 +801,14 @@ async fn a_datadir_with_a_typo_or_a_missing_parent_is_refused_and_leaves_nothing
     let deep = root.join("not/yet/there");
     let missing = format!(r#"[{{"name":"a","path":"{}"}}]"#, deep.display());
     let err = crate::error_line("hpp-csi-driver", &start_with(&root, &missing, &[]).await.err().unwrap());
-    assert!(err.contains("does not exist") && err.contains("--create-pool-parents"), "{err}");
-    assert!(!root.join("not").exists(), "no parents made on whatever disk holds them");
+    assert!(
+        err.contains("does not exist") && err.contains("--create-pool-parents"),
+        "{err}"
+    );
+    assert!(
+        !root.join("not").exists(),
+        "no parents made on whatever disk holds them"
+    );
     let running = start_with(&root, &missing, &["--create-pool-parents"]).await.unwrap();
     assert!(deep.is_dir());
     running.run_until(async {}).await.unwrap();

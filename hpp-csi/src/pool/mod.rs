@@ -721,7 +721,10 @@ mod tests {
         cfg.quota = QuotaMode::Btrfs;
         let err = Pool::prepare(&cfg).unwrap_err();
         assert!(err.to_string().contains("btrfs"), "{err}");
-        assert!(!root.path().join("b").exists(), "a refused pool leaves no directory behind");
+        assert!(
+            !root.path().join("b").exists(),
+            "a refused pool leaves no directory behind"
+        );
         cfg.quota = QuotaMode::XfsProject;
         let err = Pool::prepare(&cfg).unwrap_err();
         assert!(err.to_string().contains("prjquota"), "{err}");
@@ -865,7 +868,10 @@ mod tests {
         let path = root.path().join("disk");
         for create in [DirCreation::LastComponent, DirCreation::WithParents] {
             let pool = Pool::prepare_with(&PoolConfig::new("g", &path).require_mount_point(true), create).unwrap();
-            assert!(!path.exists(), "{create:?}: made the directory of a pool nothing is mounted at");
+            assert!(
+                !path.exists(),
+                "{create:?}: made the directory of a pool nothing is mounted at"
+            );
             assert!(!pool.measure().usable);
         }
     }

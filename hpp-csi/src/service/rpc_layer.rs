@@ -231,7 +231,10 @@ mod tests {
         let text = "growing ext4 online needs CAP_SYS_RESOURCE: 100% \"done\", naïve";
         let mut headers = tonic::codegen::http::HeaderMap::new();
         tonic::Status::failed_precondition(text).add_header(&mut headers).ok();
-        let wire = headers.get("grpc-message").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let wire = headers
+            .get("grpc-message")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
         assert_ne!(wire, text, "the wire form is encoded: {wire}");
         assert_eq!(status_of(&headers), (Code::FailedPrecondition, text.to_owned()));
         assert_eq!(status_of(&Default::default()), (Code::Ok, String::new()));
