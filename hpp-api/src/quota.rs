@@ -54,6 +54,27 @@ impl QuotaMode {
     }
 }
 
+/// A quota mode that is not one of [`QuotaMode::ALL`]; the message lists the allowed ones.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown quota mode {0:?}; allowed: {modes}", modes = allowed_modes())]
+pub struct UnknownQuotaMode(pub String);
+
+fn allowed_modes() -> String {
+    QuotaMode::ALL.map(QuotaMode::as_str).join(", ")
+}
+
+impl std::str::FromStr for QuotaMode {
+    type Err = UnknownQuotaMode;
+
+    /// Reads the spelling of the CR and `--datadir` (case-sensitive, as the CRD's enum is).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        QuotaMode::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| UnknownQuotaMode(s.to_owned()))
+    }
+}
+
 impl std::fmt::Display for QuotaMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -77,5 +98,17 @@ mod tests {
             assert_eq!(serde_json::from_str::<QuotaMode>(&json).unwrap(), mode);
         }
         assert!(serde_json::from_str::<QuotaMode>("\"zfs\"").is_err());
+    }
+
+    #[test]
+    fn parsing_takes_exactly_the_documented_spellings() {
+        for mode in QuotaMode::ALL {
+            assert_eq!(mode.as_str().parse::<QuotaMode>(), Ok(mode));
+        }
+        let err = "Image".parse::<QuotaMode>().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "unknown quota mode \"Image\"; allowed: none, btrfs, xfs-project, ext4-project, image, auto"
+        );
     }
 }

@@ -108,7 +108,25 @@ pub fn exit_code(name: &str, result: anyhow::Result<()>) -> std::process::ExitCo
 
 /// The one-line form of an error and its causes.
 pub fn error_line(name: &str, e: &anyhow::Error) -> String {
-    format!("{name}: error: {e:#}").replace('\n', " ")
+    format!("{name}: error: {}", causes(e)).replace('\n', " ")
+}
+
+/// An error and its causes joined by `: `, each stated once: a cause whose text the errors
+/// wrapping it already show (a `"{context}: {source}"` message that also returns that source)
+/// is not repeated, as anyhow's `{:#}` would.
+pub fn causes(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let cause = cause.to_string();
+        if text.contains(cause.as_str()) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
 }
 
 #[cfg(test)]
@@ -124,6 +142,45 @@ mod tests {
         );
         let multi = anyhow::anyhow!("first line\nsecond line");
         assert!(!super::error_line("x", &multi).contains('\n'));
+    }
+
+    /// An error type that shows its source in its own message and also returns it.
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot listen on /tmp/x.sock: {0}")]
+    struct Both(#[source] std::io::Error);
+
+    #[test]
+    fn a_cause_already_in_its_wrappers_message_is_not_repeated() {
+        let e = anyhow::Error::new(Both(std::io::Error::from_raw_os_error(13))).context("starting the driver");
+        assert_eq!(
+            super::error_line("hpp-csi-driver", &e),
+            "hpp-csi-driver: error: starting the driver: cannot listen on /tmp/x.sock: Permission denied (os error 13)"
+        );
+    }
+
+    #[test]
+    fn a_driver_start_that_fails_on_a_quota_backend_names_the_mode_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let is_btrfs = std::process::Command::new("stat")
+            .args(["-f", "-c", "%T"])
+            .arg(dir.path())
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "btrfs");
+        if is_btrfs {
+            eprintln!("skipped: the temporary directory is on btrfs");
+            return;
+        }
+        let err = hpp_csi::Driver::builder()
+            .node_id("n")
+            .pool(hpp_csi::PoolConfig::new("b", dir.path().join("b")).quota(hpp_api::quota::QuotaMode::Btrfs, 100))
+            .build()
+            .unwrap_err();
+        let line = super::error_line("hpp-csi-driver", &anyhow::Error::new(err));
+        assert_eq!(
+            line,
+            "hpp-csi-driver: error: storage pool \"b\": quota mode btrfs needs the pool directory on a btrfs filesystem"
+        );
+        assert!(!dir.path().join("b").exists(), "a refused pool leaves nothing behind");
     }
 
     #[test]

@@ -4,13 +4,15 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hpp_api::constants::KNOWN_SNAPSHOT_PROVIDERS;
 use hpp_api::quota::{DEFAULT_OVERCOMMIT_PERCENT, QuotaMode};
+use hpp_api::validation::rules;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// One storage pool as written in the `--datadir` JSON.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolConfig {
     /// Pool name, matched against the `storagePool` StorageClass parameter.
     pub name: String,
@@ -19,7 +21,8 @@ pub struct PoolConfig {
     /// Directory that holds snapshots; snapshots are disabled when absent.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "empty_as_none")]
     pub snapshot_path: Option<PathBuf>,
-    /// Snapshot provider; only `reflink` exists.
+    /// Snapshot provider: `reflink` or `btrfs` (the pool's quota backend decides how a snapshot
+    /// is taken; both values behave the same).
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "empty_as_none")]
     pub snapshot_provider: Option<String>,
     /// The pool is on shared storage reachable from every node: volumes carry no topology.
@@ -175,12 +178,32 @@ impl PoolConfig {
     }
 }
 
+/// Keys of a `--datadir` entry: KubeVirt's (`name` to `shared`), then hpp's.
+pub const KNOWN_KEYS: [&str; 12] = [
+    "name",
+    "path",
+    "snapshotPath",
+    "snapshotProvider",
+    "shared",
+    "requireMountPoint",
+    "ephemeral",
+    "ephemeralMaxBytes",
+    "quota",
+    "overcommitPercent",
+    "trashRetention",
+    "trashMinFreePercent",
+];
+
 /// Why a pool configuration was rejected at start-up.
+///
+/// Each message states its cause once: a variant that shows an underlying error in its text
+/// does not also return it as [`std::error::Error::source`], so a printer that walks the chain
+/// (`{:#}` of anyhow) does not repeat it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The JSON did not parse (KubeVirt's wording, kept for operators grepping logs).
     #[error("unable to parse storage pool info: {0}")]
-    Parse(#[from] serde_json::Error),
+    Parse(String),
     /// No pools at all.
     #[error("at least one storage pool is required")]
     NoPools,
@@ -199,13 +222,28 @@ pub enum ConfigError {
         /// Why.
         reason: String,
     },
-    /// An unknown snapshot provider.
-    #[error("storage pool {pool:?}: unknown snapshot provider {provider:?} (known: reflink)")]
-    UnknownSnapshotProvider {
-        /// The pool.
+    /// A key the driver does not know: a typo must not silently turn a setting (a quota, the
+    /// mount guard) off.
+    #[error(
+        "storage pool {pool}: unknown key {key:?} (known: {known}; keys are case-sensitive)",
+        known = KNOWN_KEYS.join(", ")
+    )]
+    UnknownKey {
+        /// The pool as messages name it: its name quoted, or its position in the list.
         pool: String,
-        /// The provider given.
-        provider: String,
+        /// The key given.
+        key: String,
+    },
+    /// A setting with a wrong type or value; the reason is the CR validation's for the same
+    /// field.
+    #[error("storage pool {pool}: {key}: {reason}")]
+    Field {
+        /// The pool as messages name it: its name quoted, or its position in the list.
+        pool: String,
+        /// The key (`overcommitPercent`).
+        key: &'static str,
+        /// What is wrong and what is allowed.
+        reason: String,
     },
     /// A snapshot provider without a snapshot path, or the reverse.
     #[error("storage pool {0:?}: snapshotPath and snapshotProvider must be set together")]
@@ -225,14 +263,6 @@ pub enum ConfigError {
         /// That pool's path.
         other_path: String,
     },
-    /// A trash setting out of range.
-    #[error("storage pool {pool:?}: trashMinFreePercent is {value}; it must be between 0 and 99")]
-    TrashFloor {
-        /// The pool.
-        pool: String,
-        /// The value given.
-        value: u32,
-    },
     /// A quota mode this build cannot enforce.
     #[error("storage pool {pool:?}: quota mode {mode} is not available in this build")]
     UnsupportedQuota {
@@ -241,16 +271,16 @@ pub enum ConfigError {
         /// The mode asked for.
         mode: QuotaMode,
     },
-    /// The pool's quota backend cannot work on its filesystem.
-    #[error("storage pool {pool:?}: quota mode {mode}: {source}")]
+    /// The pool's quota backend cannot work on its filesystem. The mode is named once: the
+    /// backend's own messages often name it already.
+    #[error("storage pool {pool:?}: {}", quota_cause(*mode, cause))]
     Quota {
         /// The pool.
         pool: String,
         /// The mode asked for.
         mode: QuotaMode,
-        /// Why.
-        #[source]
-        source: hpp_fs::quota::QuotaError,
+        /// Why (shown in the message, so not also a `source`).
+        cause: hpp_fs::quota::QuotaError,
     },
     /// A backend was supplied for a pool that is not configured.
     #[error("a quota backend was supplied for storage pool {0:?}, which is not configured")]
@@ -258,27 +288,151 @@ pub enum ConfigError {
     /// A required setting is missing.
     #[error("{0} is required")]
     Missing(&'static str),
+    /// The pool directory does not exist and is not made: its parent is missing too, so the
+    /// path is probably a typo or a disk that is not mounted, and creating it would put the
+    /// pool on whatever filesystem holds the nearest existing parent (often the root disk).
+    #[error(
+        "storage pool {pool:?}: path {} does not exist, nor does its parent {}; create it on the disk meant for the pool, fix the path, or let the driver create it with its parents (--create-pool-parents)",
+        path.display(),
+        parent.display()
+    )]
+    PathMissing {
+        /// The pool.
+        pool: String,
+        /// Its path.
+        path: PathBuf,
+        /// The missing parent.
+        parent: PathBuf,
+    },
+    /// The pool path exists but is not a directory.
+    #[error("storage pool {pool:?}: path {} is not a directory", path.display())]
+    NotADirectory {
+        /// The pool.
+        pool: String,
+        /// Its path.
+        path: PathBuf,
+    },
     /// Preparing a pool directory failed.
-    #[error("storage pool {pool:?} at {path}: {source}")]
+    #[error("storage pool {pool:?} at {}: {cause}", path.display())]
     Io {
         /// The pool.
         pool: String,
         /// The path.
         path: PathBuf,
-        /// The error.
-        #[source]
-        source: std::io::Error,
+        /// The error (shown in the message, so not also a `source`).
+        cause: std::io::Error,
     },
 }
 
-/// Parses and checks the `--datadir` JSON.
+/// What a quota backend's error says, with the mode named once: the backends' messages often
+/// start with it (`quota mode btrfs needs …`).
+fn quota_cause(mode: QuotaMode, cause: &hpp_fs::quota::QuotaError) -> String {
+    let text = cause.to_string();
+    if text.contains(&format!("quota mode {mode}")) {
+        text
+    } else {
+        format!("quota mode {mode}: {text}")
+    }
+}
+
+impl ConfigError {
+    fn field(pool: &str, key: &'static str, reason: impl Into<String>) -> Self {
+        ConfigError::Field {
+            pool: pool.to_owned(),
+            key,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Parses and checks the `--datadir` JSON: a list of objects with the [`KNOWN_KEYS`]. An
+/// unknown key, a wrong type or a value the CR would refuse is an error naming the pool and
+/// the key; an empty `snapshotPath` or `snapshotProvider` and a `null` count as absent, as in
+/// KubeVirt.
 pub fn parse_pools(json: &str) -> Result<Vec<PoolConfig>, ConfigError> {
-    let pools: Vec<PoolConfig> = serde_json::from_str(json)?;
+    let entries: Vec<Value> = serde_json::from_str(json).map_err(|e| ConfigError::Parse(e.to_string()))?;
+    let pools = entries
+        .iter()
+        .enumerate()
+        .map(|(i, entry)| pool_from_json(i, entry))
+        .collect::<Result<Vec<_>, _>>()?;
     check_pools(&pools)?;
     Ok(pools)
 }
 
-/// Checks a pool list: non-empty, unique valid names, known snapshot providers.
+/// How messages name a pool: its name quoted, or its position when it has no usable name.
+fn pool_label(index: usize, entry: &Value) -> String {
+    match entry.get("name").and_then(Value::as_str) {
+        Some(name) if !name.is_empty() => format!("{name:?}"),
+        _ => format!("#{} of --datadir", index + 1),
+    }
+}
+
+/// One `--datadir` entry, its keys and types checked (values are checked by [`check_pools`]).
+fn pool_from_json(index: usize, entry: &Value) -> Result<PoolConfig, ConfigError> {
+    let label = pool_label(index, entry);
+    let Some(map) = entry.as_object() else {
+        return Err(ConfigError::Parse(format!(
+            "entry #{} is not an object with the keys {}",
+            index + 1,
+            KNOWN_KEYS.join(", ")
+        )));
+    };
+    if let Some(key) = map.keys().find(|k| !KNOWN_KEYS.contains(&k.as_str())) {
+        return Err(ConfigError::UnknownKey {
+            pool: label,
+            key: key.clone(),
+        });
+    }
+    // `null` is absent, as Go's encoding/json reads it into KubeVirt's struct.
+    let get = |key: &'static str| map.get(key).filter(|v| !v.is_null());
+    fn typed<T: DeserializeOwned>(label: &str, key: &'static str, v: &Value) -> Result<T, ConfigError> {
+        T::deserialize(v).map_err(|e| ConfigError::field(label, key, e.to_string()))
+    }
+    let text = |key: &'static str| -> Result<Option<String>, ConfigError> {
+        get(key).map(|v| typed::<String>(&label, key, v)).transpose()
+    };
+    let flag = |key: &'static str| -> Result<Option<bool>, ConfigError> {
+        get(key).map(|v| typed::<bool>(&label, key, v)).transpose()
+    };
+    let name = text("name")?.ok_or_else(|| ConfigError::field(&label, "name", "is required"))?;
+    let path = text("path")?.filter(|p| !p.is_empty()).ok_or_else(|| {
+        ConfigError::field(
+            &label,
+            "path",
+            "is required: the directory that holds the pool's volumes",
+        )
+    })?;
+    let mut pool = PoolConfig::new(name, path);
+    pool.snapshot_path = text("snapshotPath")?.filter(|p| !p.is_empty()).map(PathBuf::from);
+    pool.snapshot_provider = text("snapshotProvider")?.filter(|p| !p.is_empty());
+    pool.shared = flag("shared")?.unwrap_or(false);
+    pool.require_mount_point = flag("requireMountPoint")?.unwrap_or(false);
+    pool.ephemeral = flag("ephemeral")?.unwrap_or(true);
+    pool.ephemeral_max_bytes = get("ephemeralMaxBytes")
+        .map(|v| typed::<u64>(&label, "ephemeralMaxBytes", v))
+        .transpose()?;
+    if let Some(mode) = text("quota")? {
+        pool.quota = mode
+            .parse()
+            .map_err(|e: hpp_api::quota::UnknownQuotaMode| ConfigError::field(&label, "quota", e.to_string()))?;
+    }
+    if let Some(v) = get("overcommitPercent") {
+        pool.overcommit_percent = typed(&label, "overcommitPercent", v)?;
+    }
+    if let Some(retention) = text("trashRetention")? {
+        let d =
+            rules::check_trash_retention(&retention).map_err(|e| ConfigError::field(&label, "trashRetention", e))?;
+        pool.trash_retention = (!d.is_zero()).then_some(d);
+    }
+    pool.trash_min_free_percent = get("trashMinFreePercent")
+        .map(|v| typed::<u32>(&label, "trashMinFreePercent", v))
+        .transpose()?;
+    Ok(pool)
+}
+
+/// Checks a pool list: non-empty, unique valid names, and every setting by the rules the CR's
+/// validation applies to the same field (shared through [`hpp_api::validation::rules`]).
 pub fn check_pools(pools: &[PoolConfig]) -> Result<(), ConfigError> {
     if pools.is_empty() {
         return Err(ConfigError::NoPools);
@@ -294,22 +448,7 @@ pub fn check_pools(pools: &[PoolConfig]) -> Result<(), ConfigError> {
         if !seen.insert(p.name.as_str()) {
             return Err(ConfigError::DuplicateName(p.name.clone()));
         }
-        if let Some(provider) = &p.snapshot_provider
-            && !KNOWN_SNAPSHOT_PROVIDERS.contains(&provider.as_str())
-        {
-            return Err(ConfigError::UnknownSnapshotProvider {
-                pool: p.name.clone(),
-                provider: provider.clone(),
-            });
-        }
-        if let Some(value) = p.trash_min_free_percent
-            && value > 99
-        {
-            return Err(ConfigError::TrashFloor {
-                pool: p.name.clone(),
-                value,
-            });
-        }
+        check_settings(p)?;
         if p.snapshot_path.is_some() != p.snapshot_provider.is_some() {
             return Err(ConfigError::IncompleteSnapshots(p.name.clone()));
         }
@@ -322,6 +461,45 @@ pub fn check_pools(pools: &[PoolConfig]) -> Result<(), ConfigError> {
                 other: other.name.clone(),
                 other_path: other.path.display().to_string(),
             });
+        }
+    }
+    Ok(())
+}
+
+/// The per-field rules of one pool, with the CR's messages.
+fn check_settings(p: &PoolConfig) -> Result<(), ConfigError> {
+    let label = format!("{:?}", p.name);
+    let field = |key, r: Result<(), String>| r.map_err(|reason| ConfigError::field(&label, key, reason));
+    if p.path.as_os_str().is_empty() {
+        return Err(ConfigError::field(
+            &label,
+            "path",
+            "is required: the directory that holds the pool's volumes",
+        ));
+    }
+    if let Some(provider) = &p.snapshot_provider {
+        field("snapshotProvider", rules::check_snapshot_provider(provider))?;
+    }
+    if let Some(bytes) = p.ephemeral_max_bytes {
+        field("ephemeralMaxBytes", rules::check_max_bytes(bytes))?;
+    }
+    field(
+        "overcommitPercent",
+        rules::check_overcommit_percent(p.overcommit_percent),
+    )?;
+    if let Some(retention) = p.trash_retention
+        && retention > hpp_api::duration::MAX
+    {
+        let shown = hpp_api::duration::format(retention);
+        field(
+            "trashRetention",
+            Err(hpp_api::duration::DurationError::TooLong(shown).to_string()),
+        )?;
+    }
+    if let Some(floor) = p.trash_min_free_percent {
+        field("trashMinFreePercent", rules::check_trash_min_free_percent(floor))?;
+        if p.trash_retention.is_none() {
+            tracing::warn!(pool = %p.name, "trashMinFreePercent has no effect without a trashRetention");
         }
     }
     Ok(())
@@ -389,7 +567,16 @@ mod tests {
         assert!(err.to_string().contains("trashRetention"), "{err}");
         let err =
             parse_pools(r#"[{"name":"a","path":"/a","trashRetention":"1h","trashMinFreePercent":100}]"#).unwrap_err();
-        assert!(matches!(err, ConfigError::TrashFloor { value: 100, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                ConfigError::Field {
+                    key: "trashMinFreePercent",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
@@ -415,7 +602,10 @@ mod tests {
         ));
         assert!(matches!(
             parse_pools(r#"[{"name":"a","path":"/a","snapshotPath":"/s","snapshotProvider":"zfs"}]"#),
-            Err(ConfigError::UnknownSnapshotProvider { .. })
+            Err(ConfigError::Field {
+                key: "snapshotProvider",
+                ..
+            })
         ));
         assert!(matches!(
             parse_pools(r#"[{"name":"a/b","path":"/a"}]"#),
@@ -431,5 +621,147 @@ mod tests {
                 .to_string()
                 .contains("unable to parse storage pool info")
         );
+    }
+    #[test]
+    fn an_unknown_key_names_the_key_the_pool_and_the_known_keys() {
+        let err = parse_pools(r#"[{"name":"a","path":"/a","Quota":"image"}]"#).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "storage pool \"a\": unknown key \"Quota\" (known: name, path, snapshotPath, snapshotProvider, \
+             shared, requireMountPoint, ephemeral, ephemeralMaxBytes, quota, overcommitPercent, \
+             trashRetention, trashMinFreePercent; keys are case-sensitive)"
+        );
+        // A pool without a usable name is named by its position.
+        let err = parse_pools(r#"[{"name":"a","path":"/a"},{"path":"/b","requireMountpoint":true}]"#).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("storage pool #2 of --datadir: unknown key \"requireMountpoint\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn kubevirt_keys_and_spellings_still_parse() {
+        // KubeVirt's default, its operator's render, empty strings and nulls as absent.
+        for json in [
+            r#"[{"name":"legacy","path":"/csi-data-dir","snapshotPath":"/snap-dir","snapshotProvider":"reflink"}]"#,
+            r#"[{"name":"local","path":"local-data-dir/csi","shared":false}]"#,
+            r#"[{"name":"local","path":"/x","snapshotPath":"","snapshotProvider":"","shared":null}]"#,
+        ] {
+            let pools = parse_pools(json).unwrap();
+            assert_eq!(pools.len(), 1, "{json}");
+        }
+    }
+
+    #[test]
+    fn each_field_is_checked_with_the_crs_rule_and_message() {
+        use hpp_api::validation::rules;
+        let cases: [(&str, &str, String); 6] = [
+            (
+                r#""overcommitPercent":0"#,
+                "overcommitPercent",
+                rules::check_overcommit_percent(0).unwrap_err(),
+            ),
+            (
+                r#""overcommitPercent":1001"#,
+                "overcommitPercent",
+                rules::check_overcommit_percent(1001).unwrap_err(),
+            ),
+            (
+                r#""ephemeralMaxBytes":0"#,
+                "ephemeralMaxBytes",
+                rules::check_max_bytes(0).unwrap_err(),
+            ),
+            (
+                r#""snapshotPath":"/s","snapshotProvider":"zfs""#,
+                "snapshotProvider",
+                rules::check_snapshot_provider("zfs").unwrap_err(),
+            ),
+            (
+                r#""trashRetention":"forever""#,
+                "trashRetention",
+                rules::check_trash_retention("forever").unwrap_err(),
+            ),
+            (
+                r#""trashRetention":"1h","trashMinFreePercent":100"#,
+                "trashMinFreePercent",
+                rules::check_trash_min_free_percent(100).unwrap_err(),
+            ),
+        ];
+        for (extra, key, reason) in cases {
+            let err = parse_pools(&format!(r#"[{{"name":"a","path":"/a",{extra}}}]"#)).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("storage pool \"a\": {key}: {reason}"),
+                "{extra}"
+            );
+        }
+        // The same rules for pools an embedder builds.
+        let err = check_pools(&[PoolConfig::new("a", "/a").quota(QuotaMode::Btrfs, 0)]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::Field {
+                    key: "overcommitPercent",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // Types and quota modes name the key too.
+        let err = parse_pools(r#"[{"name":"a","path":"/a","quota":"Image"}]"#).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "storage pool \"a\": quota: unknown quota mode \"Image\"; allowed: none, btrfs, xfs-project, ext4-project, image, auto"
+        );
+        let err = parse_pools(r#"[{"name":"a","path":"/a","shared":"yes"}]"#).unwrap_err();
+        assert!(
+            err.to_string().starts_with("storage pool \"a\": shared: invalid type"),
+            "{err}"
+        );
+        let err = parse_pools(r#"[{"name":"a"}]"#).unwrap_err();
+        assert!(
+            err.to_string().starts_with("storage pool \"a\": path: is required"),
+            "{err}"
+        );
+        assert!(matches!(parse_pools(r#"[5]"#), Err(ConfigError::Parse(_))));
+    }
+
+    #[test]
+    fn a_quota_error_names_the_mode_once() {
+        let err = ConfigError::Quota {
+            pool: "b".into(),
+            mode: QuotaMode::Btrfs,
+            cause: hpp_fs::quota::QuotaError::Unsupported(
+                "quota mode btrfs needs the pool directory on a btrfs filesystem".into(),
+            ),
+        };
+        assert_eq!(
+            err.to_string(),
+            "storage pool \"b\": quota mode btrfs needs the pool directory on a btrfs filesystem"
+        );
+        assert!(
+            std::error::Error::source(&err).is_none(),
+            "stated in the message, not again as a source"
+        );
+        let err = ConfigError::Quota {
+            pool: "b".into(),
+            mode: QuotaMode::XfsProject,
+            cause: hpp_fs::quota::QuotaError::Unsupported("project quota is not enforced".into()),
+        };
+        assert_eq!(
+            err.to_string(),
+            "storage pool \"b\": quota mode xfs-project: project quota is not enforced"
+        );
+    }
+
+    #[test]
+    fn a_parse_error_is_stated_once() {
+        let err = parse_pools("[{").unwrap_err();
+        assert!(
+            err.to_string().starts_with("unable to parse storage pool info: "),
+            "{err}"
+        );
+        assert!(std::error::Error::source(&err).is_none());
     }
 }

@@ -60,6 +60,18 @@ pub struct PoolLabels {
     pub pool: String,
 }
 
+/// What a pool that enforces volume sizes has promised and can still promise, in bytes (the
+/// capacity ledger's budget), for its gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolPromises {
+    /// Sum of the sizes of the pool's volumes (and of creations and expansions in flight).
+    pub promised: u64,
+    /// Filesystem size × overcommit percent / 100.
+    pub promisable: u64,
+    /// What GetCapacity answers: the smaller of the free bytes and what is left to promise.
+    pub available: u64,
+}
+
 /// Labels of the pool quota metric: which backend enforces sizes (`auto` shows what it chose).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QuotaLabels {
@@ -95,6 +107,9 @@ pub struct DriverMetrics {
     rpc_duration: Family<RpcLabels, Histogram, fn() -> Histogram>,
     pool_capacity: Family<PoolLabels, Gauge>,
     pool_available: Family<PoolLabels, Gauge>,
+    pool_free: Family<PoolLabels, Gauge>,
+    pool_promised: Family<PoolLabels, Gauge>,
+    pool_promisable: Family<PoolLabels, Gauge>,
     pool_usable: Family<PoolLabels, Gauge>,
     pool_shared: Family<PoolLabels, Gauge>,
     pool_quota: Family<QuotaLabels, Gauge>,
@@ -129,6 +144,9 @@ impl DriverMetrics {
             rpc_duration: Family::new_with_constructor(latency_histogram),
             pool_capacity: Family::default(),
             pool_available: Family::default(),
+            pool_free: Family::default(),
+            pool_promised: Family::default(),
+            pool_promisable: Family::default(),
             pool_usable: Family::default(),
             pool_shared: Family::default(),
             pool_quota: Family::default(),
@@ -159,8 +177,26 @@ impl DriverMetrics {
         );
         r.register(
             "pool_available_bytes",
-            "Bytes available for new data in the pool (0 while the pool is unusable)",
+            "What GetCapacity answers for the pool: bytes new volumes can still get (with a quota \
+             backend, the smaller of the free bytes and what is left to promise); 0 while the pool is unusable",
             m.pool_available.clone(),
+        );
+        r.register(
+            "pool_free_bytes",
+            "Bytes free on the filesystem holding the pool, for unprivileged writers (0 while the pool is unusable)",
+            m.pool_free.clone(),
+        );
+        r.register(
+            "pool_promised_bytes",
+            "Sum of the sizes of the pool's volumes, including creations and expansions in flight \
+             (pools with a quota backend only; 0 while the pool is unusable)",
+            m.pool_promised.clone(),
+        );
+        r.register(
+            "pool_promisable_bytes",
+            "Bytes the pool may promise to volumes in all: filesystem size × overcommitPercent / 100 \
+             (pools with a quota backend only; 0 while the pool is unusable)",
+            m.pool_promisable.clone(),
         );
         r.register(
             "pool_usable",
@@ -243,12 +279,23 @@ impl DriverMetrics {
         }
     }
 
-    /// Publishes the health of one pool.
-    pub fn set_pool(&self, pool: &str, health: &PoolHealth, shared_with_os: bool) {
+    /// Publishes the health of one pool, and for a pool that enforces sizes its promises
+    /// (`available` then comes from them, as GetCapacity answers).
+    pub fn set_pool(&self, pool: &str, health: &PoolHealth, shared_with_os: bool, promises: Option<PoolPromises>) {
         let l = PoolLabels { pool: pool.to_owned() };
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let usable = |v: u64| if health.usable { clamp(v) } else { 0 };
         self.pool_capacity.get_or_create(&l).set(clamp(health.total_bytes));
-        self.pool_available.get_or_create(&l).set(clamp(health.available_bytes));
+        self.pool_free.get_or_create(&l).set(usable(health.available_bytes));
+        let available = match promises {
+            Some(p) => p.available,
+            None => health.available_bytes,
+        };
+        self.pool_available.get_or_create(&l).set(usable(available));
+        if let Some(p) = promises {
+            self.pool_promised.get_or_create(&l).set(usable(p.promised));
+            self.pool_promisable.get_or_create(&l).set(usable(p.promisable));
+        }
         self.pool_usable.get_or_create(&l).set(i64::from(health.usable));
         self.pool_shared.get_or_create(&l).set(i64::from(shared_with_os));
     }
@@ -350,7 +397,19 @@ mod tests {
         let mut registry = Registry::default();
         let m = DriverMetrics::register(&mut registry);
         m.observe_rpc("Controller", "CreateVolume", tonic::Code::Ok, 0.001);
-        m.set_pool("local", &PoolHealth::default(), true);
+        m.set_pool("local", &PoolHealth::default(), true, None);
+        let usable = PoolHealth {
+            usable: true,
+            total_bytes: 1000,
+            available_bytes: 700,
+            ..PoolHealth::default()
+        };
+        let promises = PoolPromises {
+            promised: 1500,
+            promisable: 1500,
+            available: 0,
+        };
+        m.set_pool("sized", &usable, false, Some(promises));
         m.set_shared_with_os(true);
         m.set_quota_backend("local", "btrfs");
         m.set_journal("local", true);
@@ -364,6 +423,12 @@ mod tests {
                 "hpp_csi_rpc_duration_seconds_count{service=\"Controller\",method=\"CreateVolume\",code=\"Ok\"} 1",
                 "hpp_pool_capacity_bytes{pool=\"local\"} 0",
                 "hpp_pool_available_bytes{pool=\"local\"} 0",
+                "hpp_pool_free_bytes{pool=\"local\"} 0",
+                // A fully promised pool: nothing available, though bytes are free.
+                "hpp_pool_available_bytes{pool=\"sized\"} 0",
+                "hpp_pool_free_bytes{pool=\"sized\"} 700",
+                "hpp_pool_promised_bytes{pool=\"sized\"} 1500",
+                "hpp_pool_promisable_bytes{pool=\"sized\"} 1500",
                 "hpp_pool_usable{pool=\"local\"} 0",
                 "hpp_pool_path_shared_with_os{pool=\"local\"} 1",
                 "kubevirt_hpp_pool_path_shared_with_os 1",

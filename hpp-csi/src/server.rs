@@ -24,8 +24,8 @@ use crate::endpoint::Endpoint;
 use crate::metrics::DriverMetrics;
 use crate::ops::expand::ExpansionMode;
 use crate::ops::ledger::Ledger;
-use crate::pool::Pool;
 use crate::pool::inflight::InFlight;
+use crate::pool::{DirCreation, Pool};
 use crate::service::controller::ControllerService;
 use crate::service::identity::IdentityService;
 use crate::service::node::NodeService;
@@ -45,16 +45,16 @@ pub enum ServeError {
     #[error("{0} exists and is not a socket; refusing to replace it")]
     NotASocket(PathBuf),
     /// Binding the listener failed.
-    #[error("cannot listen on {endpoint}: {source}")]
+    #[error("cannot listen on {endpoint}: {cause}")]
     Bind {
         /// The endpoint.
         endpoint: Endpoint,
-        /// The error.
-        #[source]
-        source: std::io::Error,
+        /// The error (shown in the message, so not also a `source`).
+        cause: std::io::Error,
     },
-    /// The gRPC server failed.
-    #[error("gRPC server: {0}")]
+    /// The gRPC server failed. Its cause is the `source` (tonic's own message is only
+    /// "transport error").
+    #[error("gRPC server")]
     Transport(#[from] tonic::transport::Error),
 }
 
@@ -72,6 +72,7 @@ pub struct DriverBuilder {
     quota_overrides: Vec<(String, Arc<dyn QuotaBackend>)>,
     expansion: ExpansionMode,
     health_interval: Duration,
+    create_pool_parents: bool,
 }
 
 impl Default for DriverBuilder {
@@ -88,6 +89,7 @@ impl Default for DriverBuilder {
             quota_overrides: Vec::new(),
             expansion: ExpansionMode::default(),
             health_interval: crate::service::health::DEFAULT_HEALTH_INTERVAL,
+            create_pool_parents: false,
         }
     }
 }
@@ -172,7 +174,16 @@ impl DriverBuilder {
         self
     }
 
-    /// Checks the configuration and prepares the pool directories.
+    /// Whether a pool directory whose parent is missing is made with its parents (default
+    /// `false`: such a path is refused, as it is usually a typo or a disk that is not mounted).
+    /// A pool directory whose parent exists is always made; a guarded pool's never is.
+    pub fn create_pool_parents(mut self, create: bool) -> Self {
+        self.create_pool_parents = create;
+        self
+    }
+
+    /// Checks the configuration and prepares the pool directories: every pool is checked
+    /// before any directory is made, so a refused configuration leaves nothing behind.
     pub fn build(self) -> Result<Driver, ConfigError> {
         let node_id = self
             .node_id
@@ -182,19 +193,36 @@ impl DriverBuilder {
             return Err(ConfigError::Missing("driver name"));
         }
         check_pools(&self.pools)?;
-        let mut pools = self.pools.iter().map(Pool::prepare).collect::<Result<Vec<_>, _>>()?;
-        Pool::reserve_nested(&mut pools);
-        for (name, backend) in self.quota_overrides {
-            let pool = pools
-                .iter_mut()
-                .find(|p| p.name == name)
-                .ok_or_else(|| ConfigError::UnknownPool(name.clone()))?;
-            pool.quota = backend;
+        if let Some((name, _)) = self
+            .quota_overrides
+            .iter()
+            .find(|(name, _)| !self.pools.iter().any(|p| &p.name == name))
+        {
+            return Err(ConfigError::UnknownPool(name.clone()));
         }
         if let Some(Endpoint::Unix(socket)) = &self.endpoint
             && socket_answers(socket)
         {
             return Err(ConfigError::EndpointInUse(socket.clone()));
+        }
+        let create = match self.create_pool_parents {
+            true => DirCreation::WithParents,
+            false => DirCreation::LastComponent,
+        };
+        let planned = self
+            .pools
+            .iter()
+            .map(|cfg| Pool::plan(cfg, create))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut pools = planned
+            .into_iter()
+            .map(crate::pool::Planned::finish)
+            .collect::<Result<Vec<_>, _>>()?;
+        Pool::reserve_nested(&mut pools);
+        for (name, backend) in self.quota_overrides {
+            if let Some(pool) = pools.iter_mut().find(|p| p.name == name) {
+                pool.quota = backend;
+            }
         }
         for pool in &pools {
             // Redo what the journal says a crash lost before any request is served, and before
@@ -348,9 +376,9 @@ impl Driver {
         let endpoint = self.endpoint.clone().ok_or(ServeError::NoEndpoint)?;
         let listener = match &endpoint {
             Endpoint::Unix(path) => Listener::Unix(CsiSocket::bind(path)?),
-            Endpoint::Tcp(addr) => Listener::Tcp(TcpListener::bind(addr).await.map_err(|source| ServeError::Bind {
+            Endpoint::Tcp(addr) => Listener::Tcp(TcpListener::bind(addr).await.map_err(|cause| ServeError::Bind {
                 endpoint: endpoint.clone(),
-                source,
+                cause,
             })?),
         };
         let local = match &listener {
@@ -400,9 +428,9 @@ impl CsiSocket {
     /// Binds `path` (see the type's documentation).
     pub fn bind(path: impl AsRef<Path>) -> Result<CsiSocket, ServeError> {
         let path = path.as_ref();
-        let io = |source| ServeError::Bind {
+        let io = |cause| ServeError::Bind {
             endpoint: Endpoint::Unix(path.to_path_buf()),
-            source,
+            cause,
         };
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(io)?;
@@ -567,5 +595,26 @@ impl BoundDriver {
         // meantime, KubeVirt's after a rollback) finds the pools as they are.
         background.stop().await;
         Ok(result?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A bind failure states its cause once: in its message, not again as a `source` that a
+    /// chain printer (anyhow's `{:#}`) would append.
+    #[test]
+    fn a_bind_failure_states_its_cause_once() {
+        let err = ServeError::Bind {
+            endpoint: Endpoint::Tcp("127.0.0.1:1".into()),
+            cause: std::io::Error::from_raw_os_error(13),
+        };
+        assert_eq!(
+            err.to_string(),
+            "cannot listen on tcp://127.0.0.1:1: Permission denied (os error 13)"
+        );
+        assert!(std::error::Error::source(&err).is_none());
     }
 }

@@ -59,6 +59,8 @@ async fn plugin_info_without_a_version_is_unavailable() {
 #[tokio::test]
 async fn mount_guard_refuses_an_unmounted_pool_and_serves_a_mounted_one() {
     let mut h = Harness::with(|root, b| {
+        // The mount point exists; the driver never makes a guarded pool's directory.
+        std::fs::create_dir(root.join("disk")).unwrap();
         b.pool(legacy_pool(root))
             .pool(PoolConfig::new("guarded", root.join("disk")).require_mount_point(true))
     })
@@ -180,6 +182,8 @@ async fn mount_guard_refuses_an_unmounted_pool_and_serves_a_mounted_one() {
 #[tokio::test]
 async fn one_unusable_pool_takes_only_itself_out() {
     let mut h = Harness::with(|root, b| {
+        // The mount point exists; the driver never makes a guarded pool's directory.
+        std::fs::create_dir(root.join("disk")).unwrap();
         b.pool(legacy_pool(root))
             .pool(PoolConfig::new("guarded", root.join("disk")).require_mount_point(true))
     })

@@ -186,3 +186,35 @@ async fn concurrent_creates_never_promise_the_same_bytes_twice() {
     }
     h.stop().await;
 }
+
+/// The pool gauges agree with GetCapacity: a fully promised pool shows 0 available (what the
+/// scheduler sees in CSIStorageCapacity) while its filesystem still has free bytes, and the
+/// promised and promisable bytes behind that answer.
+#[tokio::test]
+async fn the_available_gauge_is_what_get_capacity_answers_on_a_fully_promised_pool() {
+    let (mut h, _q) = Harness::enforcing(1, 1).await;
+    let promisable = fs_total(&h.pool_path()) / 100;
+    h.controller
+        .create_volume(sized_req("pvc-all", promisable as i64, 0))
+        .await
+        .unwrap();
+    let (avail, _) = available(&mut h).await;
+    assert_eq!(avail, 0, "fully promised");
+    let state = h.state.clone();
+    tokio::task::spawn_blocking(move || state.pools_report()).await.unwrap();
+    let text = h.metrics_text();
+    for line in [
+        "hpp_pool_available_bytes{pool=\"legacy\"} 0".to_owned(),
+        format!("hpp_pool_promised_bytes{{pool=\"legacy\"}} {promisable}"),
+        format!("hpp_pool_promisable_bytes{{pool=\"legacy\"}} {promisable}"),
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
+    }
+    let free: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("hpp_pool_free_bytes{pool=\"legacy\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(free > 0, "bytes are still free on the filesystem");
+    h.stop().await;
+}

@@ -166,6 +166,45 @@ async fn snapshot_errors() {
     h.stop().await;
 }
 
+/// A snapshot lives with its source, in whichever pool holds it: a request without a
+/// `storagePool` parameter (the CLI's) or naming another pool (a class shared by the pools)
+/// finds the source there instead of answering NotFound from the default pool.
+#[tokio::test]
+async fn a_snapshot_finds_its_source_in_any_pool() {
+    let mut h = Harness::with(|root, b| {
+        b.pool(legacy_pool(root))
+            .pool(PoolConfig::new("second", root.join("pools/second")).with_snapshots(root.join("snapshots/second")))
+    })
+    .await;
+    let mut req = create_req("pvc-2");
+    req.parameters = params("second");
+    h.controller.create_volume(req).await.unwrap();
+    let snap = h
+        .controller
+        .create_snapshot(snap_req("pvc-2", "snap-2"))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(snap.source_volume_id, "pvc-2");
+    assert!(h.root.join("snapshots/second/snap-2").is_dir());
+    assert!(!h.root.join("snapshots/legacy/snap-2").exists());
+    // Named by a class of the other pool, and retried: the same snapshot.
+    let mut again = snap_req("pvc-2", "snap-2");
+    again.parameters = params("legacy");
+    let retried = h
+        .controller
+        .create_snapshot(again)
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(retried.snapshot_id, "snap-2");
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn list_snapshots_filters_and_paginates() {
     let mut h = Harness::start().await;

@@ -279,7 +279,12 @@ fn exercised_registry(which: &str) -> anyhow::Result<Registry> {
             // Any code will do; the error type is how the driver names gRPC codes.
             let code = hpp_csi::Error::NotFound(String::new()).code();
             m.observe_rpc("Controller", "CreateVolume", code, 0.001);
-            m.set_pool("local", &hpp_csi::PoolHealth::default(), false);
+            m.set_pool(
+                "local",
+                &hpp_csi::PoolHealth::default(),
+                false,
+                Some(hpp_csi::metrics::PoolPromises::default()),
+            );
             m.set_quota_backend("local", "none");
             m.set_journal("local", true);
             m.set_journal_counts("local", 1, 1);

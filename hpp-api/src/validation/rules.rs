@@ -40,52 +40,97 @@ pub fn host_path(value: &str, _ctx: &()) -> garde::Result {
 
 /// `snapshotProvider`: a provider hpp implements.
 pub fn snapshot_provider(value: &Option<String>, _ctx: &()) -> garde::Result {
-    match value {
-        Some(v) if !KNOWN_SNAPSHOT_PROVIDERS.contains(&v.as_str()) => Err(garde::Error::new(format!(
-            "unknown snapshot provider {v:?}; allowed: {}",
-            KNOWN_SNAPSHOT_PROVIDERS.join(", ")
-        ))),
-        _ => Ok(()),
-    }
+    value
+        .as_deref()
+        .map_or(Ok(()), |v| check_snapshot_provider(v).map_err(garde::Error::new))
 }
 
 /// `ephemeral.maxSize`: a positive storage quantity such as `10Gi`.
 pub fn max_size(value: &Option<String>, _ctx: &()) -> garde::Result {
-    match value {
-        Some(v) if crate::quantity::parse_bytes(v).is_none_or(|b| b == 0) => Err(garde::Error::new(format!(
-            "{v:?} is not a positive storage quantity; use a size such as 512Mi or 10Gi"
-        ))),
-        _ => Ok(()),
-    }
+    value
+        .as_deref()
+        .map_or(Ok(()), |v| check_max_size(v).map(|_| ()).map_err(garde::Error::new))
 }
 
 /// `overcommitPercent`: 1 to 1000 (% of the filesystem size that may be promised to volumes).
 pub fn overcommit_percent(value: &Option<u32>, _ctx: &()) -> garde::Result {
-    match value {
-        Some(v) if !(1..=1000).contains(v) => Err(garde::Error::new(format!(
-            "{v} is out of range; use a percentage of the filesystem size from 1 to 1000 (100 promises exactly the filesystem size)"
-        ))),
-        _ => Ok(()),
-    }
+    value.map_or(Ok(()), |v| check_overcommit_percent(v).map_err(garde::Error::new))
 }
 
 /// `trash.retention`: a duration [`crate::duration::parse`] reads (`0` turns the trash off).
 pub fn trash_retention(value: &Option<String>, _ctx: &()) -> garde::Result {
-    match value {
-        Some(v) => crate::duration::parse(v)
-            .map(|_| ())
-            .map_err(|e| garde::Error::new(e.to_string())),
-        None => Ok(()),
-    }
+    value.as_deref().map_or(Ok(()), |v| {
+        check_trash_retention(v).map(|_| ()).map_err(garde::Error::new)
+    })
 }
 
 /// `trash.minFreePercent`: 0 to 99 (% of the filesystem kept free by purging the trash early).
 pub fn trash_min_free_percent(value: &Option<u32>, _ctx: &()) -> garde::Result {
-    match value {
-        Some(v) if *v > 99 => Err(garde::Error::new(format!(
-            "{v} is out of range; use a percentage of the filesystem size from 0 to 99 (0 never purges early)"
-        ))),
-        _ => Ok(()),
+    value.map_or(Ok(()), |v| check_trash_min_free_percent(v).map_err(garde::Error::new))
+}
+
+// The pool rules themselves, shared by the CR's validation (the garde wrappers above) and the
+// CSI driver's `--datadir` (hpp-csi's config), so both refuse the same values with the same
+// words. Each message says what is wrong and what is allowed, without naming the field: the
+// caller names it (`spec.storagePools[0].overcommitPercent: …`, `storage pool "a": overcommitPercent: …`).
+
+/// A snapshot provider hpp implements ([`KNOWN_SNAPSHOT_PROVIDERS`]).
+pub fn check_snapshot_provider(value: &str) -> Result<(), String> {
+    if KNOWN_SNAPSHOT_PROVIDERS.contains(&value) {
+        Ok(())
+    } else {
+        Err(format!(
+            "unknown snapshot provider {value:?}; allowed: {}",
+            KNOWN_SNAPSHOT_PROVIDERS.join(", ")
+        ))
+    }
+}
+
+/// A largest ephemeral volume written as a quantity (`10Gi`): its bytes, positive.
+pub fn check_max_size(value: &str) -> Result<u64, String> {
+    match crate::quantity::parse_bytes(value) {
+        Some(bytes) if bytes > 0 => Ok(bytes),
+        _ => Err(not_a_positive_size(&format!("{value:?}"))),
+    }
+}
+
+/// A largest ephemeral volume given as a byte count (the driver's `ephemeralMaxBytes`).
+pub fn check_max_bytes(bytes: u64) -> Result<(), String> {
+    if bytes > 0 {
+        Ok(())
+    } else {
+        Err(not_a_positive_size("0"))
+    }
+}
+
+fn not_a_positive_size(shown: &str) -> String {
+    format!("{shown} is not a positive storage quantity; use a size such as 512Mi or 10Gi")
+}
+
+/// Overcommit: 1 to 1000 % of the filesystem size.
+pub fn check_overcommit_percent(value: u32) -> Result<(), String> {
+    if (1..=1000).contains(&value) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{value} is out of range; use a percentage of the filesystem size from 1 to 1000 (100 promises exactly the filesystem size)"
+        ))
+    }
+}
+
+/// A trash retention: a duration of at most ten years (`0`: no trash).
+pub fn check_trash_retention(value: &str) -> Result<std::time::Duration, String> {
+    crate::duration::parse(value).map_err(|e| e.to_string())
+}
+
+/// The trash's free-space floor: 0 to 99 % of the filesystem.
+pub fn check_trash_min_free_percent(value: u32) -> Result<(), String> {
+    if value <= 99 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{value} is out of range; use a percentage of the filesystem size from 0 to 99 (0 never purges early)"
+        ))
     }
 }
 

@@ -59,6 +59,9 @@ pub enum CallError {
         /// The driver's message.
         message: String,
     },
+    /// The call cannot be made as asked (a missing flag the driver's answer calls for).
+    #[error("{0}")]
+    Usage(String),
     /// The response could not be written as JSON or YAML.
     #[error("cannot format the response: {0}")]
     Format(String),
@@ -90,6 +93,11 @@ pub enum Op {
     CreateVolume {
         /// Volume name (= id).
         name: String,
+        /// Size, a Kubernetes quantity (64Mi, 1Gi, 500M, bytes): the capacity_range's
+        /// required_bytes [default: none asked; the driver's rule applies (a pool with a quota
+        /// backend gives 1 GiB, a clone or restore its source's size where the driver does)].
+        #[arg(long, value_parser = super::call_resize::parse_size)]
+        size: Option<i64>,
         /// Pool name [default: legacy].
         #[arg(long)]
         pool: Option<String>,
@@ -107,7 +115,28 @@ pub enum Op {
     },
     /// ListVolumes (all pages).
     ListVolumes,
-    /// CreateSnapshot.
+    /// ControllerExpandVolume where the driver offers it, then NodeExpandVolume when the answer
+    /// asks for it or the driver expands on the node only.
+    Expand {
+        /// Volume id.
+        id: String,
+        /// New size, a Kubernetes quantity (128Mi, 2Gi, bytes).
+        #[arg(value_parser = super::call_resize::parse_size)]
+        size: i64,
+        /// Where the volume is published (NodeExpandVolume's volume_path); needed when the node
+        /// expands.
+        #[arg(long)]
+        target: Option<String>,
+    },
+    /// ControllerModifyVolume: sets mutable parameters (e.g. compression=zstd, inodeLimit=1000).
+    Modify {
+        /// Volume id.
+        id: String,
+        /// key=value pairs.
+        #[arg(required = true, value_parser = super::call_resize::parse_parameter)]
+        parameters: Vec<(String, String)>,
+    },
+    /// CreateSnapshot (the source may be in any pool; the snapshot is taken in its pool).
     Snapshot {
         /// Source volume id.
         source: String,
@@ -515,6 +544,7 @@ pub async fn call(ch: tonic::transport::Channel, op: Op) -> Result<Reply, CallEr
         }
         Op::CreateVolume {
             name,
+            size,
             pool,
             from_snapshot,
             from_volume,
@@ -533,6 +563,10 @@ pub async fn call(ch: tonic::transport::Channel, op: Op) -> Result<Reply, CallEr
                 volume_capabilities: vec![mount_cap()],
                 parameters: pool_params(pool),
                 volume_content_source: source.map(|t| csi::VolumeContentSource { r#type: Some(t) }),
+                capacity_range: size.map(|required_bytes| csi::CapacityRange {
+                    required_bytes,
+                    limit_bytes: 0,
+                }),
                 ..Default::default()
             };
             volume_reply(controller.create_volume(req).await?.into_inner().volume.as_ref())
@@ -630,6 +664,8 @@ pub async fn call(ch: tonic::transport::Channel, op: Op) -> Result<Reply, CallEr
             stats_reply(&node.node_get_volume_stats(req).await?.into_inner())
         }
         Op::Trash { op } => super::call_trash::call(ch, op).await?,
+        Op::Expand { id, size, target } => super::call_resize::expand(ch, id, size, target).await?,
+        Op::Modify { id, parameters } => super::call_resize::modify(ch, id, parameters).await?,
     };
     Ok(reply)
 }

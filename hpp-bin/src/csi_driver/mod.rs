@@ -8,6 +8,7 @@
 //! `-V` and the `version` subcommand print the build instead.
 
 mod call;
+mod call_resize;
 mod call_trash;
 mod http;
 
@@ -81,10 +82,18 @@ pub struct ServeArgs {
     /// print the build and exit (as -V).
     #[arg(long = "version", value_name = "VERSION", num_args = 0..=1, default_missing_value = "")]
     pub vendor_version: Option<String>,
-    /// Storage pools as a JSON list: name, path, snapshotPath, snapshotProvider, shared,
-    /// requireMountPoint [default: KubeVirt's, or one pool under --datadir-root].
+    /// Storage pools as a JSON list of objects with the keys name, path, snapshotPath,
+    /// snapshotProvider, shared, requireMountPoint, ephemeral, ephemeralMaxBytes, quota,
+    /// overcommitPercent, trashRetention, trashMinFreePercent (an unknown key is an error)
+    /// [default: KubeVirt's, or one pool under --datadir-root].
     #[arg(long)]
     pub datadir: Option<String>,
+    /// Make a pool directory whose parent does not exist, parents and all. Without it such a
+    /// pool is refused at start (a typo, or a disk not mounted yet); a pool directory whose
+    /// parent exists is always made, a guarded pool's (requireMountPoint) never [default: on
+    /// with --datadir-root and no --datadir].
+    #[arg(long = "create-pool-parents")]
+    pub create_pool_parents: bool,
     /// Address of the /metrics and /healthz listener [default: [::]:8443, or 127.0.0.1:0 with
     /// --datadir-root].
     #[allow(rustdoc::broken_intra_doc_links)] // `[::]` is an address in --help, not a link
@@ -162,6 +171,8 @@ pub struct Resolved {
     pub pools: Vec<PoolConfig>,
     /// Metrics listener.
     pub metrics_address: SocketAddr,
+    /// Whether pool directories are made with their missing parents.
+    pub create_pool_parents: bool,
 }
 
 impl ServeArgs {
@@ -191,11 +202,14 @@ impl ServeArgs {
             (None, Some(_)) => SocketAddr::from(([127, 0, 0, 1], 0)),
             (None, None) => SocketAddr::from(([0u16; 8], 8443)),
         };
+        // The zero-config mode makes its own tree under DIR.
+        let create_pool_parents = self.create_pool_parents || (root.is_some() && self.datadir.is_none());
         Ok(Resolved {
             endpoint,
             node_id,
             pools,
             metrics_address,
+            create_pool_parents,
         })
     }
 }
@@ -235,7 +249,7 @@ pub fn startup_hint(exe: &str, endpoint: &Endpoint, metrics_url: &str) -> String
     format!(
         "hpp-csi-driver serving CSI on {endpoint}; talk to it with: \
          {exe} call --endpoint {endpoint} info \
-         (or probe, capacity, create-volume NAME, list-volumes, snapshot SRC NAME, publish ID DIR); \
+         (or probe, capacity, create-volume NAME --size 1Gi, list-volumes, expand ID SIZE, snapshot SRC NAME, publish ID DIR); \
          metrics at {metrics_url}/metrics, health at {metrics_url}/healthz"
     )
 }
@@ -349,6 +363,7 @@ pub async fn start(args: ServeArgs) -> anyhow::Result<Running> {
         .pools(cfg.pools.clone())
         .endpoint(cfg.endpoint.clone())
         .expansion(args.expansion.into())
+        .create_pool_parents(cfg.create_pool_parents)
         .metrics(metrics);
     if let Some(p) = &args.os_reference_path {
         builder = builder.os_reference_path(p);

@@ -215,6 +215,7 @@ async fn serves_csi_metrics_and_health_and_cleans_up() {
         output: None,
         op: call::Op::CreateVolume {
             name: "demo".into(),
+            size: None,
             pool: None,
             from_snapshot: None,
             from_volume: None,
@@ -636,4 +637,185 @@ fn only_kubevirts_legacy_daemonset_start_runs_the_legacy_provisioner() {
     // A bare start without PV_DIR (or with it empty) is the driver's own defaults.
     assert!(!is_kubevirt_legacy_start(&bare, env(&[("NODE_NAME", "n1")])));
     assert!(!is_kubevirt_legacy_start(&bare, env(&[("PV_DIR", "")])));
+}
+
+/// A driver serving `datadir` (a `--datadir` JSON) with `extra` flags, its socket and plain-HTTP
+/// metrics in `dir`.
+async fn start_with(dir: &std::path::Path, datadir: &str, extra: &[&str]) -> anyhow::Result<Running> {
+    let endpoint = format!("unix://{}", dir.join("csi.sock").display());
+    let mut argv = vec![
+        "--datadir",
+        datadir,
+        "--endpoint",
+        &endpoint,
+        "--nodeid",
+        "n1",
+        "--metrics-address",
+        "127.0.0.1:0",
+        "--metrics-insecure-http",
+    ];
+    argv.extend_from_slice(extra);
+    start(parse(&argv).serve).await
+}
+
+fn json_of(out: &str) -> serde_json::Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+#[tokio::test]
+async fn call_creates_sized_volumes_expands_and_modifies_them_with_sizes_in_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let datadir = format!(r#"[{{"name":"local","path":"{}"}}]"#, root.join("pool").display());
+    let running = start_with(&root, &datadir, &[]).await.unwrap();
+    let ep = running.endpoint().clone();
+
+    let created = call_cli(&ep, &["-o", "json", "create-volume", "demo", "--size", "64Mi"])
+        .await
+        .unwrap();
+    assert_eq!(json_of(&created)["capacityBytes"], 67_108_864, "{created}");
+    let table = call_cli(&ep, &["create-volume", "demo", "--size", "64Mi"])
+        .await
+        .unwrap();
+    assert!(table.lines().nth(1).unwrap().contains("64Mi"), "{table}");
+    // A size larger than the one recorded: AlreadyExists, on one line.
+    let err = call_cli(&ep, &["create-volume", "demo", "--size", "1Gi"])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("AlreadyExists: "), "{err}");
+
+    // The default driver expands on the controller; no node call is asked for here.
+    let expanded = call_cli(&ep, &["expand", "demo", "128Mi", "-o", "yaml"]).await.unwrap();
+    let expanded: serde_json::Value = serde_saphyr::from_str(&expanded).unwrap();
+    assert_eq!(expanded["capacityBytes"], 134_217_728);
+    assert_eq!(expanded["calls"], serde_json::json!(["ControllerExpandVolume"]));
+    let listed = json_of(&call_cli(&ep, &["-o", "json", "list-volumes"]).await.unwrap());
+    assert_eq!(listed[0]["volumeId"], "demo");
+
+    // A pool without a quota backend applies no mutable parameter: the driver says which.
+    let err = call_cli(&ep, &["modify", "demo", "compression=zstd"])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("InvalidArgument: ") && err.contains("compression"),
+        "{err}"
+    );
+    assert!(!err.contains('\n'), "{err}");
+
+    // Bad sizes and parameters are refused before any call.
+    for bad in [
+        &["create-volume", "x", "--size", "64MB"][..],
+        &["expand", "demo", "lots"][..],
+        &["modify", "demo", "compression"][..],
+        &["modify", "demo"][..],
+    ] {
+        let mut argv = vec!["call", "--endpoint", "unix:///nowhere"];
+        argv.extend_from_slice(bad);
+        assert!(
+            Args::try_parse_from(std::iter::once("hpp-csi-driver").chain(argv)).is_err(),
+            "{bad:?}"
+        );
+    }
+    running.run_until(async {}).await.unwrap();
+}
+
+#[tokio::test]
+async fn call_expand_makes_the_node_call_where_the_driver_expands_on_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let datadir = format!(r#"[{{"name":"local","path":"{}"}}]"#, root.join("pool").display());
+    let running = start_with(&root, &datadir, &["--expansion=node"]).await.unwrap();
+    let ep = running.endpoint().clone();
+    call_cli(&ep, &["create-volume", "demo", "--size", "64Mi"])
+        .await
+        .unwrap();
+    let err = call_cli(&ep, &["expand", "demo", "128Mi"])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--target") && err.contains("node only"), "{err}");
+
+    let target = root.join("target");
+    let target_text = target.to_str().unwrap();
+    if call_cli(&ep, &["publish", "demo", target_text]).await.is_err() {
+        eprintln!("skipping the node half: publishing (a bind mount) needs root");
+        running.run_until(async {}).await.unwrap();
+        return;
+    }
+    let out = call_cli(&ep, &["-o", "json", "expand", "demo", "128Mi", "--target", target_text])
+        .await
+        .unwrap();
+    let expanded = json_of(&out);
+    assert_eq!(expanded["capacityBytes"], 134_217_728, "{out}");
+    assert_eq!(expanded["calls"], serde_json::json!(["NodeExpandVolume"]));
+    call_cli(&ep, &["unpublish", "demo", target_text]).await.unwrap();
+    running.run_until(async {}).await.unwrap();
+}
+
+#[tokio::test]
+async fn call_snapshot_finds_its_source_in_any_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let datadir = format!(
+        r#"[{{"name":"first","path":"{0}/first","snapshotPath":"{0}/snap-first","snapshotProvider":"reflink"}},
+            {{"name":"second","path":"{0}/second","snapshotPath":"{0}/snap-second","snapshotProvider":"reflink"}}]"#,
+        root.display()
+    );
+    let running = start_with(&root, &datadir, &[]).await.unwrap();
+    let ep = running.endpoint().clone();
+    call_cli(&ep, &["create-volume", "vol-2", "--pool", "second"])
+        .await
+        .unwrap();
+    let snap = json_of(
+        &call_cli(&ep, &["-o", "json", "snapshot", "vol-2", "snap-2"])
+            .await
+            .unwrap(),
+    );
+    assert_eq!(snap["sourceVolumeId"], "vol-2");
+    assert!(root.join("snap-second/snap-2").is_dir());
+    running.run_until(async {}).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_datadir_with_a_typo_or_a_missing_parent_is_refused_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let pool = root.join("pool");
+    let typo = format!(r#"[{{"name":"a","path":"{}","Quota":"image"}}]"#, pool.display());
+    let err = crate::error_line("hpp-csi-driver", &start_with(&root, &typo, &[]).await.err().unwrap());
+    assert!(
+        err.contains(r#"storage pool "a": unknown key "Quota" (known: name, path,"#)
+            && err.contains("keys are case-sensitive"),
+        "{err}"
+    );
+    let zero = format!(r#"[{{"name":"a","path":"{}","overcommitPercent":0}}]"#, pool.display());
+    let err = crate::error_line("hpp-csi-driver", &start_with(&root, &zero, &[]).await.err().unwrap());
+    assert!(
+        err.contains(r#"storage pool "a": overcommitPercent: 0 is out of range; use a percentage"#),
+        "{err}"
+    );
+    assert!(!pool.exists(), "nothing made for a refused configuration");
+
+    let deep = root.join("not/yet/there");
+    let missing = format!(r#"[{{"name":"a","path":"{}"}}]"#, deep.display());
+    let err = crate::error_line("hpp-csi-driver", &start_with(&root, &missing, &[]).await.err().unwrap());
+    assert!(
+        err.contains("does not exist") && err.contains("--create-pool-parents"),
+        "{err}"
+    );
+    assert!(
+        !root.join("not").exists(),
+        "no parents made on whatever disk holds them"
+    );
+    let running = start_with(&root, &missing, &["--create-pool-parents"]).await.unwrap();
+    assert!(deep.is_dir());
+    running.run_until(async {}).await.unwrap();
+
+    // KubeVirt's layout: the hostPath exists, its `csi` child is made.
+    let kubevirt = format!(r#"[{{"name":"legacy","path":"{}/csi"}}]"#, root.display());
+    let running = start_with(&root, &kubevirt, &[]).await.unwrap();
+    assert!(root.join("csi").is_dir());
+    running.run_until(async {}).await.unwrap();
 }

@@ -156,7 +156,7 @@ pub async fn run_with_client(
         let health = webhook_health.clone();
         Some(tokio::spawn(async move {
             if let Err(e) = webhook.await {
-                let why = format!("{e:#}");
+                let why = crate::causes(&e);
                 tracing::error!(error = %why, "admission webhook stopped; this replica is no longer ready");
                 health.stopped(why);
             }

@@ -149,32 +149,47 @@ pub struct PoolHealth {
 }
 
 impl Pool {
-    /// Creates the pool directory if needed (mode 0750, like KubeVirt) and resolves its path.
-    /// A pool whose directory cannot be prepared is still returned: it reports itself unusable
-    /// instead of crashing the driver, which keeps the other pools serving.
+    /// Resolves the pool's path, making its directory where that is safe (see
+    /// [`DirCreation`]); what may be made is [`DirCreation::LastComponent`].
     pub fn prepare(cfg: &PoolConfig) -> Result<Pool, ConfigError> {
-        let path = absolute(&cfg.path).map_err(|source| ConfigError::Io {
+        Self::prepare_with(cfg, DirCreation::LastComponent)
+    }
+
+    /// [`prepare`](Self::prepare), making at most what `create` allows: [`Pool::plan`], then
+    /// [`Planned::finish`].
+    pub fn prepare_with(cfg: &PoolConfig, create: DirCreation) -> Result<Pool, ConfigError> {
+        Self::plan(cfg, create)?.finish()
+    }
+
+    /// Every check of a pool that can refuse it (its path, its quota backend), with nothing
+    /// made yet: a refused pool leaves no trace. A guarded pool that is not mounted yet is
+    /// accepted with nothing to make: it reports itself unusable instead of stopping the
+    /// driver, which keeps the other pools serving, and serves once mounted.
+    pub fn plan(cfg: &PoolConfig, create: DirCreation) -> Result<Planned, ConfigError> {
+        let path = absolute(&cfg.path).map_err(|cause| ConfigError::Io {
             pool: cfg.name.clone(),
             path: cfg.path.clone(),
-            source,
+            cause,
         })?;
-        if let Err(e) = create_dir_all_mode(&path, 0o750) {
-            tracing::warn!(pool = %cfg.name, path = %path.display(), error = %e, "cannot create pool directory");
-        }
-        let path = std::fs::canonicalize(&path).unwrap_or(path);
+        let make = dir_plan(cfg, &path, create)?;
         let snapshot_path = match &cfg.snapshot_path {
             Some(p) => {
-                let p = absolute(p).map_err(|source| ConfigError::Io {
+                let p = absolute(p).map_err(|cause| ConfigError::Io {
                     pool: cfg.name.clone(),
                     path: p.clone(),
-                    source,
+                    cause,
                 })?;
                 Some(std::fs::canonicalize(&p).unwrap_or(p))
             }
             None => None,
         };
-        let quota = quota_backend(cfg, &path)?;
-        Ok(Pool {
+        // A directory still to make is judged by the filesystem it will be made on.
+        let probe = match make {
+            Some(_) => nearest_existing(&path),
+            None => path.clone(),
+        };
+        let quota = quota_backend(cfg, &path, &probe)?;
+        let pool = Pool {
             name: cfg.name.clone(),
             path,
             snapshot_path,
@@ -198,7 +213,8 @@ impl Pool {
             journal: Arc::default(),
             lane: Arc::default(),
             trash_book: Arc::default(),
-        })
+        };
+        Ok(Planned { pool, make })
     }
 
     /// What is known of the trash's entries.
@@ -452,7 +468,10 @@ impl Pool {
 ///
 /// A guarded pool that is not mounted yet gets its backend once it is
 /// ([`crate::pool::deferred_quota`]): what sits at its path now is not its filesystem.
-fn quota_backend(cfg: &PoolConfig, path: &Path) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
+///
+/// `probe` is where the backend looks at the filesystem: the pool's path, or the closest
+/// existing ancestor of a directory not made yet.
+fn quota_backend(cfg: &PoolConfig, path: &Path, probe: &Path) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
     let waiting_for_mount = cfg.require_mount_point && cfg.quota != QuotaMode::None && !fsops::is_mount_point(path);
     if waiting_for_mount {
         tracing::info!(pool = %cfg.name, quota = %cfg.quota, "pool not mounted yet; its quota backend is set up once it is");
@@ -460,7 +479,7 @@ fn quota_backend(cfg: &PoolConfig, path: &Path) -> Result<Arc<dyn QuotaBackend>,
             &cfg.name, cfg.quota, path,
         )));
     }
-    build_quota_backend(&cfg.name, cfg.quota, path)
+    build_quota_backend(&cfg.name, cfg.quota, probe)
 }
 
 /// The quota backend `configured` for the pool `pool` at `path` (also used by the legacy
@@ -498,10 +517,10 @@ pub fn build_quota_backend(
 }
 
 fn build_backend(pool: &str, mode: QuotaMode, path: &Path) -> Result<Arc<dyn QuotaBackend>, ConfigError> {
-    let quota_err = |source| ConfigError::Quota {
+    let quota_err = |cause| ConfigError::Quota {
         pool: pool.to_owned(),
         mode,
-        source,
+        cause,
     };
     match mode {
         QuotaMode::None | QuotaMode::Auto => Ok(Arc::new(Unlimited)),
@@ -578,9 +597,97 @@ fn absolute(p: &Path) -> std::io::Result<PathBuf> {
     }
 }
 
-fn create_dir_all_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+/// What the driver may make of a pool directory that does not exist.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DirCreation {
+    /// The directory itself, when its parent exists: KubeVirt's layout mounts a hostPath at
+    /// `/csi-data-dir` and serves `/csi-data-dir/csi`, which the driver makes on first start.
+    #[default]
+    LastComponent,
+    /// The directory and its missing parents (`--create-pool-parents`, `--datadir-root`).
+    WithParents,
+}
+
+/// A pool checked by [`Pool::plan`], its directory not made yet.
+#[derive(Debug)]
+pub struct Planned {
+    pool: Pool,
+    /// The directory to make: `Some(true)` with its parents.
+    make: Option<bool>,
+}
+
+impl Planned {
+    /// Makes the pool directory (mode 0750, like KubeVirt) if it was missing, and resolves the
+    /// pool's path.
+    pub fn finish(mut self) -> Result<Pool, ConfigError> {
+        if let Some(parents) = self.make {
+            create_dir_mode(&self.pool.path, 0o750, parents).map_err(|cause| ConfigError::Io {
+                pool: self.pool.name.clone(),
+                path: self.pool.path.clone(),
+                cause,
+            })?;
+            tracing::info!(pool = %self.pool.name, path = %self.pool.path.display(), "created the storage pool directory");
+        }
+        if let Ok(resolved) = std::fs::canonicalize(&self.pool.path) {
+            self.pool.path = resolved;
+        }
+        Ok(self.pool)
+    }
+}
+
+/// Whether the pool directory must be made (`Some(parents too)`), or an error when the driver
+/// must not make it. A guarded pool (`requireMountPoint`) is never made: its directory is where
+/// a disk gets mounted, and making it would only put an empty directory on the underlying
+/// (root) filesystem; it waits, unusable, until something is mounted there.
+fn dir_plan(cfg: &PoolConfig, path: &Path, create: DirCreation) -> Result<Option<bool>, ConfigError> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => return Ok(None),
+        Ok(_) => {
+            return Err(ConfigError::NotADirectory {
+                pool: cfg.name.clone(),
+                path: path.to_path_buf(),
+            });
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(cause) => {
+            return Err(ConfigError::Io {
+                pool: cfg.name.clone(),
+                path: path.to_path_buf(),
+                cause,
+            });
+        }
+    }
+    if cfg.require_mount_point {
+        tracing::info!(pool = %cfg.name, path = %path.display(), "the guarded storage pool's directory does not exist and is not made; the pool serves once a filesystem is mounted there");
+        return Ok(None);
+    }
+    let parent = path.parent().unwrap_or(path);
+    match (parent.is_dir(), create) {
+        (true, _) => Ok(Some(false)),
+        (false, DirCreation::WithParents) => Ok(Some(true)),
+        (false, DirCreation::LastComponent) => Err(ConfigError::PathMissing {
+            pool: cfg.name.clone(),
+            path: path.to_path_buf(),
+            parent: parent.to_path_buf(),
+        }),
+    }
+}
+
+/// The closest ancestor of `path` that exists (`/` at worst).
+fn nearest_existing(path: &Path) -> PathBuf {
+    path.ancestors()
+        .find(|p| p.is_dir())
+        .unwrap_or(Path::new("/"))
+        .to_path_buf()
+}
+
+fn create_dir_mode(path: &Path, mode: u32, parents: bool) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(mode).create(path)
+    match std::fs::DirBuilder::new().recursive(parents).mode(mode).create(path) {
+        // Made meanwhile by someone else: what was wanted.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && path.is_dir() => Ok(()),
+        other => other,
+    }
 }
 
 #[cfg(test)]
@@ -614,6 +721,10 @@ mod tests {
         cfg.quota = QuotaMode::Btrfs;
         let err = Pool::prepare(&cfg).unwrap_err();
         assert!(err.to_string().contains("btrfs"), "{err}");
+        assert!(
+            !root.path().join("b").exists(),
+            "a refused pool leaves no directory behind"
+        );
         cfg.quota = QuotaMode::XfsProject;
         let err = Pool::prepare(&cfg).unwrap_err();
         assert!(err.to_string().contains("prjquota"), "{err}");
@@ -693,6 +804,7 @@ mod tests {
     #[test]
     fn guarded_pool_without_mount_is_unusable() {
         let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir(root.path().join("g")).unwrap();
         let pool = Pool::prepare(&PoolConfig::new("g", root.path().join("g")).require_mount_point(true)).unwrap();
         let h = pool.health(&MountTable::parse(""));
         assert!(!h.usable);
@@ -706,6 +818,8 @@ mod tests {
     fn the_guard_is_checked_on_the_opened_descriptor() {
         let root = tempfile::tempdir().unwrap();
         let path = root.path().join("g");
+        // The mount point exists (a guarded pool's directory is never made by the driver).
+        std::fs::create_dir(&path).unwrap();
         let pool = Pool::prepare(&PoolConfig::new("g", &path).require_mount_point(true)).unwrap();
         assert!(matches!(pool.open(), Err(Error::FailedPrecondition(_))));
         if rustix::mount::mount("tmpfs", &path, "tmpfs", rustix::mount::MountFlags::empty(), c"size=1m").is_err() {
@@ -721,5 +835,44 @@ mod tests {
         assert!(measured.usable && measured.mount_point, "{measured:?}");
         assert!(against_empty_table.usable, "{against_empty_table:?}");
         assert!(!pool.measure().usable, "unmounted again");
+    }
+    #[test]
+    fn a_missing_pool_directory_is_made_only_where_its_parent_exists() {
+        let root = tempfile::tempdir().unwrap();
+        // KubeVirt's layout: the hostPath is mounted, the pool is its `csi` child.
+        let pool = Pool::prepare(&PoolConfig::new("k", root.path().join("csi"))).unwrap();
+        assert!(root.path().join("csi").is_dir());
+        assert_eq!(pool.path, std::fs::canonicalize(root.path().join("csi")).unwrap());
+
+        let deep = root.path().join("typo/pools/a");
+        let err = Pool::prepare(&PoolConfig::new("a", &deep)).unwrap_err();
+        assert!(matches!(err, ConfigError::PathMissing { .. }), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains(&deep.display().to_string()) && text.contains("--create-pool-parents"),
+            "{text}"
+        );
+        assert!(!root.path().join("typo").exists(), "nothing is made for a refused pool");
+
+        Pool::prepare_with(&PoolConfig::new("a", &deep), DirCreation::WithParents).unwrap();
+        assert!(deep.is_dir());
+
+        std::fs::write(root.path().join("file"), b"").unwrap();
+        let err = Pool::prepare(&PoolConfig::new("f", root.path().join("file"))).unwrap_err();
+        assert!(matches!(err, ConfigError::NotADirectory { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_guarded_pool_directory_is_never_made() {
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().join("disk");
+        for create in [DirCreation::LastComponent, DirCreation::WithParents] {
+            let pool = Pool::prepare_with(&PoolConfig::new("g", &path).require_mount_point(true), create).unwrap();
+            assert!(
+                !path.exists(),
+                "{create:?}: made the directory of a pool nothing is mounted at"
+            );
+            assert!(!pool.measure().usable);
+        }
     }
 }

@@ -513,21 +513,17 @@ impl ControllerService {
         let name = check_id("name", &req.name)?.to_owned();
         record("volume_id", &source);
         record("snapshot_id", &name);
-        let pool = self.state.pool_for(&req.parameters)?.clone();
-        if pool.snapshot_path.is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "storage pool {} has no snapshotPath/snapshotProvider configured",
-                pool.name
-            )));
-        }
+        // The pool a VolumeSnapshotClass names (or the default one) is only where the source
+        // is looked for first: a snapshot lives in its source's pool, wherever that is.
+        let hint = self.state.pool_for(&req.parameters)?.clone();
         let guard = self
             .state
             .inflight
             .acquire(&[snapshot_key(&name)], &[volume_key(&source)])?;
         let state = self.state.clone();
         let (info, size) = blocking_locked(guard, move || {
-            if let Some((spool, info)) = locate_snapshot(&state, &name, Some(&pool))? {
-                if info.source_volume_id == source && spool.name == pool.name {
+            if let Some((spool, info)) = locate_snapshot(&state, &name, Some(&hint))? {
+                if info.source_volume_id == source {
                     // Found, perhaps renamed into place just before a crash: durable first.
                     snapshots::sync_entries(&spool)?;
                     return Ok((info, snapshot_size(&spool, &name)));
@@ -535,6 +531,22 @@ impl ControllerService {
                 return Err(Error::AlreadyExists(format!(
                     "snapshot {name} already exists for volume {} in pool {}",
                     info.source_volume_id, spool.name
+                )));
+            }
+            let Some(pool) = locate_volume(&state, &source, Some(&hint))? else {
+                // Opened in the first pool for its precise error (a symlink planted there is
+                // InvalidArgument), else NotFound.
+                return Err(volumes::open(&hint, &source).err().unwrap_or_else(|| {
+                    Error::NotFound(format!(
+                        "source volume {source} does not exist on node {}",
+                        state.node_id
+                    ))
+                }));
+            };
+            if pool.snapshot_path.is_none() {
+                return Err(Error::InvalidArgument(format!(
+                    "storage pool {} (of volume {source}) has no snapshotPath/snapshotProvider configured",
+                    pool.name
                 )));
             }
             require_usable(&pool)?;

@@ -209,24 +209,42 @@ where
 }
 
 /// Code and message of a unary response: errors travel in the headers ("trailers-only").
+/// gRPC percent-encodes `grpc-message` on the wire; tonic's own decoder makes it the text the
+/// handler wrote again, so log lines read as the error did. Only the two headers are handed to
+/// it (tonic would also decode `grpc-status-details-bin`, which these logs do not need).
 fn status_of(headers: &tonic::codegen::http::HeaderMap) -> (Code, String) {
-    let code = headers
-        .get("grpc-status")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| s.parse::<i32>().ok())
-        .map(Code::from)
-        .unwrap_or(Code::Ok);
-    let message = headers
-        .get("grpc-message")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    (code, message)
+    use tonic::codegen::http::HeaderMap;
+    let Some(code) = headers.get("grpc-status") else {
+        return (Code::Ok, String::new());
+    };
+    let mut status = HeaderMap::with_capacity(2);
+    status.insert("grpc-status", code.clone());
+    if let Some(message) = headers.get("grpc-message") {
+        status.insert("grpc-message", message.clone());
+    }
+    match tonic::Status::from_header_map(&status) {
+        Some(s) => (s.code(), s.message().to_owned()),
+        None => (Code::Ok, String::new()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_logged_message_is_the_handlers_text_not_its_percent_encoding() {
+        let text = "growing ext4 online needs CAP_SYS_RESOURCE: 100% \"done\", naïve";
+        let mut headers = tonic::codegen::http::HeaderMap::new();
+        tonic::Status::failed_precondition(text).add_header(&mut headers).ok();
+        let wire = headers
+            .get("grpc-message")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        assert_ne!(wire, text, "the wire form is encoded: {wire}");
+        assert_eq!(status_of(&headers), (Code::FailedPrecondition, text.to_owned()));
+        assert_eq!(status_of(&Default::default()), (Code::Ok, String::new()));
+    }
 
     #[test]
     fn labels_are_bounded() {

@@ -8,10 +8,10 @@ use hpp_api::constants::{DEFAULT_POOL_NAME, PARAM_STORAGE_POOL};
 
 use crate::csi;
 use crate::error::{Error, Result};
-use crate::metrics::DriverMetrics;
+use crate::metrics::{DriverMetrics, PoolPromises};
 use crate::mountinfo::MountTable;
 use crate::ops::expand::ExpansionMode;
-use crate::ops::ledger::Ledger;
+use crate::ops::ledger::{Budget, Ledger};
 use crate::pool::inflight::InFlight;
 use crate::pool::{Pool, PoolHealth};
 
@@ -119,8 +119,8 @@ impl DriverState {
             })
             .collect();
         if let Some(m) = &self.metrics {
-            for (name, h, shared) in &pools {
-                m.set_pool(name, h, *shared);
+            for ((name, h, shared), pool) in pools.iter().zip(&self.pools) {
+                m.set_pool(name, h, *shared, self.promises(pool, h));
             }
             for p in self.pools.iter() {
                 m.set_quota_backend(&p.name, p.quota.name());
@@ -134,6 +134,25 @@ impl DriverState {
         self.log_transitions(&report);
         self.health.reported();
         report
+    }
+
+    /// What an enforcing pool has promised and can still promise, as GetCapacity reckons it
+    /// (`None` for a pool that enforces nothing). Blocking: may read every volume's record
+    /// (usually answered from the ledger's memo).
+    fn promises(&self, pool: &Pool, health: &PoolHealth) -> Option<PoolPromises> {
+        if !pool.quota.enforces() {
+            return None;
+        }
+        if !health.usable {
+            return Some(PoolPromises::default());
+        }
+        match self.ledger.budget(pool, health) {
+            Ok(budget) => Some(promises_of(&budget)),
+            Err(e) => {
+                tracing::debug!(pool = %pool.name, error = %e, "cannot read the pool's promises for its gauges");
+                Some(PoolPromises::default())
+            }
+        }
     }
 
     /// Logs a pool when it becomes unusable (warning, with the reason) or usable again, and when
@@ -155,6 +174,15 @@ impl DriverState {
                 }
             }
         }
+    }
+}
+
+/// The gauges' view of a pool's budget; `available` is what GetCapacity answers.
+pub(crate) fn promises_of(budget: &Budget) -> PoolPromises {
+    PoolPromises {
+        promised: budget.committed,
+        promisable: budget.promisable,
+        available: budget.available(),
     }
 }
 

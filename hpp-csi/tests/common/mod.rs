@@ -97,6 +97,8 @@ impl Harness {
         let builder = Driver::builder()
             .node_id(NODE)
             .vendor_version("test")
+            // Pools live in fresh temporary trees.
+            .create_pool_parents(true)
             .endpoint(endpoint.clone())
             .metrics(metrics);
         let driver = configure(&root, builder).build().unwrap();
