@@ -33,6 +33,7 @@
 //! [`names`], configured by [`OperatorConfig`]; [`status`] derives KubeVirt's conditions and
 //! [`render`] prints every object offline.
 
+pub mod adopt;
 pub mod apply;
 pub mod controller;
 pub mod events;
