@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::build::{self, NewVolume};
 use super::keys;
 use super::placement::{Placement, place};
-use super::pools::{ClassInfo, Location, PoolInfo, id_problem, locate, normalise};
+use super::pools::{ClassInfo, Location, PoolInfo, id_problem, locate, normalise, relocate};
 use super::refusal::{Reason, Refusal};
 use super::source::{Source, Volume, classify};
 use crate::facts::NodeFact;
@@ -34,6 +34,8 @@ pub struct Inputs<'a> {
     pub volumes: &'a [PersistentVolume],
     /// `--storage-class`, when given (checked to be an hpp class beforehand).
     pub storage_class: Option<&'a str>,
+    /// `--moved`: directories renamed on the nodes, `(from, to)`.
+    pub moved: &'a [(String, String)],
 }
 
 /// What adopting one claim creates.
@@ -210,6 +212,11 @@ pub fn assess(claim: &PersistentVolumeClaim, pv: Option<&PersistentVolume>, inpu
         );
         return row;
     };
+    // A directory the user recorded as moved stays where the annotation says.
+    let dir = match annotation(pv, keys::MOVED_TO) {
+        Some(_) => dir,
+        None => relocate(&dir, inputs.moved),
+    };
     row.directory = Some(dir.clone());
     let on_node = row
         .node
@@ -256,7 +263,7 @@ pub fn assess(claim: &PersistentVolumeClaim, pv: Option<&PersistentVolume>, inpu
                 false => format!("{dir} is beside pool {}'s directory {}, not in it", pool.name, pool.dir),
             };
             let message = format!(
-                "{why}: on {on_node}, rename it into the pool (same filesystem: nothing is copied) with `mv {dir} {target}`, then `kubectl annotate pv {} {}={target}` and run adopt again",
+                "{why}: on {on_node}, rename it into the pool (same filesystem: nothing is copied) with `mv {dir} {target}`, then `kubectl annotate pv {} {}={target}` (or, for many, pass --moved FROM=TO) and run adopt again",
                 row.pv,
                 keys::MOVED_TO
             );

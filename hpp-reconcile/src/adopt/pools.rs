@@ -85,6 +85,37 @@ pub fn normalise(path: &str) -> Option<String> {
     Some(format!("/{}", parts.join("/")))
 }
 
+/// Parses `FROM=TO` (`--moved`): directories under `FROM` are now under `TO` (renamed on the
+/// nodes, same filesystem), both absolute paths.
+pub fn parse_moved(s: &str) -> Result<(String, String), String> {
+    let (from, to) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not FROM=TO (two absolute directories)"))?;
+    let path = |p: &str| normalise(p).ok_or_else(|| format!("{p:?} is not an absolute, normalised directory"));
+    let (from, to) = (path(from)?, path(to)?);
+    if from == to {
+        return Err(format!("{s:?} moves a directory onto itself"));
+    }
+    Ok((from, to))
+}
+
+/// `dir` after the renames in `moved` (the longest matching `FROM` wins); `dir` itself when
+/// none matches.
+pub fn relocate(dir: &str, moved: &[(String, String)]) -> String {
+    moved
+        .iter()
+        .filter(|(from, _)| dir == from || dir.starts_with(&format!("{}/", from.trim_end_matches('/'))))
+        .max_by_key(|(from, _)| from.len())
+        .map_or_else(
+            || dir.to_owned(),
+            |(from, to)| match &dir[from.len()..] {
+                "" => to.clone(),
+                rest if to == "/" => rest.to_owned(),
+                rest => format!("{to}{rest}"),
+            },
+        )
+}
+
 /// Where a directory sits relative to the pools.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Location<'a> {
@@ -267,6 +298,25 @@ mod tests {
         assert_eq!(normalise("var/x"), None);
         assert_eq!(normalise("/var/../etc"), None);
         assert_eq!(normalise("//var//x/").as_deref(), Some("/var/x"));
+    }
+
+    #[test]
+    fn moves_map_directories_under_one_path_to_another() {
+        let moved = vec![
+            parse_moved("/var/hpvolumes=/var/hpvolumes/csi").unwrap(),
+            parse_moved("/opt/local-path-provisioner/=/srv/lpp/csi").unwrap(),
+            parse_moved("/opt=/elsewhere").unwrap(),
+        ];
+        assert_eq!(relocate("/var/hpvolumes/pvc-1", &moved), "/var/hpvolumes/csi/pvc-1");
+        assert_eq!(
+            relocate("/opt/local-path-provisioner/pvc-2_ns_c", &moved),
+            "/srv/lpp/csi/pvc-2_ns_c"
+        );
+        assert_eq!(relocate("/opt/other/x", &moved), "/elsewhere/other/x");
+        assert_eq!(relocate("/var/hpvolumes2/x", &moved), "/var/hpvolumes2/x");
+        for bad in ["/a", "a=/b", "/a=b", "/a=/a", "/a/../b=/c"] {
+            assert!(parse_moved(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

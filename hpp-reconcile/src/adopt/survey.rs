@@ -30,6 +30,9 @@ pub struct Scope {
     pub selector: Option<String>,
     /// The StorageClass of every new PV and claim, instead of the one class serving the pool.
     pub storage_class: Option<String>,
+    /// Directories renamed on the nodes since their PVs were made: `(from, to)`, as
+    /// [`parse_moved`](super::pools::parse_moved) reads `--moved FROM=TO`.
+    pub moved: Vec<(String, String)>,
 }
 
 /// One claim: its row, and what carrying out its adoption needs.
@@ -204,6 +207,7 @@ pub fn survey(snap: &Snapshot, scope: &Scope) -> Result<Survey, AdoptError> {
         pods: &snap.pods,
         volumes: &snap.volumes,
         storage_class: scope.storage_class.as_deref(),
+        moved: &scope.moved,
     };
     let by_name: BTreeMap<&str, &PersistentVolume> = snap
         .volumes
