@@ -101,15 +101,16 @@ pub async fn adopt(client: &Client, survey: &Survey, opts: &RunOptions) -> Repor
         };
         let mut found = unit.row.clone();
         found.refusals.extend(outcome.refusals.iter().cloned());
-        let row = Row {
+        let mut row = Row {
             found,
             status: outcome.status,
             message: outcome.message.clone(),
         };
         if outcome.status == Status::Interrupted {
             stopped = true;
-        } else {
-            publish(&recorder, &row, &outcome).await;
+        } else if let Err(e) = publish(&recorder, &row, &outcome).await {
+            let note = format!("its Event could not be recorded: {e}");
+            row.message = Some(row.message.map_or(note.clone(), |m| format!("{m}; {note}")));
         }
         info!(
             namespace = %row.found.namespace, claim = %row.found.claim, status = row.status.as_str(),
@@ -394,8 +395,10 @@ fn regarding(ids: &Ids, o: &Observed) -> Option<ObjectReference> {
 
 /// The Event for `row`: `Adopted` when this run adopted it, `AdoptionFailed` when it needs
 /// attention; nothing for a claim this run found already adopted.
-async fn publish(recorder: &EventRecorder, row: &Row, outcome: &Outcome) {
-    let Some(regarding) = &outcome.regarding else { return };
+async fn publish(recorder: &EventRecorder, row: &Row, outcome: &Outcome) -> Result<(), kube::Error> {
+    let Some(regarding) = &outcome.regarding else {
+        return Ok(());
+    };
     let f = &row.found;
     let (type_, reason, note) = match row.status {
         Status::Adopted if outcome.steps > 0 => (
@@ -413,7 +416,7 @@ async fn publish(recorder: &EventRecorder, row: &Row, outcome: &Outcome) {
                 f.storage_class.as_deref().unwrap_or("?"),
             ),
         ),
-        Status::Adopted | Status::Adoptable | Status::InProgress | Status::Interrupted => return,
+        Status::Adopted | Status::Adoptable | Status::InProgress | Status::Interrupted => return Ok(()),
         Status::Refused => (
             EventType::Warning,
             REASON_ADOPTION_FAILED,
@@ -440,9 +443,9 @@ async fn publish(recorder: &EventRecorder, row: &Row, outcome: &Outcome) {
         action: "Adopt".into(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&event, regarding).await {
+    recorder.publish(&event, regarding).await.inspect_err(|e| {
         warn!(error = %e, claim = %f.claim, namespace = %f.namespace, "could not record the adoption Event");
-    }
+    })
 }
 
 fn truncate(mut note: String) -> String {
