@@ -187,17 +187,17 @@ pub fn survey(snap: &Snapshot, scope: &Scope) -> Result<Survey, AdoptError> {
         why,
     })?;
     let classes = hpp_classes(&snap.classes, &pools);
-    if let Some(wanted) = &scope.storage_class {
-        if !classes.iter().any(|c| &c.name == wanted) {
-            let why = match snap.classes.iter().find(|c| c.metadata.name.as_deref() == Some(wanted)) {
-                Some(c) => format!("its provisioner is {}, not {DRIVER_NAME}", c.provisioner),
-                None => "no such StorageClass".to_owned(),
-            };
-            return Err(AdoptError::StorageClass {
-                name: wanted.clone(),
-                why,
-            });
-        }
+    if let Some(wanted) = &scope.storage_class
+        && !classes.iter().any(|c| &c.name == wanted)
+    {
+        let why = match snap.classes.iter().find(|c| c.metadata.name.as_deref() == Some(wanted)) {
+            Some(c) => format!("its provisioner is {}, not {DRIVER_NAME}", c.provisioner),
+            None => "no such StorageClass".to_owned(),
+        };
+        return Err(AdoptError::StorageClass {
+            name: wanted.clone(),
+            why,
+        });
     }
     let inputs = Inputs {
         pools: &pools,
