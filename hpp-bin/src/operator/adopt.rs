@@ -153,9 +153,13 @@ fn confirm(survey: &Survey, console: Console<'_>) -> anyhow::Result<()> {
     }
     let adopting = survey.units.iter().filter(|u| u.actionable()).count();
     let refused = survey.units.len() - adopting;
+    let events = match refused {
+        0 => String::new(),
+        n => format!("; {n} refused claim(s) get an AdoptionFailed Event"),
+    };
     write!(
         console.prompt,
-        "{}Adopt {adopting} claim(s) (their directories stay where they are; {refused} refused claim(s) get an AdoptionFailed Event)? [y/N] ",
+        "{}Adopt {adopting} claim(s) (their directories stay where they are{events})? [y/N] ",
         table(&survey.report())
     )?;
     console.prompt.flush()?;

@@ -175,6 +175,37 @@ pub fn assess(claim: &PersistentVolumeClaim, pv: Option<&PersistentVolume>, inpu
         );
         refuse(&mut row, Reason::NotBound, message);
     }
+    // What the claim and PV alone tell, listed whatever else is wrong.
+    let users = pods_using(inputs.pods, &row.namespace, &row.claim);
+    if !users.is_empty() {
+        let message = format!(
+            "pods still use the claim: {}; scale their workloads down (or stop the VMs) first",
+            users.join(", ")
+        );
+        refuse(&mut row, Reason::InUse, message);
+    }
+    let request = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .map(|q| q.0.clone());
+    let capacity = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"))
+        .map(|q| q.0.clone());
+    if let (Some(request), Some(capacity)) = (&request, &capacity)
+        && let (Some(r), Some(c)) = (parse_bytes(request), parse_bytes(capacity))
+        && r > c
+    {
+        let message = format!(
+            "the claim requests {request} but its PersistentVolume holds {capacity} (an expansion the old provisioner never made?): the new PersistentVolume, of the same capacity, would not bind"
+        );
+        refuse(&mut row, Reason::RequestTooLarge, message);
+    }
     let path = match classify(pv) {
         Volume::Directory { source, path } => {
             row.source = Some(source);
@@ -334,36 +365,6 @@ pub fn assess(claim: &PersistentVolumeClaim, pv: Option<&PersistentVolume>, inpu
     }
     let class = pick_class(pool, inputs, &mut row.refusals);
     row.storage_class = class.map(|c| c.name.clone());
-    let users = pods_using(inputs.pods, &row.namespace, &row.claim);
-    if !users.is_empty() {
-        let message = format!(
-            "pods still use the claim: {}; scale their workloads down (or stop the VMs) first",
-            users.join(", ")
-        );
-        refuse(&mut row, Reason::InUse, message);
-    }
-    let request = claim
-        .spec
-        .as_ref()
-        .and_then(|s| s.resources.as_ref())
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get("storage"))
-        .map(|q| q.0.clone());
-    let capacity = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.capacity.as_ref())
-        .and_then(|c| c.get("storage"))
-        .map(|q| q.0.clone());
-    if let (Some(request), Some(capacity)) = (&request, &capacity)
-        && let (Some(r), Some(c)) = (parse_bytes(request), parse_bytes(capacity))
-        && r > c
-    {
-        let message = format!(
-            "the claim requests {request} but its PersistentVolume holds {capacity} (an expansion the old provisioner never made?): the new PersistentVolume, of the same capacity, would not bind"
-        );
-        refuse(&mut row, Reason::RequestTooLarge, message);
-    }
     let new_pv_name = keys::new_pv_name(&row.pv);
     row.new_pv = Some(new_pv_name.clone());
     for other in inputs.volumes {
