@@ -974,3 +974,60 @@ async fn namespace_and_selector_narrow_the_claims() {
     let report = real_run(&fake, &only_cache, None).await;
     assert_eq!(report.summary, "adopt: 2 Adopted (2 claims)", "{report:#?}");
 }
+
+/// A patch that finds its object changed since it was read (the PV controller binding the new
+/// claim) is decided again from a fresh read; an API error fails the claim, and the same
+/// command goes on from there.
+#[tokio::test]
+async fn conflicts_are_read_again_and_errors_are_resumed() {
+    use hpp_reconcile::testkit::FailureRule;
+    let fake = cluster();
+    seed_bound(&fake, "vm-disk", kubevirt_legacy_pv("pvc-1", "node-a"));
+    seed_bound(&fake, "cache", local_path_pv("pvc-2", "cache"));
+    fake.fail_requests(
+        FailureRule::new(409)
+            .method(http::Method::PATCH)
+            .path_contains("/persistentvolumes/pvc-1-hpp")
+            .times(2),
+    );
+    fake.fail_requests(
+        FailureRule::new(503)
+            .method(http::Method::DELETE)
+            .path_contains("/persistentvolumeclaims/cache")
+            .times(1),
+    );
+    let first = real_run(&fake, &Scope::default(), None).await;
+    assert_eq!(row(&first, "vm-disk").status, Status::Adopted, "{first:#?}");
+    let failed = row(&first, "cache");
+    assert_eq!(failed.status, Status::Failed, "{failed:#?}");
+    assert!(
+        failed.message.as_deref().unwrap().contains("DeleteOldClaim"),
+        "{failed:#?}"
+    );
+    assert_data_safe(&fake, "pvc-2", "cache", "after a failed delete");
+    assert_eq!(
+        real_run(&fake, &Scope::default(), None).await.summary,
+        "adopt: 1 Adopted (1 claim)"
+    );
+
+    // An object that keeps changing is given up on, to be run again.
+    let fake = cluster();
+    seed_bound(&fake, "vm-disk", kubevirt_legacy_pv("pvc-1", "node-a"));
+    fake.fail_requests(
+        FailureRule::new(409)
+            .method(http::Method::PATCH)
+            .path_contains("/persistentvolumes/pvc-1"),
+    );
+    let r = real_run(&fake, &Scope::default(), None).await;
+    let stuck = row(&r, "vm-disk");
+    assert_eq!(stuck.status, Status::Failed, "{stuck:#?}");
+    assert!(
+        stuck.message.as_deref().unwrap().contains("kept changing"),
+        "{stuck:#?}"
+    );
+    fake.clear_failures();
+    assert_eq!(
+        real_run(&fake, &Scope::default(), None).await.summary,
+        "adopt: 1 Adopted (1 claim)"
+    );
+}

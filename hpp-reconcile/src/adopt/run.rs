@@ -27,6 +27,17 @@ pub const REASON_ADOPTION_FAILED: &str = "AdoptionFailed";
 pub const EVENT_CONTROLLER: &str = "hpp-operator-adopt";
 /// Longest Event note the API accepts is 1 kB.
 const MAX_NOTE: usize = 1024;
+/// How many times in a row a step may find its object changed since it was read.
+const MAX_CONFLICTS: usize = 5;
+
+/// What a step's call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Acted {
+    /// It took effect (or its effect was already there).
+    Done,
+    /// The object changed since it was read (409 on a patch carrying its resourceVersion).
+    Conflict,
+}
 
 /// How a real run behaves.
 #[derive(Clone, Debug)]
@@ -132,6 +143,7 @@ async fn carry_out(client: &Client, unit: &Unit, opts: &RunOptions, budget: &mut
     let refused = !unit.row.refusals.is_empty();
     let mut outcome = Outcome::new(Status::Failed, None);
     let mut undone = 0;
+    let mut conflicts = 0;
     let mut waiting_since: Option<Instant> = None;
     let mut last: Option<Next> = None;
     loop {
@@ -165,17 +177,30 @@ async fn carry_out(client: &Client, unit: &Unit, opts: &RunOptions, budget: &mut
                 }
                 let done = match next {
                     Next::Do(step) => act(step, unit, ids, &o, &claims, &volumes).await,
-                    Next::Undo(undo) => {
-                        undone += 1;
-                        act_undo(undo, ids, &o, &volumes).await
-                    }
-                    _ => Ok(()),
+                    Next::Undo(undo) => act_undo(undo, ids, &o, &volumes).await,
+                    _ => Ok(Acted::Done),
                 };
-                if let Err(e) = done {
-                    outcome.message = Some(format!("{e}; run again"));
-                    return outcome;
+                match done {
+                    Err(e) => {
+                        outcome.message = Some(format!("{e}; run again"));
+                        return outcome;
+                    }
+                    // Someone (the PV controller binding a claim, most likely) changed the
+                    // object since it was read: read it again and decide again.
+                    Ok(Acted::Conflict) if conflicts < MAX_CONFLICTS => {
+                        conflicts += 1;
+                        last = None;
+                        continue;
+                    }
+                    Ok(Acted::Conflict) => {
+                        outcome.message = Some(format!("{next:?}: the object kept changing under it; run again"));
+                        return outcome;
+                    }
+                    Ok(Acted::Done) => {
+                        outcome.steps += 1;
+                        undone += usize::from(matches!(next, Next::Undo(_)));
+                    }
                 }
-                outcome.steps += 1;
             }
             Next::Wait(users) => {
                 let since = *waiting_since.get_or_insert_with(Instant::now);
@@ -258,7 +283,7 @@ async fn act(
     o: &Observed,
     claims: &Api<PersistentVolumeClaim>,
     volumes: &Api<PersistentVolume>,
-) -> Result<(), String> {
+) -> Result<Acted, String> {
     let what = |e: kube::Error| format!("{step:?}: {e}");
     match step {
         Step::RetainOldPv => {
@@ -274,11 +299,7 @@ async fn act(
             let plan = unit
                 .plan()
                 .ok_or("CreateNewPv: nothing to create (the claim was not assessed adoptable)")?;
-            tolerate(
-                volumes.create(&PostParams::default(), &plan.new_pv).await.map(drop),
-                409,
-            )
-            .map_err(what)
+            created(volumes.create(&PostParams::default(), &plan.new_pv).await).map_err(what)
         }
         Step::DeleteOldClaim => delete_exact(claims, &ids.claim, &ids.claim_uid).await.map_err(what),
         Step::CreateNewClaim => {
@@ -287,7 +308,7 @@ async fn act(
                 .as_ref()
                 .ok_or("CreateNewClaim: the new PersistentVolume is gone")?;
             let template = claim_template(new).map_err(|e| format!("CreateNewClaim: {e}"))?;
-            tolerate(claims.create(&PostParams::default(), &template).await.map(drop), 409).map_err(what)
+            created(claims.create(&PostParams::default(), &template).await).map_err(what)
         }
         Step::DeleteOldPv => {
             let uid = o
@@ -307,7 +328,7 @@ async fn act(
 }
 
 /// Does `undo`.
-async fn act_undo(undo: Undo, ids: &Ids, o: &Observed, volumes: &Api<PersistentVolume>) -> Result<(), String> {
+async fn act_undo(undo: Undo, ids: &Ids, o: &Observed, volumes: &Api<PersistentVolume>) -> Result<Acted, String> {
     let what = |e: kube::Error| format!("{undo:?}: {e}");
     match undo {
         Undo::DeleteNewPv => {
@@ -330,20 +351,22 @@ async fn act_undo(undo: Undo, ids: &Ids, o: &Observed, volumes: &Api<PersistentV
     }
 }
 
-/// A merge patch (carrying the resourceVersion it was computed from: a concurrent change fails
-/// it with 409 instead of being overwritten).
-async fn merge<K>(api: &Api<K>, name: &str, patch: Value) -> Result<(), kube::Error>
+/// A merge patch carrying the resourceVersion it was computed from: a concurrent change fails
+/// it with 409 ([`Acted::Conflict`]) instead of being overwritten.
+async fn merge<K>(api: &Api<K>, name: &str, patch: Value) -> Result<Acted, kube::Error>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(drop)
+    match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(Acted::Done),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Acted::Conflict),
+        Err(e) => Err(e),
+    }
 }
 
 /// Deletes with a uid precondition; already gone, or replaced by another object of that name
 /// (the precondition fails), is not an error: the next look decides.
-async fn delete_exact<K>(api: &Api<K>, name: &str, uid: &str) -> Result<(), kube::Error>
+async fn delete_exact<K>(api: &Api<K>, name: &str, uid: &str) -> Result<Acted, kube::Error>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -355,16 +378,19 @@ where
         ..DeleteParams::background()
     };
     match api.delete(name, &params).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Ok(_) => Ok(Acted::Done),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Acted::Done),
         Err(e) => Err(e),
     }
 }
 
-fn tolerate(result: Result<(), kube::Error>, code: u16) -> Result<(), kube::Error> {
+/// A create; one that finds the object already there (409) counts as done: the next look
+/// decides whether it is the right one.
+fn created<K>(result: Result<K, kube::Error>) -> Result<Acted, kube::Error> {
     match result {
-        Err(kube::Error::Api(s)) if s.code == code => Ok(()),
-        other => other,
+        Ok(_) => Ok(Acted::Done),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Acted::Done),
+        Err(e) => Err(e),
     }
 }
 
