@@ -973,6 +973,17 @@ async fn namespace_and_selector_narrow_the_claims() {
     assert!(claim(&fake, "vm-disk").is_none());
     let report = real_run(&fake, &only_cache, None).await;
     assert_eq!(report.summary, "adopt: 2 Adopted (2 claims)", "{report:#?}");
+    // Stopped after step 1 (its claim still there, without the label asked for): the same.
+    let fake = cluster();
+    seed_two(&fake);
+    real_run(&fake, &only_vm, Some(1)).await;
+    assert!(pv(&fake, "pvc-1").unwrap().annotations().contains_key(keys::ADOPT_INTO));
+    let plan = dry_run(&fake, &only_cache).await;
+    assert_eq!(row(&plan, "vm-disk").status, Status::InProgress, "{plan:#?}");
+    assert_eq!(
+        real_run(&fake, &only_cache, None).await.summary,
+        "adopt: 2 Adopted (2 claims)"
+    );
 }
 
 /// A patch that finds its object changed since it was read (the PV controller binding the new

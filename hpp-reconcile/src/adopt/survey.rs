@@ -158,11 +158,30 @@ pub async fn read(client: &Client, scope: &Scope) -> Result<Snapshot, AdoptError
         Some(s) => ListParams::default().labels(s),
         None => ListParams::default(),
     };
-    let claims: Vec<PersistentVolumeClaim> = claims_api
+    let mut claims: Vec<PersistentVolumeClaim> = claims_api
         .list(&claim_params)
         .await
         .map_err(AdoptError::kube("list", "PersistentVolumeClaims"))?
         .items;
+    // Claims of adoptions already started are finished whatever their labels: read those the
+    // selector left out.
+    let in_scope = |ns: &str| scope.namespace.as_deref().is_none_or(|s| s == ns);
+    for (ns, name) in started_claims(&volumes) {
+        let listed = claims.iter().any(|c| {
+            c.metadata.namespace.as_deref() == Some(ns.as_str()) && c.metadata.name.as_deref() == Some(name.as_str())
+        });
+        if listed || !in_scope(&ns) {
+            continue;
+        }
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        if let Some(claim) = api
+            .get_opt(&name)
+            .await
+            .map_err(AdoptError::kube("get", format!("PersistentVolumeClaim {ns}/{name}")))?
+        {
+            claims.push(claim);
+        }
+    }
     let pods: Vec<Pod> = pods_api
         .list(&all)
         .await
@@ -282,6 +301,15 @@ pub fn survey(snap: &Snapshot, scope: &Scope) -> Result<Survey, AdoptError> {
     Ok(Survey {
         units: units.into_values().collect(),
     })
+}
+
+/// The claims (namespace, name) of the adoptions the PVs show under way.
+fn started_claims(volumes: &[PersistentVolume]) -> Vec<(String, String)> {
+    volumes
+        .iter()
+        .filter_map(resumed)
+        .map(|u| (u.row.namespace, u.row.claim))
+        .collect()
 }
 
 fn annotation<'a>(pv: &'a PersistentVolume, key: &str) -> Option<&'a str> {
