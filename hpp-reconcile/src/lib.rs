@@ -31,8 +31,10 @@
 //! CSIDriver, SCC, CSI DaemonSet, legacy DaemonSet, storage pools, Prometheus, the report-only
 //! checks, node loss) with the names in
 //! [`names`], configured by [`OperatorConfig`]; [`status`] derives KubeVirt's conditions and
-//! [`render`] prints every object offline.
+//! [`render`] prints every object offline. [`adopt`] (`hpp-operator adopt`) turns volumes of
+//! other hostPath provisioners into volumes of hpp's CSI driver in place.
 
+pub mod adopt;
 pub mod apply;
 pub mod controller;
 pub mod events;

@@ -23,6 +23,9 @@ fn immutable_paths(group: &str, plural: &str) -> &'static [&'static str] {
             "/spec/dataSourceRef",
             "/spec/volumeName",
         ],
+        // `spec.persistentvolumesource is immutable after creation`: the volume a PV names
+        // never changes; another volume needs another PV.
+        ("", "persistentvolumes") => &["/spec/hostPath", "/spec/local", "/spec/csi", "/spec/nfs"],
         ("", "services") => &["/spec/clusterIP"],
         _ => &[],
     }

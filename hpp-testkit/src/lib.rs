@@ -20,12 +20,15 @@
 //! - the `/status` split for kinds with a status subresource, `metadata.generation` bumped on
 //!   spec changes only, no-op writes that keep the `resourceVersion` and emit no event;
 //!   immutable fields refused with 422 (workload selectors, Job templates, StorageClass
-//!   parameters, CSIDriver `attachRequired`, binding `roleRef`, PVC spec, immutable ConfigMaps);
+//!   parameters, CSIDriver `attachRequired`, binding `roleRef`, PVC spec, a PV's volume source,
+//!   immutable ConfigMaps);
 //! - delete with finalizers (`deletionTimestamp`, removal when the last finalizer goes),
 //!   delete-collection, preconditions, and synchronous owner-reference garbage collection
 //!   (Background deletes dependents whose owners are all gone, Foreground deletes dependents
 //!   first and holds the owner with `foregroundDeletion` while `blockOwnerDeletion` dependents
 //!   remain, Orphan strips the reference); deleting a Namespace deletes its contents;
+//! - opt-in claim in-use protection ([`FakeApiServer::protect_claims_in_use`]): the
+//!   `kubernetes.io/pvc-protection` finalizer holds a deleted claim while a pod uses it;
 //! - metadata-only requests (`get_metadata`, `list_metadata`, `metadata_watcher`);
 //! - discovery (`/api`, `/apis`, aggregated discovery) listing exactly the served kinds,
 //!   `/version`; creating a CustomResourceDefinition serves its kinds, deleting it stops them;
@@ -78,6 +81,7 @@ mod kinds;
 mod ops;
 mod patch;
 mod path;
+mod protection;
 mod record;
 mod selectors;
 mod ssa;
@@ -340,6 +344,14 @@ impl FakeApiServer {
         };
         let key = ObjKey::new(&kind, namespace, name);
         state.begin_delete(&key, Propagation::Background).is_some()
+    }
+
+    /// Turns on claim in-use protection, as a real cluster has it: every claim created from
+    /// now on (seeded ones too) gets the `kubernetes.io/pvc-protection` finalizer, and a claim
+    /// being deleted keeps it, and so stays (with a `deletionTimestamp`), while a pod that is
+    /// not `Succeeded` or `Failed` uses it. Deleting or finishing the last such pod lets it go.
+    pub fn protect_claims_in_use(&self) {
+        lock(&self.inner).protect_claims = true;
     }
 
     /// Every request received so far, in order (including failed ones).

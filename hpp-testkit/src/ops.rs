@@ -138,6 +138,9 @@ impl State {
             remove_meta(&mut obj, "deletionTimestamp");
             remove_meta(&mut obj, "deletionGracePeriodSeconds");
         }
+        if self.protect_claims {
+            super::protection::admit(&key, &mut obj);
+        }
         if dry_run {
             return Ok(obj);
         }

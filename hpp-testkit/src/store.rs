@@ -95,6 +95,10 @@ pub(crate) struct State {
     pub down: bool,
     /// Bumped whenever the server goes down, which ends every open watch.
     pub down_tx: watch::Sender<u64>,
+    /// Claims get the pvc-protection finalizer and lose it once unused (see `protection`).
+    pub protect_claims: bool,
+    /// Set while the protection controller commits, so its own writes do not re-enter it.
+    pub protection_running: bool,
 }
 
 /// `now` in the RFC 3339, whole-second form the API server uses.
@@ -166,6 +170,8 @@ impl State {
             failures: Vec::new(),
             down: false,
             down_tx,
+            protect_claims: false,
+            protection_running: false,
         }
     }
 
@@ -236,6 +242,7 @@ impl State {
             old,
             object: new.clone(),
         });
+        self.after_storage_change(key);
         new
     }
 
@@ -264,6 +271,7 @@ impl State {
             self.release_foreground(&owner);
         }
         self.sync_crd(key, &obj, false);
+        self.after_storage_change(key);
         Some(obj)
     }
 

@@ -1,6 +1,7 @@
 //! The `hpp-operator` executable's command line and its subcommands: `run` (default), `render`,
-//! `crd`; plus the pool `mounter` used by the `hpp-mounter` executable.
+//! `crd`, `webhook`, `adopt`; plus the pool `mounter` used by the `hpp-mounter` executable.
 
+pub mod adopt;
 pub mod leader;
 pub mod mounter;
 pub mod render;
@@ -36,6 +37,9 @@ pub enum Command {
     Crd,
     /// Serve only the admission webhook (no controller).
     Webhook(WebhookCommand),
+    /// Adopt volumes of other hostPath provisioners into hpp's CSI driver, in place (nothing is
+    /// copied): `--dry-run` lists each Bound claim, what it would become, or why not.
+    Adopt(adopt::AdoptArgs),
 }
 
 /// Arguments of `webhook`.
@@ -68,6 +72,7 @@ pub async fn main(args: Args) -> anyhow::Result<()> {
         Some(Command::Run(a)) => run::run(a).await,
         Some(Command::Render(a)) => render::main(&a),
         Some(Command::Crd) => print_stdout(&hpp_api::crd::crd_yaml()?),
+        Some(Command::Adopt(a)) => adopt::main(a).await,
         Some(Command::Webhook(w)) => {
             let _telemetry = crate::telemetry::init("hpp-operator-webhook", w.log_format)?;
             let _ = rustls::crypto::ring::default_provider().install_default();
