@@ -2,6 +2,7 @@
 //! `hpp-provisioner`): logging, telemetry, the metrics/health server and signal handling.
 
 pub mod admin;
+pub mod columns;
 pub mod csi_driver;
 pub mod memory;
 pub mod metrics_tls;

@@ -231,37 +231,13 @@ impl Reply {
                 serde_saphyr::to_string(&self.value).map_err(|e| CallError::Format(e.to_string()))?
             }
             None if self.headers.is_empty() => self.rows.iter().map(|r| r.join(" ")).collect::<Vec<_>>().join("\n"),
-            None => table(&self.headers, &self.rows),
+            None => crate::columns::columns(&self.headers, &self.rows),
         };
         if !out.ends_with('\n') {
             out.push('\n');
         }
         Ok(out)
     }
-}
-
-/// Left-aligned columns separated by three spaces, as kubectl prints them.
-fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut l = String::new();
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            if i + 1 == cells.len() {
-                l.push_str(cell);
-            } else {
-                l.push_str(&format!("{cell:<w$}   "));
-            }
-        }
-        l.trim_end().to_owned()
-    };
-    let mut out = vec![line(headers.to_vec())];
-    out.extend(rows.iter().map(|r| line(r.iter().map(String::as_str).collect())));
-    out.join("\n")
 }
 
 /// Bytes in binary units, as `kubectl` shows quantities: `10Gi`, `1.5Mi`, `512`.

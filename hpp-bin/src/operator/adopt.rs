@@ -203,12 +203,12 @@ const HEADERS: [&str; 11] = [
 /// for what does not apply, then the summary line.
 pub fn table(report: &Report) -> String {
     let none = |v: Option<&str>| v.filter(|s| !s.is_empty()).unwrap_or("<none>").to_owned();
-    let rows: Vec<[String; 11]> = report
+    let rows: Vec<Vec<String>> = report
         .claims
         .iter()
         .map(|r| {
             let f = &r.found;
-            [
+            vec![
                 f.namespace.clone(),
                 f.claim.clone(),
                 f.pv.clone(),
@@ -226,29 +226,10 @@ pub fn table(report: &Report) -> String {
             ]
         })
         .collect();
-    let mut widths = HEADERS.map(str::len);
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let last = cells.len() - 1;
-        let mut l = String::new();
-        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
-            match i == last {
-                true => l.push_str(cell),
-                false => l.push_str(&format!("{cell:<w$}   ")),
-            }
-        }
-        l.trim_end().to_owned() + "\n"
-    };
     let mut out = String::new();
     if !rows.is_empty() {
-        out.push_str(&line(HEADERS.to_vec()));
-        for row in &rows {
-            out.push_str(&line(row.iter().map(String::as_str).collect()));
-        }
+        out.push_str(&crate::columns::columns(&HEADERS, &rows));
+        out.push('\n');
     }
     out.push_str(&report.summary);
     out.push('\n');
