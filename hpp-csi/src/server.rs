@@ -256,6 +256,7 @@ impl DriverBuilder {
                 health_interval: self.health_interval,
                 health: Default::default(),
                 mounts: Default::default(),
+                listings: Default::default(),
             }),
             endpoint: self.endpoint,
         })

@@ -109,6 +109,11 @@ pub struct Args {
     /// With `--go-driver-bin`: only that comparison (no floors, no other rounds).
     #[arg(long, requires = "go_driver_bin")]
     go_only: bool,
+    /// Only the driver next to N volumes in one pool, for each N of this list (e.g.
+    /// `10000,100000`): start-up, first GetCapacity, ListVolumes of every page, memory, and
+    /// CreateVolume/DeleteVolume throughput, with each figure's growth (see `bench_scale`).
+    #[arg(long, value_name = "N,M,...", value_delimiter = ',')]
+    volume_scale: Vec<usize>,
     /// `--operator`: the operator's steady resident memory (see `bench_operator`).
     #[command(flatten)]
     operator: crate::bench_operator::OperatorArgs,
@@ -127,6 +132,16 @@ pub struct Args {
 }
 
 impl Args {
+    /// The `hpp-csi-driver` executable to measure instead of this binary, when given.
+    pub fn driver_bin(&self) -> Option<&Path> {
+        self.driver_bin.as_deref()
+    }
+
+    /// Operations per measurement.
+    pub fn ops(&self) -> usize {
+        self.ops
+    }
+
     /// The Go driver to compare with, when `--go-driver-bin` is given.
     fn go_driver(&self) -> Option<crate::bench_go::GoDriver> {
         self.go_driver_bin.clone().map(|bin| crate::bench_go::GoDriver {
@@ -293,6 +308,9 @@ async fn suite(dir: &Path, label: &str, args: &Args) -> anyhow::Result<()> {
     println!("=== {label}: {}", dir.display());
     if args.go_only {
         return compare_with_go(dir, args, root).await;
+    }
+    if !args.volume_scale.is_empty() {
+        return crate::bench_scale::run(dir, &args.volume_scale, args).await;
     }
     let driver_dir = dir.join("driver");
     let driver = spawn_hpp(args, &driver_dir).await?;
@@ -514,7 +532,13 @@ async fn empty_calls(dir: &Path, n: usize) -> anyhow::Result<EmptyCalls> {
 }
 
 /// Runs `call(client, i)` for i in 0..n on `conc` tasks; a failed call names the RPC and `i`.
-async fn each<C, F, Fut>(rpc: &'static str, n: usize, conc: usize, client: C, call: F) -> anyhow::Result<Stats>
+pub(crate) async fn each<C, F, Fut>(
+    rpc: &'static str,
+    n: usize,
+    conc: usize,
+    client: C,
+    call: F,
+) -> anyhow::Result<Stats>
 where
     C: Clone + Send + Sync + 'static,
     F: Fn(C, usize) -> Fut + Send + Sync + 'static,
@@ -861,7 +885,7 @@ pub(crate) async fn fill(ch: &Channel, total: usize) -> anyhow::Result<Stats> {
 }
 
 /// Lists every volume in pages of 500; returns how many and how long it took.
-async fn list_all(ch: &Channel) -> anyhow::Result<(usize, Duration)> {
+pub(crate) async fn list_all(ch: &Channel) -> anyhow::Result<(usize, Duration)> {
     let mut c = ControllerClient::new(ch.clone());
     let (mut token, mut listed) = (String::new(), 0);
     let start = Instant::now();

@@ -19,6 +19,7 @@ pub mod bench_layer;
 pub mod bench_operator;
 pub mod bench_proc;
 pub mod bench_quota;
+pub mod bench_scale;
 pub mod bench_serve;
 pub mod bench_stats;
 pub mod bench_validation;

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::ops::volumes;
-use crate::pool::{Pool, PoolHealth};
+use crate::pool::{DirStamp as Stamp, Pool, PoolHealth};
 
 /// The longest a pool's memo is trusted without a full scan.
 pub const MEMO_MAX_AGE: Duration = Duration::from_secs(60);
@@ -51,16 +51,6 @@ struct Memo {
     total: u64,
     stamp: Stamp,
     scanned: Instant,
-}
-
-/// What changes when an entry of the pool directory is made, removed or renamed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    dev: u64,
-    ino: u64,
-    nlink: u64,
-    mtime: (i128, i128),
-    ctime: (i128, i128),
 }
 
 /// What a pool has promised and can still promise, in bytes.
@@ -260,18 +250,8 @@ impl Memo {
 }
 
 /// The pool directory's stamp now.
-#[allow(clippy::useless_conversion)] // stat field types differ between architectures
 fn stamp(pool: &Pool) -> Result<Stamp> {
-    let dir = pool.open()?;
-    let st = rustix::fs::fstat(&dir).map_err(|e| Error::io(format!("stat of storage pool {}", pool.name), e))?;
-    Ok(Stamp {
-        // Field types differ between architectures; every one fits these.
-        dev: u64::from(st.st_dev),
-        ino: u64::from(st.st_ino),
-        nlink: u64::from(st.st_nlink),
-        mtime: (i128::from(st.st_mtime), i128::from(st.st_mtime_nsec)),
-        ctime: (i128::from(st.st_ctime), i128::from(st.st_ctime_nsec)),
-    })
+    pool.stamp()
 }
 
 /// Reads every volume's record. The stamp is taken first, so a change during the scan makes

@@ -105,6 +105,16 @@ impl TrashBook {
     }
 }
 
+/// What changes when an entry of the pool directory is made, removed or renamed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DirStamp {
+    dev: u64,
+    ino: u64,
+    nlink: u64,
+    mtime: (i128, i128),
+    ctime: (i128, i128),
+}
+
 /// Shared syncs of one directory: its entries (`fsync` of the directory) and the data written
 /// below it (`syncfs`, for copies).
 #[derive(Debug, Default)]
@@ -215,6 +225,21 @@ impl Pool {
             trash_book: Arc::default(),
         };
         Ok(Planned { pool, make })
+    }
+
+    /// The pool directory's stamp now: it changes with every entry made, removed or renamed
+    /// in it, so a listing or a scan stamped with it can tell whether it is still current.
+    pub(crate) fn stamp(&self) -> Result<DirStamp> {
+        let dir = self.open()?;
+        let st = rustix::fs::fstat(&dir).map_err(|e| Error::io(format!("stat of storage pool {}", self.name), e))?;
+        Ok(DirStamp {
+            // Field types differ between architectures; every one fits these.
+            dev: u64::from(st.st_dev),
+            ino: u64::from(st.st_ino),
+            nlink: u64::from(st.st_nlink),
+            mtime: (i128::from(st.st_mtime), i128::from(st.st_mtime_nsec)),
+            ctime: (i128::from(st.st_ctime), i128::from(st.st_ctime_nsec)),
+        })
     }
 
     /// What is known of the trash's entries.

@@ -430,28 +430,18 @@ impl ControllerService {
 
     async fn list_volumes_inner(&self, req: csi::ListVolumesRequest) -> Result<csi::ListVolumesResponse> {
         let state = self.state.clone();
-        // Ids and pool indexes only (plus the recorded size where the pool enforces sizes):
-        // entries are built for the requested page alone.
+        // The sorted view of every pool, reused by the next pages while no pool changed
+        // (`listing`); entries are built for the requested page alone.
         let (all, health) = blocking(move || {
             let mounts = state.mount_table().unwrap_or_default();
-            let mut all = Vec::new();
-            let mut health = Vec::new();
-            for (idx, pool) in state.pools.iter().enumerate() {
-                health.push(pool.health(&mounts));
-                if let Ok(ids) = pool.list_volumes() {
-                    all.extend(ids.into_iter().map(|id| {
-                        let size = enforced_size(pool, &id);
-                        (id, idx, size)
-                    }));
-                }
-            }
-            Ok((all, health))
+            let health: Vec<PoolHealth> = state.pools.iter().map(|p| p.health(&mounts)).collect();
+            Ok((state.listings.current(&state.pools), health))
         })
         .await?;
         let pools = &self.state.pools;
-        let page = pagination::paginate(
-            all,
-            |(id, idx, _)| pool_key(id, &pools[*idx].name),
+        let page = pagination::page_of(
+            &all,
+            |e| pool_key(&e.id, &pools[e.pool].name),
             req.max_entries,
             &req.starting_token,
         )?;
@@ -459,18 +449,18 @@ impl ControllerService {
         let entries = page
             .items
             .into_iter()
-            .map(|(id, idx, size)| csi::list_volumes_response::Entry {
+            .map(|e| csi::list_volumes_response::Entry {
                 volume: Some(caps::volume(
-                    &id,
-                    &pools[idx],
-                    size.unwrap_or_else(|| caps::listed_capacity(&health[idx])),
+                    &e.id,
+                    &pools[e.pool],
+                    e.size.unwrap_or_else(|| caps::listed_capacity(&health[e.pool])),
                     Default::default(),
                     None,
                     &topology,
                 )),
                 status: Some(csi::list_volumes_response::VolumeStatus {
                     published_node_ids: vec![self.state.node_id.clone()],
-                    volume_condition: Some(caps::condition(&health[idx], true)),
+                    volume_condition: Some(caps::condition(&health[e.pool], true)),
                 }),
             })
             .collect();

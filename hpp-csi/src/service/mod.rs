@@ -7,6 +7,7 @@ pub mod authority;
 pub mod controller;
 pub mod health;
 pub mod identity;
+pub mod listing;
 pub mod node;
 pub mod pagination;
 pub mod rpc_layer;

@@ -21,8 +21,21 @@ pub type Key = (String, String);
 
 /// Cuts a page out of `items`, sorted here by `key`, starting at the first item whose key is
 /// `>=` the key in `starting_token`. `max_entries == 0` means no limit; negative is invalid.
-pub fn paginate<T>(
+pub fn paginate<T: Clone>(
     mut items: Vec<T>,
+    key: impl Fn(&T) -> Key,
+    max_entries: i32,
+    starting_token: &str,
+) -> Result<Page<T>> {
+    items.sort_by_cached_key(&key);
+    page_of(&items, key, max_entries, starting_token)
+}
+
+/// [`paginate`] over items already sorted by `key`: finds the page's start by binary search
+/// and copies out only that page, so walking every page of a large listing costs one pass,
+/// not one per page.
+pub fn page_of<T: Clone>(
+    sorted: &[T],
     key: impl Fn(&T) -> Key,
     max_entries: i32,
     starting_token: &str,
@@ -32,32 +45,27 @@ pub fn paginate<T>(
             "max_entries must not be negative, got {max_entries}"
         )));
     }
-    let start = if starting_token.is_empty() {
-        None
+    let first = if starting_token.is_empty() {
+        0
     } else {
-        Some(parse_token(starting_token).ok_or_else(|| {
+        let start = parse_token(starting_token).ok_or_else(|| {
             Error::Aborted(format!(
                 "starting_token {starting_token:?} was not issued by this driver"
             ))
-        })?)
+        })?;
+        sorted.partition_point(|t| key(t) < start)
     };
-    items.sort_by_cached_key(&key);
-    let mut rest: Vec<T> = match &start {
-        None => items,
-        Some(start) => items.into_iter().filter(|t| key(t) >= *start).collect(),
-    };
+    let rest = sorted.get(first..).unwrap_or_default();
     let limit = usize::try_from(max_entries).unwrap_or(0);
     if limit == 0 || rest.len() <= limit {
         return Ok(Page {
-            items: rest,
+            items: rest.to_vec(),
             next_token: String::new(),
         });
     }
-    let tail = rest.split_off(limit);
-    let next_token = tail.first().map(|t| encode(&key(t))).unwrap_or_default();
     Ok(Page {
-        items: rest,
-        next_token,
+        items: rest[..limit].to_vec(),
+        next_token: rest.get(limit).map(|t| encode(&key(t))).unwrap_or_default(),
     })
 }
 

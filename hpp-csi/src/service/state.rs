@@ -47,6 +47,8 @@ pub struct DriverState {
     pub(crate) health: crate::service::health::HealthClock,
     /// The mount table, re-read only after it changed.
     pub(crate) mounts: hpp_fs::MountTableCache,
+    /// ListVolumes' view of the pools, reused across pages.
+    pub(crate) listings: crate::service::listing::Listings,
 }
 
 /// Health of every pool, measured together.

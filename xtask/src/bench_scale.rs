@@ -1,0 +1,161 @@
+//! `cargo xtask bench --volume-scale 10000,100000`: the driver with a pool already holding N
+//! volumes, for each N, on the same fresh filesystem: start-up until it answers Probe, the
+//! first GetCapacity, ListVolumes over every page (pages of 500, as the csi-provisioner's
+//! capacity code and the health monitor walk them), resident memory, and CreateVolume and
+//! DeleteVolume throughput at c=16 next to the N volumes. Each figure is printed with its
+//! growth from the first size to the last: what a node with ten times the volumes costs.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use hpp_csi::csi::{self, controller_client::ControllerClient, identity_client::IdentityClient};
+
+use crate::bench::{Args, create_request};
+use crate::bench_proc::ProcStatus;
+use crate::bench_serve::{Kind, Server, driver_pools};
+use crate::bench_stats::{Stats, Table, fmt_d, ratio, ratio_d};
+
+/// What was measured at one size.
+#[derive(Debug, Clone)]
+struct AtSize {
+    volumes: usize,
+    ready: Duration,
+    first_capacity: Duration,
+    list_all: Duration,
+    listed: usize,
+    rss_after_start: u64,
+    rss_after_list: u64,
+    create: Stats,
+    delete: Stats,
+}
+
+/// Makes `n` volume directories in the pool of the driver on `dir` (as a pool holding volumes
+/// made earlier looks to a starting driver), outside the measurement.
+fn populate(dir: &Path, n: usize) -> anyhow::Result<()> {
+    let pool = &driver_pools(dir)[0].path;
+    std::fs::create_dir_all(pool)?;
+    for i in 0..n {
+        std::fs::create_dir(pool.join(format!("pvc-scale-{i:07}")))?;
+    }
+    rustix::fs::sync();
+    Ok(())
+}
+
+/// Runs the measurement for every size in `sizes` under `dir` and prints the table.
+pub async fn run(dir: &Path, sizes: &[usize], args: &Args) -> anyhow::Result<()> {
+    let mut rows = Vec::new();
+    for &n in sizes {
+        let d = dir.join(format!("scale-{n}"));
+        populate(&d, n).with_context(|| format!("making {n} volumes"))?;
+        rows.push(at_size(&d, n, args).await?);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+    print(&rows);
+    Ok(())
+}
+
+async fn at_size(dir: &Path, n: usize, args: &Args) -> anyhow::Result<AtSize> {
+    let started = Instant::now();
+    let driver = match args.driver_bin() {
+        Some(bin) => Server::spawn_driver_bin(bin, dir).await?,
+        None => Server::spawn(Kind::Driver, dir).await?,
+    };
+    let mut identity = IdentityClient::new(driver.channel.clone());
+    loop {
+        let ready = identity.probe(csi::ProbeRequest {}).await?.into_inner().ready;
+        if ready != Some(false) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let ready = started.elapsed();
+    let rss_after_start = ProcStatus::of(driver.pid())?.rss_kib;
+    let mut controller = ControllerClient::new(driver.channel.clone());
+    let t = Instant::now();
+    controller.get_capacity(csi::GetCapacityRequest::default()).await?;
+    let first_capacity = t.elapsed();
+    let (listed, list_all) = crate::bench::list_all(&driver.channel).await?;
+    anyhow::ensure!(listed == n, "ListVolumes listed {listed} of {n} volumes");
+    let rss_after_list = ProcStatus::of(driver.pid())?.rss_kib;
+    let ops = args.ops();
+    let create = crate::bench::each("CreateVolume", ops, 16, controller.clone(), |mut c, i| async move {
+        c.create_volume(create_request(format!("pvc-scale-new-{i:06}")))
+            .await
+            .map(drop)
+    })
+    .await?;
+    let delete = crate::bench::each("DeleteVolume", ops, 16, controller, |mut c, i| async move {
+        c.delete_volume(csi::DeleteVolumeRequest {
+            volume_id: format!("pvc-scale-new-{i:06}"),
+            ..Default::default()
+        })
+        .await
+        .map(drop)
+    })
+    .await?;
+    Ok(AtSize {
+        volumes: n,
+        ready,
+        first_capacity,
+        list_all,
+        listed,
+        rss_after_start,
+        rss_after_list,
+        create,
+        delete,
+    })
+}
+
+fn print(rows: &[AtSize]) {
+    let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
+        return;
+    };
+    println!();
+    println!(
+        "The driver next to N volumes in one pool; growth = the last size over the first ({} over {} volumes)",
+        last.volumes, first.volumes
+    );
+    let mut header: Vec<String> = vec!["measure".to_owned()];
+    header.extend(rows.iter().map(|r| format!("{} volumes", r.volumes)));
+    header.push("growth".to_owned());
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut t = Table::new(&header);
+    let durations: [(&str, fn(&AtSize) -> Duration); 5] = [
+        ("start-up until Probe answers", |r| r.ready),
+        ("first GetCapacity", |r| r.first_capacity),
+        ("ListVolumes, every page of 500", |r| r.list_all),
+        ("CreateVolume p50, c=16", |r| r.create.p50),
+        ("DeleteVolume p50, c=16", |r| r.delete.p50),
+    ];
+    for (name, get) in durations {
+        let mut row = vec![name.to_owned()];
+        row.extend(rows.iter().map(|r| fmt_d(get(r))));
+        row.push(ratio_d(get(last), get(first)));
+        t.row(row);
+    }
+    let rates: [(&str, fn(&AtSize) -> f64); 2] = [
+        ("CreateVolume ops/s, c=16", |r| r.create.ops_per_sec),
+        ("DeleteVolume ops/s, c=16", |r| r.delete.ops_per_sec),
+    ];
+    for (name, get) in rates {
+        let mut row = vec![name.to_owned()];
+        row.extend(rows.iter().map(|r| format!("{:.0}", get(r))));
+        row.push(ratio(get(last), get(first)));
+        t.row(row);
+    }
+    let memory: [(&str, fn(&AtSize) -> u64); 2] = [
+        ("VmRSS after start", |r| r.rss_after_start),
+        ("VmRSS after listing all", |r| r.rss_after_list),
+    ];
+    for (name, get) in memory {
+        let mut row = vec![name.to_owned()];
+        row.extend(rows.iter().map(|r| format!("{} KiB", get(r))));
+        row.push(ratio(get(last) as f64, get(first) as f64));
+        t.row(row);
+    }
+    println!("{}", t.render());
+    for r in rows {
+        println!("  {} volumes: {} listed", r.volumes, r.listed);
+    }
+}
