@@ -383,3 +383,309 @@ pub fn compare(reports: &BTreeMap<String, Inventory>, pvs: &[AuditedPv], now: Ti
         missing,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use hpp_api::inventory::{PoolInventory, VolumeEntry};
+    use serde_json::json;
+
+    const NOW: i64 = 1_750_000_000;
+    const HOUR: i64 = 3600;
+
+    fn now() -> Timestamp {
+        Timestamp::from_second(NOW).unwrap()
+    }
+
+    fn vol(id: &str, age: Option<i64>, published: bool) -> VolumeEntry {
+        VolumeEntry {
+            id: id.into(),
+            created_at: age.map(|a| NOW - a),
+            published,
+            capacity_bytes: None,
+            used_bytes: None,
+        }
+    }
+
+    fn pool(name: &str, shared: bool, usable: bool, volumes: Vec<VolumeEntry>) -> PoolInventory {
+        PoolInventory {
+            name: name.into(),
+            shared,
+            usable,
+            reason: (!usable).then(|| "not mounted".into()),
+            volumes,
+        }
+    }
+
+    fn reports(list: Vec<(&str, Vec<PoolInventory>)>) -> BTreeMap<String, Inventory> {
+        list.into_iter()
+            .map(|(node, pools)| {
+                (
+                    node.to_owned(),
+                    Inventory {
+                        node: node.into(),
+                        pools,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn pv(name: &str, pool: &str, node: Option<&str>, phase: &str, age: i64) -> AuditedPv {
+        AuditedPv {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            handle: name.into(),
+            pool: pool.into(),
+            node: node.map(Into::into),
+            bound: phase == "Bound",
+            deleting: false,
+            created: Some(Timestamp::from_second(NOW - age).unwrap()),
+            claim: Some(ClaimRef {
+                namespace: "apps".into(),
+                name: format!("claim-{name}"),
+                uid: format!("cuid-{name}"),
+            }),
+        }
+    }
+
+    fn orphans(f: &Findings) -> Vec<String> {
+        f.orphans
+            .iter()
+            .map(|o| format!("{}/{}/{}", o.pool, o.node, o.id))
+            .collect()
+    }
+
+    fn missing(f: &Findings) -> Vec<&str> {
+        f.missing.iter().map(|m| m.pv.as_str()).collect()
+    }
+
+    #[test]
+    fn an_old_unmounted_volume_no_pv_refers_to_is_an_orphan_and_nothing_else_is() {
+        let r = reports(vec![(
+            "node01",
+            vec![pool(
+                "local",
+                false,
+                true,
+                vec![
+                    vol("pvc-bound", Some(HOUR), true),
+                    vol("pvc-released", Some(HOUR), false),
+                    vol("stray", Some(HOUR), false),
+                    vol("young", Some(60), false),
+                    vol("mounted-inline", Some(HOUR), true),
+                    vol("unknown-age", None, false),
+                ],
+            )],
+        )]);
+        let pvs = [
+            pv("pvc-bound", "local", Some("node01"), "Bound", HOUR),
+            pv("pvc-released", "local", Some("node01"), "Released", HOUR),
+        ];
+        let f = compare(&r, &pvs, now(), DEFAULT_GRACE);
+        assert_eq!(orphans(&f), ["local/node01/stray"]);
+        assert!(f.missing.is_empty());
+    }
+
+    #[test]
+    fn an_unreadable_pool_or_a_silent_node_judges_nothing() {
+        let r = reports(vec![(
+            "node01",
+            vec![pool("local", false, false, vec![]), pool("other", false, true, vec![])],
+        )]);
+        let pvs = [
+            pv("pvc-a", "local", Some("node01"), "Bound", HOUR),
+            pv("pvc-b", "local", Some("node02"), "Bound", HOUR),
+            pv("pvc-c", "gone-pool", Some("node01"), "Bound", HOUR),
+            pv("pvc-d", "local", None, "Bound", HOUR),
+        ];
+        let f = compare(&r, &pvs, now(), DEFAULT_GRACE);
+        assert_eq!(
+            f,
+            Findings::default(),
+            "unusable pool, unanswered node, unknown pool, no node"
+        );
+        // An unusable pool lists no volumes: none of its orphans either.
+        assert!(compare(&reports(vec![]), &pvs, now(), DEFAULT_GRACE).missing.is_empty());
+    }
+
+    #[test]
+    fn a_bound_pv_whose_volume_its_node_lacks_is_missing() {
+        let r = reports(vec![(
+            "node01",
+            vec![pool("local", false, true, vec![vol("pvc-here", Some(HOUR), true)])],
+        )]);
+        let mut deleting = pv("pvc-deleting", "local", Some("node01"), "Bound", HOUR);
+        deleting.deleting = true;
+        let pvs = [
+            pv("pvc-here", "local", Some("node01"), "Bound", HOUR),
+            pv("pvc-gone", "local", Some("node01"), "Bound", HOUR),
+            pv("pvc-released", "local", Some("node01"), "Released", HOUR),
+            pv("pvc-failed", "local", Some("node01"), "Failed", HOUR),
+            pv("pvc-new", "local", Some("node01"), "Bound", 30),
+            deleting,
+        ];
+        let f = compare(&r, &pvs, now(), DEFAULT_GRACE);
+        assert_eq!(missing(&f), ["pvc-gone"]);
+        let m = &f.missing[0];
+        assert_eq!(m.node.as_deref(), Some("node01"));
+        assert_eq!(m.claim.as_ref().unwrap().name, "claim-pvc-gone");
+        assert!(f.orphans.is_empty());
+    }
+
+    #[test]
+    fn the_default_pool_is_legacy() {
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": "pvc-1", "uid": "u1", "creationTimestamp": "2025-01-01T00:00:00Z"},
+            "spec": {"csi": {"driver": c::DRIVER_NAME, "volumeHandle": "pvc-1"},
+                     "claimRef": {"namespace": "apps", "name": "data", "uid": "c1"},
+                     "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                         {"key": c::TOPOLOGY_KEY, "operator": "In", "values": ["node01"]}]}]}}},
+            "status": {"phase": "Bound"},
+        }))
+        .unwrap();
+        let a = audited_pv(&pv).unwrap();
+        assert_eq!(a.pool, c::DEFAULT_POOL_NAME);
+        assert_eq!(a.node.as_deref(), Some("node01"));
+        assert!(a.bound && !a.deleting);
+        assert_eq!(a.claim.unwrap().uid, "c1");
+        let mut other = pv.clone();
+        other.spec.as_mut().unwrap().csi.as_mut().unwrap().driver = "other.example.com".into();
+        assert_eq!(audited_pv(&other), None);
+    }
+
+    #[test]
+    fn a_shared_pool_is_judged_on_the_union_of_its_reports() {
+        let shared = |vols: Vec<VolumeEntry>| vec![pool("nfs", true, true, vols)];
+        let r = reports(vec![
+            (
+                "node01",
+                shared(vec![
+                    vol("stray", Some(HOUR), false),
+                    vol("used-on-02", Some(HOUR), false),
+                    vol("pvc-a", Some(HOUR), false),
+                ]),
+            ),
+            (
+                "node02",
+                shared(vec![
+                    vol("stray", Some(HOUR), false),
+                    vol("used-on-02", Some(HOUR), true),
+                    vol("pvc-a", Some(HOUR), false),
+                ]),
+            ),
+            ("node03", vec![pool("nfs", true, false, vec![])]),
+        ]);
+        let pvs = [
+            pv("pvc-a", "nfs", None, "Bound", HOUR),
+            pv("pvc-b", "nfs", None, "Bound", HOUR),
+        ];
+        let f = compare(&r, &pvs, now(), DEFAULT_GRACE);
+        assert_eq!(
+            orphans(&f),
+            ["nfs/node01/stray"],
+            "once, and not while mounted anywhere"
+        );
+        assert_eq!(missing(&f), ["pvc-b"]);
+        assert_eq!(f.missing[0].node, None);
+        // Only the node that cannot read the pool answered: nothing is judged.
+        let r = reports(vec![("node03", vec![pool("nfs", true, false, vec![])])]);
+        assert_eq!(compare(&r, &pvs, now(), DEFAULT_GRACE), Findings::default());
+    }
+
+    #[test]
+    fn an_audit_is_due_one_interval_after_the_last_never_sooner() {
+        let interval = Duration::from_secs(600);
+        assert_eq!(due(now(), None, interval), None, "never ran: now");
+        let last = Timestamp::from_second(NOW - 599).unwrap();
+        assert_eq!(
+            due(now(), Some(last), interval),
+            Some(Timestamp::from_second(NOW + 1).unwrap())
+        );
+        let last = Timestamp::from_second(NOW - 600).unwrap();
+        assert_eq!(due(now(), Some(last), interval), None);
+    }
+
+    #[test]
+    fn a_due_audit_waits_for_the_rollout_at_most_one_interval() {
+        let interval = Duration::from_secs(600);
+        assert_eq!(wait_for_rollout(now(), false, None, interval), None);
+        assert_eq!(
+            wait_for_rollout(now(), true, None, interval),
+            Some(Timestamp::from_second(NOW + 600).unwrap())
+        );
+        let since = Timestamp::from_second(NOW - 600).unwrap();
+        assert_eq!(
+            wait_for_rollout(now(), true, Some(since), interval),
+            None,
+            "waited enough"
+        );
+    }
+
+    fn driver_pod(name: &str, node: &str, ip: &str, phase: &str, ready: bool, flag: bool) -> Pod {
+        let mut args = vec!["--drivername=kubevirt.io.hostpath-provisioner".to_owned()];
+        if flag {
+            args.push(format!("{TOKEN_FLAG}=/etc/hpp/volume-report/token"));
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {c::LABEL_APP: c::LABEL_APP_VALUE, c::LABEL_PROMETHEUS: "true"}},
+            "spec": {"nodeName": node, "containers": [{"name": DRIVER_CONTAINER, "args": args}]},
+            "status": {"phase": phase, "podIP": ip,
+                       "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_running_ready_driver_pods_with_the_token_on_ready_nodes_are_asked() {
+        let mut legacy = driver_pod("legacy-x", "node01", "10.0.0.9", "Running", true, true);
+        legacy.metadata.labels.as_mut().unwrap().remove(c::LABEL_PROMETHEUS);
+        let pods = [
+            driver_pod("csi-a", "node01", "10.0.0.1", "Running", true, true),
+            driver_pod("csi-b", "node02", "10.0.0.2", "Pending", false, true),
+            driver_pod("csi-c", "node03", "10.0.0.3", "Running", false, true),
+            driver_pod("csi-d", "node04", "10.0.0.4", "Running", true, false),
+            driver_pod("csi-e", "node05", "10.0.0.5", "Running", true, true),
+            driver_pod("csi-f", "node06", "not-an-ip", "Running", true, true),
+            legacy,
+        ];
+        let mut nodes: Vec<NodeFact> = ["node01", "node02", "node03", "node04", "node06"]
+            .iter()
+            .map(|n| NodeFact::ready(n))
+            .collect();
+        nodes.push(NodeFact {
+            name: "node05".into(),
+            ready: false,
+            ..Default::default()
+        });
+        let t = targets(&pods, &nodes);
+        assert_eq!(
+            t.ready,
+            [DriverPod {
+                node: "node01".into(),
+                pod: "csi-a".into(),
+                ip: "10.0.0.1".parse().unwrap()
+            }]
+        );
+        let why: Vec<(&str, &str)> = t
+            .not_audited
+            .iter()
+            .map(|n| (n.name.as_str(), n.reason.as_str()))
+            .collect();
+        assert_eq!(
+            why,
+            [
+                ("node02", "driver pod csi-b is Pending"),
+                ("node03", "driver pod csi-c is not ready"),
+                (
+                    "node04",
+                    "driver pod csi-d runs without --volume-report-token-file (its DaemonSet is rolling out the audit)"
+                ),
+                ("node05", "node node05 is not Ready"),
+                ("node06", "driver pod csi-f has no pod IP"),
+            ]
+        );
+        assert!(t.rolling_out);
+    }
+}

@@ -251,3 +251,186 @@ pub fn missing_warnings(missing: &[Missing]) -> Vec<ObjectWarning> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::reconcilers::volume_audit::decide::{ClaimRef, Orphan};
+    use hpp_api::inventory::PoolInventory;
+    use hpp_api::v1beta1::StoragePoolStatus;
+
+    fn at() -> Timestamp {
+        "2025-06-01T10:00:00Z".parse().unwrap()
+    }
+
+    fn reports(pools: &[&str]) -> BTreeMap<String, Inventory> {
+        let inv = Inventory {
+            node: "node01".into(),
+            pools: pools
+                .iter()
+                .map(|p| PoolInventory {
+                    name: (*p).into(),
+                    shared: false,
+                    usable: true,
+                    reason: None,
+                    volumes: vec![],
+                })
+                .collect(),
+        };
+        BTreeMap::from([("node01".to_owned(), inv)])
+    }
+
+    fn orphan(node: &str, id: &str, bytes: Option<u64>) -> Orphan {
+        Orphan {
+            pool: "local".into(),
+            node: node.into(),
+            id: id.into(),
+            used_bytes: bytes,
+        }
+    }
+
+    fn missing(pv: &str, claim: bool) -> Missing {
+        Missing {
+            pv: pv.into(),
+            pv_uid: format!("u-{pv}"),
+            handle: pv.into(),
+            pool: "local".into(),
+            node: Some("node01".into()),
+            claim: claim.then(|| ClaimRef {
+                namespace: "apps".into(),
+                name: "data".into(),
+                uid: "c1".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn the_summary_counts_everything_and_names_the_first() {
+        let findings = Findings {
+            orphans: (0..12)
+                .map(|i| orphan("node01", &format!("v{i:02}"), Some(1024)))
+                .collect(),
+            missing: vec![missing("pv-a", true)],
+        };
+        let down = vec![NodeNotAudited {
+            name: "node02".into(),
+            reason: "connection refused".into(),
+        }];
+        let r = summarize(&findings, &reports(&["local", "empty"]), down, at());
+        assert_eq!(r.status.last_audit_time.as_deref(), Some("2025-06-01T10:00:00Z"));
+        assert_eq!((r.status.nodes_audited, r.status.nodes_not_audited), (1, 1));
+        let local = &r.pools["local"];
+        assert_eq!((local.orphaned_volumes, local.orphaned_bytes), (12, 12 * 1024));
+        assert_eq!(local.orphans.len(), MAX_AUDIT_NAMES);
+        assert_eq!(local.orphans[0], "node01/v00");
+        assert_eq!(
+            (local.missing_volumes, local.missing.clone()),
+            (1, vec!["pv-a".to_owned()])
+        );
+        assert_eq!(r.pools["empty"], PoolVolumeAudit::default(), "an audited pool reads 0");
+    }
+
+    #[test]
+    fn the_condition_says_what_was_found_and_how_to_trash_it() {
+        let ns = "hostpath-provisioner";
+        let pending = condition(None, ns);
+        assert_eq!((pending.status, pending.reason.as_str()), (false, REASON_AUDIT_PENDING));
+        let clean = summarize(&Findings::default(), &reports(&["local"]), vec![], at());
+        let c = condition(Some(&clean), ns);
+        assert_eq!((c.status, c.reason.as_str()), (false, REASON_NO_ORPHANS));
+        assert_eq!(
+            c.message,
+            "The last volume audit found no orphaned volume on 1 node(s)."
+        );
+        let found = Findings {
+            orphans: vec![orphan("node01", "pvc-x", Some(2048))],
+            missing: vec![missing("pv-a", false)],
+        };
+        let down = vec![NodeNotAudited {
+            name: "node02".into(),
+            reason: "did not answer within 30s".into(),
+        }];
+        let r = summarize(&found, &reports(&["local"]), down, at());
+        let c = condition(Some(&r), ns);
+        assert_eq!((c.status, c.reason.as_str()), (true, REASON_ORPHANS_FOUND));
+        assert!(c.message.starts_with("1 orphaned volume(s)"), "{}", c.message);
+        assert!(
+            c.message.contains("use 2Ki (pool local: node01/pvc-x)"),
+            "{}",
+            c.message
+        );
+        assert!(c.message.contains("Nothing is deleted automatically"), "{}", c.message);
+        assert!(
+            c.message.contains(&trash_command(ns, "node01", "local", "pvc-x")),
+            "{}",
+            c.message
+        );
+        assert!(
+            c.message.contains("see the VolumeMissing Warning Events"),
+            "{}",
+            c.message
+        );
+        assert!(c.message.contains("node02: did not answer within 30s"), "{}", c.message);
+        let nobody = summarize(&Findings::default(), &BTreeMap::new(), vec![], at());
+        assert_eq!(condition(Some(&nobody), ns).reason, REASON_NO_NODE_AUDITED);
+    }
+
+    #[test]
+    fn the_trash_command_is_exact() {
+        assert_eq!(
+            trash_command("hpp", "node01", "local", "pvc-1"),
+            "kubectl exec -n hpp \"$(kubectl get pod -n hpp -l prometheus.hostpathprovisioner.kubevirt.io=true \
+             --field-selector spec.nodeName=node01 -o name)\" -c hostpath-provisioner -- hpp-csi-driver call \
+             --endpoint unix:///csi/csi.sock trash move pvc-1 --pool local"
+        );
+    }
+
+    #[test]
+    fn a_missing_volume_warns_on_its_pv_and_its_claim() {
+        let w = missing_warnings(&[missing("pv-a", true), missing("pv-b", false)]);
+        let on: Vec<(&str, &str)> = w
+            .iter()
+            .map(|w| {
+                (
+                    w.regarding.kind.as_deref().unwrap(),
+                    w.regarding.name.as_deref().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            on,
+            [
+                ("PersistentVolume", "pv-a"),
+                ("PersistentVolumeClaim", "data"),
+                ("PersistentVolume", "pv-b")
+            ]
+        );
+        assert_eq!(w[1].regarding.namespace.as_deref(), Some("apps"));
+        assert!(w.iter().all(|w| w.reason == REASON_VOLUME_MISSING));
+        assert!(
+            w[0].message
+                .contains("volume pv-a is missing from pool local on node node01")
+        );
+    }
+
+    #[test]
+    fn a_restarted_operator_reads_the_last_audit_back() {
+        let found = Findings {
+            orphans: vec![orphan("node01", "pvc-x", None)],
+            missing: vec![],
+        };
+        let r = summarize(&found, &reports(&["local"]), vec![], at());
+        let status = HostPathProvisionerStatus {
+            volume_audit: Some(r.status.clone()),
+            storage_pool_statuses: vec![StoragePoolStatus {
+                name: "local".into(),
+                volume_audit: r.pools.get("local").cloned(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert_eq!(from_status(&status), Some((at(), r)));
+        assert_eq!(from_status(&HostPathProvisionerStatus::default()), None);
+    }
+}
