@@ -141,13 +141,12 @@ pub struct Targets {
     pub rolling_out: bool,
 }
 
-/// Whether a pod is one of the CSI DaemonSet's (the label only its pods carry).
+/// Whether a pod is one of the CSI DaemonSet's: the app label of hpp's DaemonSets and the
+/// Prometheus label only the CSI one's pods carry besides the operator's own.
 fn is_driver_pod(pod: &Pod) -> bool {
-    pod.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(c::LABEL_PROMETHEUS))
-        .is_some_and(|v| v == "true")
+    let labels = pod.metadata.labels.as_ref();
+    let has = |k: &str, v: &str| labels.and_then(|l| l.get(k)).is_some_and(|x| x == v);
+    has(c::LABEL_APP, c::LABEL_APP_VALUE) && has(c::LABEL_PROMETHEUS, "true")
 }
 
 fn has_token_flag(pod: &Pod) -> bool {

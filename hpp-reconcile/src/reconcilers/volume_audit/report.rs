@@ -91,12 +91,19 @@ pub fn from_status(status: &HostPathProvisionerStatus) -> Option<(Timestamp, Vol
     Some((at, VolumeAuditReport { status: audit, pools }))
 }
 
+/// The label selector of the CSI driver's pods (the operator's pod shares the Prometheus label,
+/// the legacy provisioner's the app label; only the driver's have both).
+pub fn driver_pod_selector() -> String {
+    use hpp_api::constants as c;
+    format!("{}={},{}=true", c::LABEL_APP, c::LABEL_APP_VALUE, c::LABEL_PROMETHEUS)
+}
+
 /// The command that moves orphan `id` of `pool` on `node` into its pool's trash.
 pub fn trash_command(namespace: &str, node: &str, pool: &str, id: &str) -> String {
     format!(
-        "kubectl exec -n {namespace} \"$(kubectl get pod -n {namespace} -l {}=true --field-selector spec.nodeName={node} -o name)\" \
+        "kubectl exec -n {namespace} \"$(kubectl get pod -n {namespace} -l {} --field-selector spec.nodeName={node} -o name)\" \
          -c {DRIVER_CONTAINER} -- hpp-csi-driver call --endpoint {CSI_ENDPOINT} trash move {id} --pool {pool}",
-        hpp_api::constants::LABEL_PROMETHEUS
+        driver_pod_selector()
     )
 }
 
@@ -380,7 +387,7 @@ mod tests {
     fn the_trash_command_is_exact() {
         assert_eq!(
             trash_command("hpp", "node01", "local", "pvc-1"),
-            "kubectl exec -n hpp \"$(kubectl get pod -n hpp -l prometheus.hostpathprovisioner.kubevirt.io=true \
+            "kubectl exec -n hpp \"$(kubectl get pod -n hpp -l k8s-app=hostpath-provisioner,prometheus.hostpathprovisioner.kubevirt.io=true \
              --field-selector spec.nodeName=node01 -o name)\" -c hostpath-provisioner -- hpp-csi-driver call \
              --endpoint unix:///csi/csi.sock trash move pvc-1 --pool local"
         );
