@@ -609,6 +609,37 @@ async fn a_due_audit_waits_for_the_driver_pods_to_get_the_token() {
 }
 
 #[tokio::test]
+async fn a_first_install_waits_for_a_driver_pod_to_ask() {
+    let mut cluster = Cluster::new();
+    for node in ["node01", "node02"] {
+        assert!(
+            cluster
+                .fake
+                .remove::<Pod>(Some(NS), &format!("hostpath-provisioner-csi-{node}"))
+        );
+    }
+    let token = Token::FromSecret(cluster.fake.clone());
+    let (one, _) = cluster
+        .drivers((token, inventory("node01", true, node01_volumes())), None)
+        .await;
+    let op = cluster.operator();
+    let requeue = cluster.pass(&op).await;
+    assert_eq!(requeue, Action::requeue(Duration::from_secs(600)));
+    assert_eq!(
+        cluster.condition().unwrap().1,
+        REASON_AUDIT_PENDING,
+        "no audit of nothing"
+    );
+    assert_eq!(cluster.audit_status().unwrap().last_audit_time, None);
+    // The DaemonSet's pods come up.
+    cluster.fake.seed(&driver_pod("node01", "127.0.0.1"));
+    cluster.at(60);
+    cluster.pass(&op).await;
+    assert_eq!(one.requests.load(Ordering::SeqCst), 2);
+    assert_eq!(cluster.condition().unwrap().1, REASON_ORPHANS_FOUND);
+}
+
+#[tokio::test]
 async fn without_the_audit_there_is_no_secret_no_flag_and_nothing_in_status() {
     let mut cluster = Cluster::new();
     let token = Token::FromSecret(cluster.fake.clone());

@@ -13,7 +13,8 @@
 //! - **When** ([`decide::due`]): one interval after the last audit (its time is kept in
 //!   `status.volumeAudit.lastAuditTime`, so a restarted operator does not audit early), and
 //!   the step asks for a pass then ([`Readiness::requeue_after`]). Right after the audit is
-//!   turned on, it waits for the DaemonSet to roll the token out (at most one interval).
+//!   turned on, it waits for the DaemonSet to roll the token out, and while no driver pod can
+//!   be asked at all (a first install), at most one interval.
 //! - **Who** ([`decide::targets`]): the CSI driver pods that are Running and ready on a Ready
 //!   node with a pod IP; a pod that cannot be asked or does not answer makes its node "not
 //!   audited", whose PVs are never called missing.
@@ -398,7 +399,9 @@ impl SubReconciler for VolumeAudit {
             return Ok(publish(last.as_ref(), &cfg.namespace, Some(until(now, next))));
         }
         let targets = decide::targets(&self.pods(applier, cfg).await?, &facts.nodes);
-        if let Some(wait) = decide::wait_for_rollout(now, targets.rolling_out, waiting_since, interval) {
+        // No pod to ask yet (a first install) counts as a rollout under way.
+        let not_yet = targets.rolling_out || targets.ready.is_empty();
+        if let Some(wait) = decide::wait_for_rollout(now, not_yet, waiting_since, interval) {
             info!("volume audit: waiting for the CSI driver pods to run with the report token");
             self.remember(last.clone(), Some(waiting_since.unwrap_or(now)));
             return Ok(publish(last.as_ref(), &cfg.namespace, Some(until(now, wait))));
