@@ -1,10 +1,10 @@
 //! Lossless conversion between `v1alpha1` and `v1beta1`.
 //!
 //! Fields one version cannot express travel in the annotation
-//! [`ANNOTATION_CONVERSION_DATA`]: on a v1alpha1 object
-//! it holds the v1beta1-only fields (storage pools, feature gates, pool statuses, the node-loss
-//! status, an absent `pathConfig`); on a v1beta1 object it holds the original v1alpha1 `useNamingPrefix` string when
-//! that string is not plain `true`/`false`. Converting there and back gives the object you started
+//! [`ANNOTATION_CONVERSION_DATA`]: on a v1alpha1 object it holds the v1beta1-only fields
+//! (storage pools, feature gates, the volume audit, pool statuses, the node-loss and
+//! volume-audit statuses, an absent `pathConfig`); on a v1beta1 object it holds the original
+//! v1alpha1 `useNamingPrefix` string when that string is not plain `true`/`false`. Converting there and back gives the object you started
 //! with, byte for byte once serialised.
 
 use std::collections::BTreeMap;
@@ -61,6 +61,10 @@ struct Beta1Only {
     storage_pool_statuses: Vec<v1beta1::StoragePoolStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     node_loss: Option<v1beta1::NodeLossStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    volume_audit: Option<v1beta1::VolumeAudit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    volume_audit_status: Option<v1beta1::VolumeAuditStatus>,
 }
 
 /// The v1alpha1 fields a v1beta1 object cannot hold.
@@ -133,10 +137,13 @@ pub fn to_v1alpha1(obj: &v1beta1::HostPathProvisioner) -> Result<v1alpha1::HostP
             .map(|s| s.storage_pool_statuses.clone())
             .unwrap_or_default(),
         node_loss: obj.status.as_ref().and_then(|s| s.node_loss.clone()),
+        volume_audit: spec.volume_audit.clone(),
+        volume_audit_status: obj.status.as_ref().and_then(|s| s.volume_audit.clone()),
     };
     if serde_json::to_vec(&beta_only).map_or(0, |v| v.len()) > MAX_STATUS_ANNOTATION_BYTES {
         beta_only.storage_pool_statuses.clear();
         beta_only.node_loss = None;
+        beta_only.volume_audit_status = None;
     }
     put_annotation(&mut metadata.annotations, &beta_only)?;
     Ok(v1alpha1::HostPathProvisioner {
@@ -177,10 +184,13 @@ pub fn to_v1beta1(obj: &v1alpha1::HostPathProvisioner) -> Result<v1beta1::HostPa
             storage_pools: beta_only.storage_pools,
             workload: obj.spec.workload.clone(),
             feature_gates: beta_only.feature_gates,
+            volume_audit: beta_only.volume_audit,
         },
         status: match (
             &obj.status,
-            beta_only.storage_pool_statuses.is_empty() && beta_only.node_loss.is_none(),
+            beta_only.storage_pool_statuses.is_empty()
+                && beta_only.node_loss.is_none()
+                && beta_only.volume_audit_status.is_none(),
         ) {
             (None, true) => None,
             (status, _) => {
@@ -192,6 +202,7 @@ pub fn to_v1beta1(obj: &v1alpha1::HostPathProvisioner) -> Result<v1beta1::HostPa
                     target_version: s.target_version,
                     storage_pool_statuses: beta_only.storage_pool_statuses,
                     node_loss: beta_only.node_loss,
+                    volume_audit: beta_only.volume_audit_status,
                 })
             }
         },

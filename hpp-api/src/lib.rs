@@ -22,6 +22,7 @@ pub mod constants;
 pub mod conversion;
 pub mod crd;
 pub mod duration;
+pub mod inventory;
 pub mod names;
 pub mod quantity;
 pub mod quota;

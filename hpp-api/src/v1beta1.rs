@@ -53,6 +53,45 @@ pub struct HostPathProvisionerSpec {
     #[schemars(extend("x-kubernetes-list-type" = "set"), length(max = 16), inner(length(max = 64)))]
     #[garde(skip)]
     pub feature_gates: Option<Vec<String>>,
+    /// Periodic audit of every node's volumes against the PersistentVolumes of the driver:
+    /// directories no PV refers to (orphans) and PVs whose directory is gone (missing volumes)
+    /// are reported in status, metrics and Events, never deleted. Absent: no audit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[garde(dive)]
+    pub volume_audit: Option<VolumeAudit>,
+}
+
+/// The volume audit: how often the operator asks every node's driver for its volumes.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema, Validate)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeAudit {
+    /// Time between two audits, a duration such as `10m` or `1h` (default `10m`, at least
+    /// `1m`). Each audit costs one or two HTTPS requests per node; nothing runs between audits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    #[garde(custom(rules::audit_interval))]
+    pub interval: Option<String>,
+}
+
+impl VolumeAudit {
+    /// [`VolumeAudit::interval`] when absent.
+    pub const DEFAULT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(600);
+    /// The shortest [`VolumeAudit::interval`] accepted.
+    pub const MIN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// The time between audits; the error says what is wrong with `interval`.
+    pub fn interval(&self) -> Result<std::time::Duration, String> {
+        let Some(text) = &self.interval else {
+            return Ok(Self::DEFAULT_INTERVAL);
+        };
+        let d = crate::duration::parse(text).map_err(|e| e.to_string())?;
+        if d < Self::MIN_INTERVAL {
+            return Err(format!(
+                "{text:?} is shorter than the minimum of 1m; each audit asks every node for its volumes"
+            ));
+        }
+        Ok(d)
+    }
 }
 
 /// Legacy single-directory configuration.
@@ -232,6 +271,66 @@ pub struct HostPathProvisionerStatus {
     /// them, and the claims released so far. Absent until that first happens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_loss: Option<NodeLossStatus>,
+    /// The last volume audit (`spec.volumeAudit`): when it ran and which nodes answered.
+    /// Absent while the audit is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_audit: Option<VolumeAuditStatus>,
+}
+
+/// Most entries of a name list in the volume audit's status (`orphans`, `missing`,
+/// `notAudited`); the counts beside them are complete.
+pub const MAX_AUDIT_NAMES: usize = 10;
+
+/// What the last volume audit covered.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeAuditStatus {
+    /// When the last audit ran (RFC 3339); absent until the first one. The next one is due an
+    /// interval later.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_audit_time: Option<String>,
+    /// Nodes whose driver answered the last audit.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub nodes_audited: i64,
+    /// Nodes with a driver pod whose driver did not answer the last audit (not judged: none of
+    /// their PVs counts as missing).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub nodes_not_audited: i64,
+    /// The first of those nodes by name, with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_audited: Vec<NodeNotAudited>,
+}
+
+/// A node the volume audit could not judge.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeNotAudited {
+    /// Node name.
+    pub name: String,
+    /// Why, e.g. `connection refused` or `HTTP 401 Unauthorized`.
+    pub reason: String,
+}
+
+/// The volume audit's findings in one storage pool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolVolumeAudit {
+    /// Directories in the pool no PersistentVolume refers to, not mounted, older than the grace
+    /// period.
+    #[serde(default)]
+    pub orphaned_volumes: i64,
+    /// Bytes those orphans use, as measured by their nodes (at most 64 per node and audit).
+    #[serde(default)]
+    pub orphaned_bytes: i64,
+    /// The first orphans as `<node>/<volume id>`, sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub orphans: Vec<String>,
+    /// Bound PersistentVolumes of the pool whose directory is missing on their node.
+    #[serde(default)]
+    pub missing_volumes: i64,
+    /// The first of those PersistentVolumes by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
 }
 
 /// What the operator did about lost nodes (StorageClass parameter `nodeLossPolicy`).
@@ -350,6 +449,9 @@ pub struct StoragePoolStatus {
     /// tracking).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub available: Option<String>,
+    /// What the last volume audit found in this pool (absent while the audit is off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_audit: Option<PoolVolumeAudit>,
 }
 
 /// Status of one pool PVC.

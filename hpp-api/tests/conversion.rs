@@ -223,3 +223,40 @@ fn statuses_too_large_for_an_annotation_are_left_out_of_it() {
     assert_eq!(back.spec, obj.spec);
     assert!(back.status.is_none_or(|s| s.storage_pool_statuses.is_empty()));
 }
+
+/// Issue 28, part 3: the volume audit (spec) and its findings (status, pool status) exist only
+/// in v1beta1 and come back unchanged from a trip through v1alpha1.
+#[test]
+fn volume_audit_survives_a_trip_through_alpha() {
+    let original = beta(json!({
+        "apiVersion": API_VERSION_V1BETA1, "kind": "HostPathProvisioner",
+        "metadata": {"name": "hpp"},
+        "spec": {
+            "storagePools": [{"name": "local", "path": "/var/hpvolumes"}],
+            "volumeAudit": {"interval": "30m"}
+        },
+        "status": {
+            "conditions": [{"type": "OrphanedVolumes", "status": "True", "reason": "OrphansFound"}],
+            "volumeAudit": {"lastAuditTime": "2025-06-01T10:00:00Z", "nodesAudited": 2, "nodesNotAudited": 1,
+                            "notAudited": [{"name": "node03", "reason": "connection refused"}]},
+            "storagePoolStatuses": [{"name": "local", "phase": "Ready",
+                "volumeAudit": {"orphanedVolumes": 1, "orphanedBytes": 4096, "orphans": ["node01/pvc-x"],
+                                "missingVolumes": 1, "missing": ["pvc-y"]}}]
+        }
+    }));
+    let down = to_v1alpha1(&original).unwrap();
+    let alpha_json = serde_json::to_value(&down).unwrap();
+    assert!(alpha_json["spec"].get("volumeAudit").is_none(), "v1alpha1 has no audit");
+    assert!(alpha_json["status"].get("volumeAudit").is_none());
+    let up = to_v1beta1(&down).unwrap();
+    assert_eq!(up, original);
+    assert_eq!(
+        serde_json::to_string(&up).unwrap(),
+        serde_json::to_string(&original).unwrap()
+    );
+    // Only the status: the status comes back too.
+    let mut status_only = original.clone();
+    status_only.spec.volume_audit = None;
+    status_only.status.as_mut().unwrap().storage_pool_statuses.clear();
+    assert_eq!(to_v1beta1(&to_v1alpha1(&status_only).unwrap()).unwrap(), status_only);
+}

@@ -458,3 +458,50 @@ fn trash_settings_are_validated_with_their_paths() {
         "{warnings:?}"
     );
 }
+
+/// Issue 28, part 3: `volumeAudit.interval` is a duration of at least a minute (default 10m),
+/// reported at its own path.
+#[test]
+fn volume_audit_interval_is_a_duration_of_at_least_a_minute() {
+    use hpp_api::v1beta1::VolumeAudit;
+    use std::time::Duration;
+    let with = |interval: Option<&str>| {
+        let mut spec = pools(&[("local", "/var/hpvolumes")]);
+        spec.volume_audit = Some(VolumeAudit {
+            interval: interval.map(Into::into),
+        });
+        spec
+    };
+    for ok in [None, Some("1m"), Some("10m"), Some("1h30m"), Some("7d")] {
+        with(ok).validate_create().unwrap();
+    }
+    assert_eq!(VolumeAudit::default().interval(), Ok(Duration::from_secs(600)));
+    assert_eq!(
+        VolumeAudit {
+            interval: Some("1h".into())
+        }
+        .interval(),
+        Ok(Duration::from_secs(3600))
+    );
+    rejected(
+        with(Some("30s")).validate_create(),
+        "spec.volumeAudit.interval",
+        "shorter than the minimum of 1m",
+    );
+    rejected(
+        with(Some("often")).validate_create(),
+        "spec.volumeAudit.interval",
+        "is not a duration",
+    );
+    rejected(
+        with(Some("0")).validate_create(),
+        "spec.volumeAudit.interval",
+        "minimum of 1m",
+    );
+    // The wire spelling.
+    let spec: HostPathProvisionerSpec = serde_json::from_value(serde_json::json!({
+        "storagePools": [{"name": "local", "path": "/p"}], "volumeAudit": {}
+    }))
+    .unwrap();
+    assert_eq!(spec.volume_audit, Some(VolumeAudit::default()));
+}

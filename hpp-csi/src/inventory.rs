@@ -1,4 +1,5 @@
-//! What a node holds: every volume of every pool, with when it was made, whether it is
+//! What a node holds (the wire types live in [`hpp_api::inventory`], shared with the
+//! operator): every volume of every pool, with when it was made, whether it is
 //! published and its recorded capacity. The operator compares it with the PersistentVolumes of
 //! the driver to report orphans (a directory no PV refers to) and missing volumes (a PV whose
 //! directory is gone); the driver itself never judges, since it cannot see PVs.
@@ -11,61 +12,10 @@
 use std::collections::BTreeSet;
 use std::os::fd::AsFd;
 
-use serde::{Deserialize, Serialize};
-
 use crate::pool::Pool;
 use crate::service::state::DriverState;
 
-/// Most volumes whose usage one report measures.
-pub const MAX_USAGE_IDS: usize = 64;
-
-/// A node's volumes, pool by pool.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Inventory {
-    /// The node id.
-    pub node: String,
-    /// Every configured pool, in configuration order.
-    pub pools: Vec<PoolInventory>,
-}
-
-/// One pool's volumes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PoolInventory {
-    /// Pool name.
-    pub name: String,
-    /// A shared pool: the same volumes are seen from every node.
-    pub shared: bool,
-    /// Whether the pool could be read; an unreadable pool lists no volumes and must not be
-    /// taken for an empty one (every PV of it would look missing).
-    pub usable: bool,
-    /// Why not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// Its volumes, sorted by id.
-    pub volumes: Vec<VolumeEntry>,
-}
-
-/// One volume.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeEntry {
-    /// Volume id.
-    pub id: String,
-    /// When the directory was made (birth time, else change time), unix seconds: a volume made
-    /// a moment ago may not have its PV yet.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub created_at: Option<i64>,
-    /// Mounted somewhere (published to a pod, or an inline ephemeral volume in use).
-    pub published: bool,
-    /// Recorded capacity, when the volume has a record.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capacity_bytes: Option<u64>,
-    /// Bytes used, for the ids asked for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub used_bytes: Option<u64>,
-}
+pub use hpp_api::inventory::{Inventory, MAX_USAGE_IDS, PoolInventory, VolumeEntry};
 
 /// Builds the node's report (blocking: directory listings, the mount table, and the usage of
 /// at most [`MAX_USAGE_IDS`] of the ids in `usage_of`).

@@ -38,6 +38,9 @@ pub enum Error {
         /// Version of this operator.
         to: String,
     },
+    /// The volume audit could not make its report token (no secure random source).
+    #[error("volume audit: {0}")]
+    VolumeAudit(String),
     /// Deletion is waiting for cleanup Jobs or mounter Deployments to finish.
     #[error("cleanup in progress: {0}")]
     CleanupPending(String),
@@ -67,6 +70,7 @@ impl Error {
             Error::InvalidSpec(_) => "invalid_spec",
             Error::Downgrade { .. } => "downgrade",
             Error::CleanupPending(_) => "cleanup_pending",
+            Error::VolumeAudit(_) => "volume_audit",
             Error::Finalizer(inner) => match inner.as_ref() {
                 finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.category(),
                 _ => "finalizer",

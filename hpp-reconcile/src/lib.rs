@@ -69,6 +69,7 @@ pub use object::{ApplyStrategy, DesiredObject, Kind, StaticScope};
 pub use pipeline::{PassReport, Pipeline};
 pub use subreconciler::{
     Decorate, Edit, ObjectEvent, ObjectWarning, Readiness, StepCondition, SubReconciler, SubReconcilerExt,
+    VolumeAuditReport,
 };
 
 /// The crates a custom sub-reconciler needs, re-exported so an embedder depends on one crate

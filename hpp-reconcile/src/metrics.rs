@@ -42,6 +42,20 @@ pub struct StorageClassLabels {
     pub storageclass: String,
 }
 
+/// Label of a per-pool series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    /// Storage pool name.
+    pub pool: String,
+}
+
+/// Label of the volume audit's node counts.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuditResultLabels {
+    /// `audited` (the driver answered) or `not_audited`.
+    pub result: &'static str,
+}
+
 /// Handles to every operator metric.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -59,6 +73,14 @@ pub struct Metrics {
     pub storageclass_unknown_pool: Family<StorageClassLabels, Gauge>,
     /// Claims released (PVC and PV deleted) after a node loss, by StorageClass.
     pub node_loss_claims_released: Family<StorageClassLabels, Counter>,
+    /// Orphaned volumes found by the last volume audit, by pool (no series while it is off).
+    pub orphaned_volumes: Family<PoolLabels, Gauge>,
+    /// Bytes the orphaned volumes use, by pool.
+    pub orphaned_volume_bytes: Family<PoolLabels, Gauge>,
+    /// Bound PersistentVolumes whose directory the last audit found missing, by pool.
+    pub missing_volumes: Family<PoolLabels, Gauge>,
+    /// Nodes the last audit judged (`audited`) or could not ask (`not_audited`).
+    pub volume_audit_nodes: Family<AuditResultLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -72,6 +94,10 @@ impl Default for Metrics {
             duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
             storageclass_unknown_pool: Family::default(),
             node_loss_claims_released: Family::default(),
+            orphaned_volumes: Family::default(),
+            orphaned_volume_bytes: Family::default(),
+            missing_volumes: Family::default(),
+            volume_audit_nodes: Family::default(),
         }
     }
 }
@@ -94,6 +120,27 @@ impl Metrics {
             "node_loss_claims_released",
             "Claims released (PVC and PV deleted) after their node was lost, by StorageClass (nodeLossPolicy Recreate)",
             m.node_loss_claims_released.clone(),
+        );
+        let kubevirt = registry.sub_registry_with_prefix(KUBEVIRT_PREFIX);
+        kubevirt.register(
+            "orphaned_volumes",
+            "Volumes no PersistentVolume refers to, found by the last volume audit (spec.volumeAudit), by pool",
+            m.orphaned_volumes.clone(),
+        );
+        kubevirt.register(
+            "orphaned_volume_bytes",
+            "Bytes the orphaned volumes use (as measured by their nodes, at most 64 volumes per node and audit), by pool",
+            m.orphaned_volume_bytes.clone(),
+        );
+        kubevirt.register(
+            "missing_volumes",
+            "Bound PersistentVolumes whose directory the last volume audit found missing on their node, by pool",
+            m.missing_volumes.clone(),
+        );
+        kubevirt.register(
+            "volume_audit_nodes",
+            "Nodes whose driver answered the last volume audit (audited) or did not (not_audited)",
+            m.volume_audit_nodes.clone(),
         );
         let r = registry.sub_registry_with_prefix(PREFIX);
         r.register("reconcile", "Reconcile passes by result", m.reconciles.clone());
@@ -129,6 +176,33 @@ impl Metrics {
                 storageclass: storageclass.to_owned(),
             })
             .inc();
+    }
+
+    /// Replaces the volume audit's series with those of `report`; none while the audit is off.
+    pub fn set_volume_audit(&self, report: Option<&crate::subreconciler::VolumeAuditReport>) {
+        self.orphaned_volumes.clear();
+        self.orphaned_volume_bytes.clear();
+        self.missing_volumes.clear();
+        self.volume_audit_nodes.clear();
+        let Some(report) = report else { return };
+        for (pool, found) in &report.pools {
+            let labels = PoolLabels { pool: pool.clone() };
+            self.orphaned_volumes.get_or_create(&labels).set(found.orphaned_volumes);
+            self.orphaned_volume_bytes
+                .get_or_create(&labels)
+                .set(found.orphaned_bytes);
+            self.missing_volumes.get_or_create(&labels).set(found.missing_volumes);
+        }
+        if report.status.last_audit_time.is_some() {
+            for (result, n) in [
+                ("audited", report.status.nodes_audited),
+                ("not_audited", report.status.nodes_not_audited),
+            ] {
+                self.volume_audit_nodes
+                    .get_or_create(&AuditResultLabels { result })
+                    .set(n);
+            }
+        }
     }
 
     /// Records one pass.
@@ -170,5 +244,49 @@ mod tests {
             out.contains("# TYPE hpp_operator_reconcile_duration_seconds histogram"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn volume_audit_series_follow_the_last_report_and_go_with_it() {
+        use hpp_api::v1beta1::{PoolVolumeAudit, VolumeAuditStatus};
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        let report = crate::subreconciler::VolumeAuditReport {
+            status: VolumeAuditStatus {
+                last_audit_time: Some("2025-06-01T10:00:00Z".into()),
+                nodes_audited: 2,
+                nodes_not_audited: 1,
+                ..Default::default()
+            },
+            pools: [(
+                "local".to_owned(),
+                PoolVolumeAudit {
+                    orphaned_volumes: 3,
+                    orphaned_bytes: 4096,
+                    missing_volumes: 1,
+                    ..Default::default()
+                },
+            )]
+            .into(),
+        };
+        m.set_volume_audit(Some(&report));
+        let encode = |registry: &Registry| {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+            out
+        };
+        let out = encode(&registry);
+        for line in [
+            "kubevirt_hpp_orphaned_volumes{pool=\"local\"} 3",
+            "kubevirt_hpp_orphaned_volume_bytes{pool=\"local\"} 4096",
+            "kubevirt_hpp_missing_volumes{pool=\"local\"} 1",
+            "kubevirt_hpp_volume_audit_nodes{result=\"audited\"} 2",
+            "kubevirt_hpp_volume_audit_nodes{result=\"not_audited\"} 1",
+        ] {
+            assert!(out.contains(line), "{line} in {out}");
+        }
+        m.set_volume_audit(None);
+        let out = encode(&registry);
+        assert!(!out.contains("pool=\"local\""), "{out}");
     }
 }

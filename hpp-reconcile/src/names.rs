@@ -55,6 +55,18 @@ pub const POOL_ACTION_UNMOUNT: &str = "unmount";
 /// Name of the node-loss step (`Pipeline::standard`), also its field manager suffix.
 pub const STEP_NODE_LOSS: &str = "node-loss";
 
+/// Name of the volume-audit step (`Pipeline::standard`), also its field manager suffix.
+pub const STEP_VOLUME_AUDIT: &str = "volume-audit";
+/// Secret holding the bearer token the operator presents to the drivers' volume report
+/// (`spec.volumeAudit`), mounted read-only into the driver container.
+pub const VOLUME_REPORT_SECRET: &str = "hpp-volume-report-token";
+/// Key of the token in [`VOLUME_REPORT_SECRET`].
+pub const VOLUME_REPORT_TOKEN_KEY: &str = "token";
+/// Where the driver container mounts [`VOLUME_REPORT_SECRET`].
+pub const VOLUME_REPORT_MOUNT_DIR: &str = "/etc/hpp/volume-report";
+/// Volume (and mount) name of [`VOLUME_REPORT_SECRET`] in the CSI DaemonSet.
+pub const VOLUME_REPORT_VOLUME: &str = "volume-report-token";
+
 /// Kubernetes name limit used for every generated name.
 pub const MAX_NAME_LENGTH: usize = 63;
 

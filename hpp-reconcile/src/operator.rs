@@ -447,12 +447,13 @@ fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     }
 }
 
-/// Publishes the one-off Events of what steps did and counts the claims released after a node
-/// loss.
+/// Publishes the one-off Events of what steps did, counts the claims released after a node
+/// loss and sets the volume audit's gauges.
 async fn record_actions(ctx: &Context, readiness: &Readiness) {
     for storageclass in &readiness.node_loss_releases {
         ctx.metrics.node_loss_claim_released(storageclass);
     }
+    ctx.metrics.set_volume_audit(readiness.volume_audit.as_ref());
     for e in &readiness.events {
         publish_event(ctx, e).await;
     }

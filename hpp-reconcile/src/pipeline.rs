@@ -51,6 +51,7 @@ impl Pipeline {
             .with(reconcilers::StorageClassPools)
             .with(reconcilers::PoolMounts)
             .with(reconcilers::NodeLoss::default())
+            .with(reconcilers::VolumeAudit::default())
     }
 
     /// Appends a step.

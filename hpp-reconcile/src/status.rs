@@ -169,6 +169,13 @@ pub fn derive(prev: &HostPathProvisionerStatus, version: &str, outcome: &Outcome
             if let Some(node_loss) = &r.node_loss {
                 status.node_loss = (!node_loss.is_empty()).then(|| node_loss.clone());
             }
+            // The audit reports on every pass while it is on; absent, it is off.
+            status.volume_audit = r.volume_audit.as_ref().map(|a| a.status.clone());
+            if let Some(audit) = &r.volume_audit {
+                for pool in &mut status.storage_pool_statuses {
+                    pool.volume_audit = audit.pools.get(&pool.name).cloned();
+                }
+            }
             let rolling_out = !r.workloads_rolling_out.is_empty();
             if rolling_out || !r.workloads_not_ready.is_empty() {
                 let detail = r

@@ -60,8 +60,15 @@ pub fn status_patch(status: &HostPathProvisionerStatus, with_node_loss: bool) ->
             "operatorVersion",
             "targetVersion",
             "storagePoolStatuses",
+            "volumeAudit",
         ] {
             map.entry(key).or_insert(Value::Null);
+        }
+        // A merge patch merges objects key by key: what the audit no longer says is cleared.
+        if let Some(Value::Object(audit)) = map.get_mut("volumeAudit") {
+            for key in ["lastAuditTime", "nodesAudited", "nodesNotAudited", "notAudited"] {
+                audit.entry(key).or_insert(Value::Null);
+            }
         }
         if with_node_loss {
             let node_loss = map.entry("nodeLoss").or_insert(Value::Null);
@@ -167,5 +174,24 @@ mod tests {
         let body = status_patch(&HostPathProvisionerStatus::default(), false).unwrap();
         assert_eq!(body["status"]["observedVersion"], Value::Null);
         assert!(body["status"].as_object().unwrap().contains_key("storagePoolStatuses"));
+        assert_eq!(
+            body["status"]["volumeAudit"],
+            Value::Null,
+            "the audit turned off is cleared"
+        );
+        let audited = HostPathProvisionerStatus {
+            volume_audit: Some(hpp_api::v1beta1::VolumeAuditStatus {
+                nodes_audited: 2,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let body = status_patch(&audited, false).unwrap();
+        assert_eq!(body["status"]["volumeAudit"]["nodesAudited"], 2);
+        assert_eq!(
+            body["status"]["volumeAudit"]["notAudited"],
+            Value::Null,
+            "nodes that answer again leave the list"
+        );
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
-use hpp_api::v1beta1::{NodeLossStatus, StoragePoolStatus};
+use hpp_api::v1beta1::{NodeLossStatus, PoolVolumeAudit, StoragePoolStatus, VolumeAuditStatus};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::DynamicObject;
 use kube::runtime::events::EventType;
@@ -62,6 +62,17 @@ pub struct ObjectEvent {
     pub message: String,
 }
 
+/// What the volume audit publishes (`spec.volumeAudit`): `status.volumeAudit` and, per pool,
+/// `storagePoolStatuses[].volumeAudit` (merged into the pool statuses other steps report) and
+/// the audit's gauges.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VolumeAuditReport {
+    /// The next `status.volumeAudit`.
+    pub status: VolumeAuditStatus,
+    /// Findings by pool name.
+    pub pools: std::collections::BTreeMap<String, PoolVolumeAudit>,
+}
+
 /// What a sub-reconciler found after applying its objects.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Readiness {
@@ -89,6 +100,9 @@ pub struct Readiness {
     /// The StorageClass of each claim released after a node loss in this pass (for
     /// `kubevirt_hpp_node_loss_claims_released_total`).
     pub node_loss_releases: Vec<String>,
+    /// The volume audit's status; `None` (the audit is off) removes `status.volumeAudit` and
+    /// the pools' `volumeAudit`.
+    pub volume_audit: Option<VolumeAuditReport>,
 }
 
 impl Readiness {
@@ -114,6 +128,9 @@ impl Readiness {
             self.node_loss = other.node_loss;
         }
         self.node_loss_releases.extend(other.node_loss_releases);
+        if other.volume_audit.is_some() {
+            self.volume_audit = other.volume_audit;
+        }
     }
 }
 

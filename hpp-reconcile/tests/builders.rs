@@ -686,7 +686,8 @@ fn pipeline_can_be_edited_in_a_few_lines() {
             "prometheus",
             "storage-class-pools",
             "pool-mounts",
-            "node-loss"
+            "node-loss",
+            "volume-audit"
         ]
     );
     assert!(p.remove("prometheus"));

@@ -72,6 +72,15 @@ fn render(hpp: &HostPathProvisioner) -> Value {
                 assert!(objects.is_empty(), "the node-loss step renders nothing");
                 continue;
             }
+            // Likewise the volume-audit step (added later) while the CR does not turn it on;
+            // with the audit on it renders its Secret (`volume_audit_golden` below).
+            if step == hpp_reconcile::names::STEP_VOLUME_AUDIT && hpp.spec.volume_audit.is_none() {
+                assert!(
+                    objects.is_empty(),
+                    "the volume-audit step renders nothing while it is off"
+                );
+                continue;
+            }
             let objects: Vec<Value> = objects.iter().map(|o| o.to_value().unwrap()).collect();
             steps.insert(step, Value::Array(objects));
         }
@@ -80,13 +89,28 @@ fn render(hpp: &HostPathProvisioner) -> Value {
     Value::Object(out)
 }
 
+/// The basic example with `spec.volumeAudit` on (issue 28, part 3): only this golden shows the
+/// audit's token Secret and the driver's `--volume-report-token-file` and mount.
+const VOLUME_AUDIT_GOLDEN: &str = "hostpathprovisioner_volume_audit_cr";
+
+fn golden_cr(name: &str) -> HostPathProvisioner {
+    if name == VOLUME_AUDIT_GOLDEN {
+        let mut hpp = example("hostpathprovisioner_cr");
+        hpp.spec.volume_audit = Some(hpp_api::v1beta1::VolumeAudit {
+            interval: Some("30m".into()),
+        });
+        return hpp;
+    }
+    example(name)
+}
+
 #[test]
 fn rendered_objects_of_every_example_match_the_golden_files() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
     let mut stale = Vec::new();
-    for name in EXAMPLES {
+    for name in EXAMPLES.into_iter().chain([VOLUME_AUDIT_GOLDEN]) {
         let path = dir.join(format!("{name}.json"));
-        let rendered = serde_json::to_string_pretty(&render(&example(name))).unwrap() + "\n";
+        let rendered = serde_json::to_string_pretty(&render(&golden_cr(name))).unwrap() + "\n";
         if std::env::var_os("HPP_BLESS").is_some() {
             std::fs::write(&path, &rendered).unwrap();
         }

@@ -556,4 +556,17 @@ fn network_policy_admits_monitoring_to_metrics_and_nothing_to_admin() {
     for (k, v) in node["spec"]["podSelector"]["matchLabels"].as_object().unwrap() {
         assert_eq!(&ds["spec"]["template"]["metadata"]["labels"][k], v);
     }
+    // The volume audit (spec.volumeAudit): the operator pod reaches the drivers' 8443, and only
+    // that port.
+    let from_operator: Vec<&Value> = node["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["from"][0]["podSelector"]["matchLabels"]["name"] == "hostpath-provisioner-operator")
+        .collect();
+    assert_eq!(from_operator.len(), 1, "{node:#}");
+    assert_eq!(
+        from_operator[0]["ports"],
+        serde_json::json!([{"port": 8443, "protocol": "TCP"}])
+    );
 }

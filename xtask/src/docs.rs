@@ -297,6 +297,13 @@ fn exercised_registry(which: &str) -> anyhow::Result<Registry> {
             m.observe(0.01, Some("conflict"));
             m.set_unknown_pool_classes(&["hostpath-csi".to_owned()]);
             m.node_loss_claim_released("hostpath-csi");
+            m.set_volume_audit(Some(&hpp_reconcile::VolumeAuditReport {
+                status: hpp_api::v1beta1::VolumeAuditStatus {
+                    last_audit_time: Some("2025-01-01T00:00:00Z".into()),
+                    ..Default::default()
+                },
+                pools: [("local".to_owned(), Default::default())].into(),
+            }));
             let w = hpp_webhook::metrics::Metrics::register(&mut registry);
             w.request("validate", "allowed", 0.001);
             w.handshake_failed();

@@ -64,6 +64,14 @@ pub fn trash_retention(value: &Option<String>, _ctx: &()) -> garde::Result {
     })
 }
 
+/// `volumeAudit.interval`: a duration of at least one minute.
+pub fn audit_interval(value: &Option<String>, _ctx: &()) -> garde::Result {
+    let audit = crate::v1beta1::VolumeAudit {
+        interval: value.clone(),
+    };
+    audit.interval().map(|_| ()).map_err(garde::Error::new)
+}
+
 /// `trash.minFreePercent`: 0 to 99 (% of the filesystem kept free by purging the trash early).
 pub fn trash_min_free_percent(value: &Option<u32>, _ctx: &()) -> garde::Result {
     value.map_or(Ok(()), |v| check_trash_min_free_percent(v).map_err(garde::Error::new))

@@ -12,7 +12,7 @@ use kube::api::DynamicObject;
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, HTTPGetAction, PodSpec, PodTemplateSpec, Probe, SELinuxOptions,
-    SecurityContext, VolumeMount,
+    SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
@@ -288,7 +288,16 @@ fn sidecar_security_context() -> Option<SecurityContext> {
     })
 }
 
-/// The desired CSI DaemonSet.
+/// The file the driver reads the volume report's bearer token from (`spec.volumeAudit`): the
+/// token key of the mounted Secret. Kubelet refreshes the file when the Secret changes, and the
+/// driver reads it per request, so a new token takes effect without a restart.
+pub fn volume_report_token_path() -> String {
+    format!("{}/{}", names::VOLUME_REPORT_MOUNT_DIR, names::VOLUME_REPORT_TOKEN_KEY)
+}
+
+/// The desired CSI DaemonSet. With `spec.volumeAudit` the driver container also gets
+/// `--volume-report-token-file` and the token Secret mounted read-only, appended after
+/// everything else so a CR without the audit renders exactly as before.
 pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) -> Result<DesiredObject> {
     let pull = common::pull_policy(hpp);
     let img = &cfg.images;
@@ -304,8 +313,29 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
         socket_mount(),
     ];
     driver_mounts.extend(pool_volume_mounts.iter().cloned());
+    let audit = hpp.spec.volume_audit.is_some();
+    if audit {
+        driver_mounts.push(VolumeMount {
+            read_only: Some(true),
+            ..mount(names::VOLUME_REPORT_VOLUME, names::VOLUME_REPORT_MOUNT_DIR, None)
+        });
+    }
     let mut registrar_mounts = vec![socket_mount(), mount("registration-dir", "/registration", None)];
     registrar_mounts.extend(pool_volume_mounts.iter().cloned());
+    let mut driver_args = vec![
+        format!("--drivername={}", c::DRIVER_NAME),
+        format!("--v={v}"),
+        "--endpoint=$(CSI_ENDPOINT)".into(),
+        "--nodeid=$(NODE_NAME)".into(),
+        "--version=$(VERSION)".into(),
+        "--datadir=$(PV_DIR)".into(),
+        // Volumes are node-local: kubelet expands them on their node (see the resizer).
+        "--expansion=node".into(),
+        format!("--metrics-tls-version={}", cfg.metrics_tls_version),
+    ];
+    if audit {
+        driver_args.push(format!("--volume-report-token-file={}", volume_report_token_path()));
+    }
     let driver = Container {
         env: Some(vec![
             common::env_value("CSI_ENDPOINT", &format!("unix://{CSI_SOCKET}")),
@@ -337,17 +367,7 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
             "hostpath-provisioner",
             &img.csi_driver,
             &pull,
-            vec![
-                format!("--drivername={}", c::DRIVER_NAME),
-                format!("--v={v}"),
-                "--endpoint=$(CSI_ENDPOINT)".into(),
-                "--nodeid=$(NODE_NAME)".into(),
-                "--version=$(VERSION)".into(),
-                "--datadir=$(PV_DIR)".into(),
-                // Volumes are node-local: kubelet expands them on their node (see the resizer).
-                "--expansion=node".into(),
-                format!("--metrics-tls-version={}", cfg.metrics_tls_version),
-            ],
+            driver_args,
             driver_mounts,
         )
     };
@@ -458,6 +478,17 @@ pub fn desired_csi_daemonset(hpp: &HostPathProvisioner, cfg: &OperatorConfig) ->
             .iter()
             .map(|m| common::host_path_volume(&m.mount_name, &m.host_path, "DirectoryOrCreate")),
     );
+    if audit {
+        volumes.push(Volume {
+            name: names::VOLUME_REPORT_VOLUME.into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(names::VOLUME_REPORT_SECRET.into()),
+                default_mode: Some(0o400),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+    }
     let pod_spec = PodSpec {
         service_account_name: Some(names::CSI_SERVICE_ACCOUNT.into()),
         containers,

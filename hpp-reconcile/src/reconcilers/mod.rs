@@ -15,6 +15,7 @@ pub mod rollout;
 pub mod scc;
 pub mod storage_class_pools;
 pub mod storage_pools;
+pub mod volume_audit;
 
 pub use csi_daemonset::CsiDaemonSet;
 pub use csi_driver::CsiDriver;
@@ -26,3 +27,4 @@ pub use rbac::{Rbac, ServiceAccounts};
 pub use scc::Scc;
 pub use storage_class_pools::StorageClassPools;
 pub use storage_pools::StoragePools;
+pub use volume_audit::VolumeAudit;
