@@ -229,6 +229,7 @@ impl Pool {
 
     /// The pool directory's stamp now: it changes with every entry made, removed or renamed
     /// in it, so a listing or a scan stamped with it can tell whether it is still current.
+    #[allow(clippy::useless_conversion)] // the stat field types differ between architectures
     pub(crate) fn stamp(&self) -> Result<DirStamp> {
         let dir = self.open()?;
         let st = rustix::fs::fstat(&dir).map_err(|e| Error::io(format!("stat of storage pool {}", self.name), e))?;
