@@ -107,6 +107,9 @@ async fn at_size(dir: &Path, n: usize, args: &Args) -> anyhow::Result<AtSize> {
     })
 }
 
+/// A row of the table: its name and how it is read from one size's figures.
+type Measure<T> = (&'static str, fn(&AtSize) -> T);
+
 fn print(rows: &[AtSize]) {
     let (Some(first), Some(last)) = (rows.first(), rows.last()) else {
         return;
@@ -121,7 +124,7 @@ fn print(rows: &[AtSize]) {
     header.push("growth".to_owned());
     let header: Vec<&str> = header.iter().map(String::as_str).collect();
     let mut t = Table::new(&header);
-    let durations: [(&str, fn(&AtSize) -> Duration); 5] = [
+    let durations: [Measure<Duration>; 5] = [
         ("start-up until Probe answers", |r| r.ready),
         ("first GetCapacity", |r| r.first_capacity),
         ("ListVolumes, every page of 500", |r| r.list_all),
@@ -134,7 +137,7 @@ fn print(rows: &[AtSize]) {
         row.push(ratio_d(get(last), get(first)));
         t.row(row);
     }
-    let rates: [(&str, fn(&AtSize) -> f64); 2] = [
+    let rates: [Measure<f64>; 2] = [
         ("CreateVolume ops/s, c=16", |r| r.create.ops_per_sec),
         ("DeleteVolume ops/s, c=16", |r| r.delete.ops_per_sec),
     ];
@@ -144,7 +147,7 @@ fn print(rows: &[AtSize]) {
         row.push(ratio(get(last), get(first)));
         t.row(row);
     }
-    let memory: [(&str, fn(&AtSize) -> u64); 2] = [
+    let memory: [Measure<u64>; 2] = [
         ("VmRSS after start", |r| r.rss_after_start),
         ("VmRSS after listing all", |r| r.rss_after_list),
     ];
