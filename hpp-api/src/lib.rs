@@ -19,15 +19,22 @@
 
 pub mod condition;
 pub mod constants;
+#[cfg(feature = "crd")]
 pub mod conversion;
+#[cfg(feature = "crd")]
 pub mod crd;
 pub mod duration;
 pub mod inventory;
 pub mod names;
 pub mod quantity;
 pub mod quota;
+pub mod rules;
+#[cfg(feature = "crd")]
 pub mod v1alpha1;
+#[cfg(feature = "crd")]
 pub mod v1beta1;
+#[cfg(feature = "crd")]
 pub mod validation;
 
+#[cfg(feature = "crd")]
 pub use v1beta1::{HostPathProvisioner, HostPathProvisionerSpec, HostPathProvisionerStatus, StoragePool};

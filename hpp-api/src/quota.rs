@@ -2,12 +2,12 @@
 //! (`storagePools[].quota`) and the driver's `--datadir` JSON (`"quota"`), so the two spell
 //! every value the same way.
 
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// How a pool enforces the size of its volumes. Absent means `none`: KubeVirt's behaviour, a
 /// size is recorded but not enforced.
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "crd", derive(schemars::JsonSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum QuotaMode {
     /// No enforcement (default, KubeVirt-compatible).

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use hpp_api::quota::{DEFAULT_OVERCOMMIT_PERCENT, QuotaMode};
-use hpp_api::validation::rules;
+use hpp_api::rules;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -432,7 +432,7 @@ fn pool_from_json(index: usize, entry: &Value) -> Result<PoolConfig, ConfigError
 }
 
 /// Checks a pool list: non-empty, unique valid names, and every setting by the rules the CR's
-/// validation applies to the same field (shared through [`hpp_api::validation::rules`]).
+/// validation applies to the same field (shared through [`hpp_api::rules`]).
 pub fn check_pools(pools: &[PoolConfig]) -> Result<(), ConfigError> {
     if pools.is_empty() {
         return Err(ConfigError::NoPools);
@@ -655,7 +655,7 @@ mod tests {
 
     #[test]
     fn each_field_is_checked_with_the_crs_rule_and_message() {
-        use hpp_api::validation::rules;
+        use hpp_api::rules;
         let cases: [(&str, &str, String); 6] = [
             (
                 r#""overcommitPercent":0"#,
