@@ -6,8 +6,7 @@
 
 mod common;
 mod crash_child;
-#[path = "../../hpp-fs/tests/common/mod.rs"]
-mod loopfs;
+use hpp_testkit::loopfs;
 
 use std::io::Write;
 use std::os::fd::AsFd;

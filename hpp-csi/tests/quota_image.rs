@@ -7,8 +7,7 @@
 
 mod common;
 mod crash_child;
-#[path = "../../hpp-fs/tests/common/mod.rs"]
-mod loopfs;
+use hpp_testkit::loopfs;
 
 use common::*;
 use hpp_api::quota::QuotaMode;

@@ -3,8 +3,6 @@
 //! qgroup.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::io::Write;
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
@@ -32,7 +30,7 @@ fn is_quota_error(e: &std::io::Error) -> bool {
 
 #[test]
 fn limits_are_enforced_per_volume_raised_online_and_removed_with_the_volume() {
-    let Some(fs) = common::LoopFs::new("btrfs", 512, "") else {
+    let Some(fs) = hpp_testkit::loopfs::LoopFs::new("btrfs", 512, "") else {
         return;
     };
     let pool_dir = std::fs::File::open(fs.path()).unwrap();
@@ -94,7 +92,7 @@ fn limits_are_enforced_per_volume_raised_online_and_removed_with_the_volume() {
 
 #[test]
 fn clones_and_snapshots_are_subvolume_snapshots_with_their_own_limit() {
-    let Some(fs) = common::LoopFs::new("btrfs", 512, "") else {
+    let Some(fs) = hpp_testkit::loopfs::LoopFs::new("btrfs", 512, "") else {
         return;
     };
     let pool_dir = std::fs::File::open(fs.path()).unwrap();
@@ -149,7 +147,7 @@ fn a_pool_that_is_not_btrfs_is_refused_with_a_clear_error() {
 
 #[test]
 fn compression_is_a_per_volume_parameter_applied_while_in_use() {
-    let Some(fs) = common::LoopFs::new("btrfs", 512, "") else {
+    let Some(fs) = hpp_testkit::loopfs::LoopFs::new("btrfs", 512, "") else {
         return;
     };
     let pool_dir = std::fs::File::open(fs.path()).unwrap();
@@ -231,7 +229,7 @@ fn qgroup_path(pool: std::os::fd::BorrowedFd<'_>, level: u8, id: u64) -> std::pa
 /// moment it exists, whoever makes it.
 #[test]
 fn a_subvolume_a_tenant_makes_inside_its_volume_counts_against_the_volume_limit() {
-    let Some(fs) = common::LoopFs::new("btrfs", 512, "") else {
+    let Some(fs) = hpp_testkit::loopfs::LoopFs::new("btrfs", 512, "") else {
         return;
     };
     let pool_dir = std::fs::File::open(fs.path()).unwrap();
@@ -281,7 +279,7 @@ fn a_subvolume_a_tenant_makes_inside_its_volume_counts_against_the_volume_limit(
 /// stays, nothing more goes in.
 #[test]
 fn with_full_quotas_nested_subvolumes_are_frozen_at_what_they_hold() {
-    let Some(fs) = common::LoopFs::new("btrfs", 512, "") else {
+    let Some(fs) = hpp_testkit::loopfs::LoopFs::new("btrfs", 512, "") else {
         return;
     };
     let pool_dir = std::fs::File::open(fs.path()).unwrap();
@@ -331,7 +329,7 @@ fn with_full_quotas_nested_subvolumes_are_frozen_at_what_they_hold() {
 /// with its qgroups.
 #[test]
 fn snapshots_and_clones_of_a_volume_holding_subvolumes_are_refused() {
-    let Some(fs) = common::LoopFs::new("btrfs", 512, "") else {
+    let Some(fs) = hpp_testkit::loopfs::LoopFs::new("btrfs", 512, "") else {
         return;
     };
     let pool_dir = std::fs::File::open(fs.path()).unwrap();

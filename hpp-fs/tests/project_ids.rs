@@ -3,8 +3,6 @@
 //! on a real XFS the ids are the filesystem's project ids and are inherited.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -102,7 +100,7 @@ fn ids_survive_restarts_and_crash_leftovers_until_removed() {
 
 #[test]
 fn on_xfs_the_ids_are_real_project_ids_and_inherited() {
-    let Some(fs) = common::LoopFs::new("xfs", 320, "") else {
+    let Some(fs) = hpp_testkit::loopfs::LoopFs::new("xfs", 320, "") else {
         return;
     };
     let pool = std::fs::File::open(fs.path()).unwrap();
@@ -128,7 +126,7 @@ fn on_xfs_the_ids_are_real_project_ids_and_inherited() {
 
 #[test]
 fn limits_are_enforced_where_the_kernel_has_project_quota() {
-    let Some(fs) = common::LoopFs::new("xfs", 320, "prjquota") else {
+    let Some(fs) = hpp_testkit::loopfs::LoopFs::new("xfs", 320, "prjquota") else {
         eprintln!("skipped: `mount -o prjquota` fails here (no XFS quota in this kernel)");
         return;
     };

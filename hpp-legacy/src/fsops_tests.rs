@@ -163,8 +163,7 @@ fn filesystem_size_is_positive() {
 }
 
 /// Loop-mounted scratch filesystems, the same helper the hpp-fs and hpp-csi quota tests use.
-#[path = "../../hpp-fs/tests/common/mod.rs"]
-mod loopfs;
+use hpp_testkit::loopfs;
 
 #[test]
 fn a_btrfs_backend_makes_limited_subvolumes_that_delete_cleanly() {

@@ -3,8 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "../../hpp-fs/tests/common/mod.rs"]
-mod loopfs;
+use hpp_testkit::loopfs;
 
 use std::os::fd::AsFd;
 use std::sync::Arc;

@@ -78,6 +78,7 @@ pub mod grpc_client;
 mod handler;
 mod immutable;
 mod kinds;
+pub mod loopfs;
 mod ops;
 mod patch;
 mod path;

@@ -77,13 +77,6 @@ pub fn trash_min_free_percent(value: &Option<u32>, _ctx: &()) -> garde::Result {
     value.map_or(Ok(()), |v| check_trash_min_free_percent(v).map_err(garde::Error::new))
 }
 
-
-
-
-
-
-
-
 /// `overlayClassName`: a valid StorageClass name.
 pub fn overlay_class_name(value: &Option<String>, _ctx: &()) -> garde::Result {
     match value {
@@ -93,9 +86,6 @@ pub fn overlay_class_name(value: &Option<String>, _ctx: &()) -> garde::Result {
         _ => Ok(()),
     }
 }
-
-
-
 
 #[cfg(test)]
 mod tests {

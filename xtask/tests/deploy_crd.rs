@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use hpp_api::crd::{CRD_FILE, crd, crd_yaml};
 
-const BLESS: &str = "HPP_BLESS=1 cargo test -p hpp-api --test crd";
+const BLESS: &str = "HPP_BLESS=1 cargo test -p xtask --test deploy_crd";
 
 #[test]
 fn deploy_crd_is_up_to_date() {

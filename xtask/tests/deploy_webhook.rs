@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde_json::Value;
 
-const BLESS: &str = "HPP_BLESS=1 cargo test -p hpp-webhook --test deploy";
+const BLESS: &str = "HPP_BLESS=1 cargo test -p xtask --test deploy_webhook";
 
 fn documents(text: &str) -> Vec<Value> {
     serde_saphyr::from_multiple(text).unwrap()
