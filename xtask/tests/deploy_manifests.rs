@@ -231,7 +231,7 @@ fn kustomizations_name_existing_files() {
         }
     }
     // The top-level install brings the namespace, the CRD and the operator; the webhook (which
-    // needs cert-manager) is its own layer (see kustomize_layers.rs).
+    // needs cert-manager) is its own layer (see deploy_kustomize.rs).
     let listed = |file: &str| -> Vec<String> {
         load(&repo().join(file))[0].value["resources"]
             .as_array()
