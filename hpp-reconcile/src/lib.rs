@@ -53,6 +53,7 @@ pub mod facts;
 pub mod metrics;
 pub mod names;
 pub mod object;
+pub mod permissions;
 pub mod reconcilers;
 pub mod render;
 pub mod status;
@@ -61,12 +62,13 @@ pub mod status_write;
 pub use apply::Applier;
 pub use cache::Cache;
 pub use config::OperatorConfig;
-pub use error::{Error, Result};
+pub use error::{BoxError, Error, Result};
 pub use facts::{ClusterFacts, FactMap};
 pub use gather::fact_sources;
 pub use index::WatchIndex;
 pub use object::{ApplyStrategy, DesiredObject, Kind, StaticScope};
-pub use pipeline::{PassReport, Pipeline};
+pub use permissions::{OperatorRules, Permission};
+pub use pipeline::{PassReport, Pipeline, PipelineError};
 pub use subreconciler::{
     Decorate, Edit, ObjectEvent, ObjectWarning, Readiness, StepCondition, SubReconciler, SubReconcilerExt,
     VolumeAuditReport,

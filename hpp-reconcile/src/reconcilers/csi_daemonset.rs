@@ -18,6 +18,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 
 use super::common::{self, daemonset_kind};
+use crate::permissions::{Permission, WRITE};
 use crate::config::OperatorConfig;
 use crate::error::{Error, Result};
 use crate::facts::ClusterFacts;
@@ -524,11 +525,19 @@ pub struct CsiDaemonSet;
 #[async_trait]
 impl SubReconciler for CsiDaemonSet {
     fn name(&self) -> &str {
-        "csi-daemonset"
+        crate::names::STEP_CSI_DAEMONSET
     }
 
     fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {
         vec![daemonset_kind()]
+    }
+
+    fn permissions(&self, _facts: &ClusterFacts) -> Vec<Permission> {
+        vec![
+            Permission::on(&daemonset_kind(), &WRITE)
+                .named([names::CSI_DAEMONSET])
+                .because("csi-daemonset: the CSI driver's DaemonSet."),
+        ]
     }
 
     fn desired(&self, hpp: &HostPathProvisioner, cfg: &OperatorConfig, _: &ClusterFacts) -> Result<Vec<DesiredObject>> {

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, VolumeMoun
 use kube::api::ObjectMeta;
 
 use super::common::{self, daemonset_kind};
+use crate::permissions::{Permission, WRITE};
 use crate::config::OperatorConfig;
 use crate::error::Result;
 use crate::facts::ClusterFacts;
@@ -91,11 +92,19 @@ pub struct LegacyDaemonSet;
 #[async_trait]
 impl SubReconciler for LegacyDaemonSet {
     fn name(&self) -> &str {
-        "legacy-daemonset"
+        crate::names::STEP_LEGACY_DAEMONSET
     }
 
     fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {
         vec![daemonset_kind()]
+    }
+
+    fn permissions(&self, _facts: &ClusterFacts) -> Vec<Permission> {
+        vec![
+            Permission::on(&daemonset_kind(), &WRITE)
+                .named([names::LEGACY_DAEMONSET])
+                .because("legacy-daemonset: the legacy provisioner's DaemonSet."),
+        ]
     }
 
     fn desired(&self, hpp: &HostPathProvisioner, cfg: &OperatorConfig, _: &ClusterFacts) -> Result<Vec<DesiredObject>> {

@@ -15,6 +15,7 @@ use kube::api::DynamicObject;
 
 use super::common::{deployment_kind, job_kind, pvc_kind, storage_class_kind};
 use super::pool_objects as obj;
+use crate::permissions::{Permission, WRITE};
 use crate::apply::Applier;
 use crate::config::OperatorConfig;
 use crate::error::{Error, Result};
@@ -393,11 +394,32 @@ pub struct StoragePools;
 #[async_trait]
 impl SubReconciler for StoragePools {
     fn name(&self) -> &str {
-        "storage-pools"
+        crate::names::STEP_STORAGE_POOLS
     }
 
     fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {
         vec![pvc_kind(), deployment_kind(), job_kind(), storage_class_kind()]
+    }
+
+    fn permissions(&self, _facts: &ClusterFacts) -> Vec<Permission> {
+        vec![
+            Permission::on(&deployment_kind(), &WRITE).because(
+                "storage-pools: pool mounter Deployments are named after pools and nodes \
+                 (hpp-pool-<pool>-<node>), in the operator's namespace only.",
+            ),
+            Permission::on(&pvc_kind(), &["delete"]).and(&job_kind()).because(
+                "storage-pools: pool PVCs and cleanup Jobs are created once, never changed, and named after \
+                 pools and nodes, in the operator's namespace only.",
+            ),
+            Permission::on(&storage_class_kind(), &["delete"])
+                .named([names::DEFAULT_OVERLAY_CLASS])
+                .because(
+                    "storage-pools: the overlay StorageClass of ReadWriteMany pools (created once). A pool with \
+                     a custom `overlayClassName` needs that name added here, or the operator cannot delete the \
+                     class when the pool goes away (it logs the 403, publishes a Warning Event DeleteForbidden \
+                     on the class and leaves it; the pass and the CR's deletion carry on).",
+                ),
+        ]
     }
 
     fn desired(
@@ -432,7 +454,7 @@ impl SubReconciler for StoragePools {
             if !skip && node_ready(&m.node) && !job.is_some_and(|j| j.succeeded) {
                 let desired = obj::cleanup_job(hpp, &name, &m.pool_label, &m.node, &m.mount_path, cfg)?;
                 applier
-                    .apply(&format!("hpp-operator/{}", self.name()), &desired)
+                    .apply(&self.field_manager(), &desired)
                     .await?;
                 pending.push(name);
             }

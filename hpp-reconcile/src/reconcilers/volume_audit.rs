@@ -49,6 +49,7 @@ pub use self::report::{
     CONDITION_ORPHANED_VOLUMES, REASON_AUDIT_PENDING, REASON_NO_NODE_AUDITED, REASON_NO_ORPHANS, REASON_ORPHANS_FOUND,
     REASON_VOLUME_MISSING,
 };
+use crate::permissions::{Permission, WRITE};
 use crate::apply::Applier;
 use crate::config::OperatorConfig;
 use crate::error::{Error, Result};
@@ -319,6 +320,15 @@ impl SubReconciler for VolumeAudit {
     /// The token Secret: the sweep removes it when the audit is turned off.
     fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {
         vec![token::secret_kind()]
+    }
+
+    fn permissions(&self, _facts: &ClusterFacts) -> Vec<Permission> {
+        vec![Permission::on(&token::secret_kind(), &WRITE)
+            .named([names::VOLUME_REPORT_SECRET])
+            .because(
+                "volume-audit (spec.volumeAudit): the bearer token's Secret, made, read back and deleted when \
+                 the audit is turned off; without the audit the operator only watches (and finds no) Secrets.",
+            )]
     }
 
     fn watches(&self) -> Vec<(Kind, String)> {
