@@ -14,8 +14,8 @@ use hpp_testkit::FakeApiServer;
 
 #[tokio::test]
 async fn the_distribution_adds_pool_classes_and_drops_monitoring() {
-    let names = example::pipeline();
-    assert!(!names.names().contains(&"prometheus"));
+    let names = example::pipeline().unwrap();
+    assert!(!names.contains(hpp_reconcile::names::STEP_PROMETHEUS));
     assert_eq!(names.names().last(), Some(&"pool-storage-classes"));
 
     // ANCHOR: testkit

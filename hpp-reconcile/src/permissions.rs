@@ -359,6 +359,14 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
     lines
 }
 
+/// Whether `a` grants everything `b` does (same scope and group checked by the caller).
+fn covering(a: &Permission, b: &Permission) -> bool {
+    let subset = |x: &[String], y: &[String]| x.iter().all(|v| y.contains(v));
+    subset(&b.resources, &a.resources)
+        && subset(&b.verbs, &a.verbs)
+        && (a.names.is_empty() || (!b.names.is_empty() && subset(&b.names, &a.names)))
+}
+
 /// One merge of two rules, if any two can be merged; the later one is folded into the earlier.
 fn merge_once(rules: &mut Vec<Permission>) -> bool {
     for i in 0..rules.len() {
@@ -366,6 +374,13 @@ fn merge_once(rules: &mut Vec<Permission>) -> bool {
             let (a, b) = (&rules[i], &rules[j]);
             if a.scope != b.scope || a.group != b.group {
                 continue;
+            }
+            // A rule another grants entirely: gone, its reasons kept with the other.
+            if let Some((keep, drop)) = covering(a, b).then_some((i, j)).or(covering(b, a).then_some((j, i))) {
+                let dropped = rules.remove(drop);
+                let keep = if drop < keep { keep - 1 } else { keep };
+                push_unique(&mut rules[keep].reasons, dropped.reasons);
+                return true;
             }
             let same_resources = same_set(&a.resources, &b.resources);
             let same_names = same_set(&a.names, &b.names);
@@ -446,6 +461,29 @@ mod tests {
             &["a owns daemonsets", "b reads daemonsets", "c owns deployments"]
         );
         assert_eq!(reasons[2], &["a writes its DaemonSet", "b writes its DaemonSet"]);
+    }
+
+    #[test]
+    fn a_rule_another_grants_entirely_goes_and_leaves_its_reason() {
+        let cm = Kind::of::<ConfigMap>();
+        let rules = OperatorRules::new([
+            Permission::on(&cm, &["get", "list", "watch", "patch"]).because("owner"),
+            Permission::on(&cm, &["list"]).because("lister"),
+            Permission::on(&cm, &["patch"]).named(["x"]).because("named patch"),
+        ]);
+        let all: Vec<_> = rules.rules().map(rule).collect();
+        assert_eq!(
+            all,
+            [(Scope::Namespace, "", vec!["configmaps"], vec!["get", "list", "watch", "patch"], vec![])]
+        );
+        assert_eq!(rules.rules().next().unwrap().reasons, ["owner", "lister", "named patch"]);
+        // A named rule does not cover an unnamed one.
+        let rules = OperatorRules::new([
+            Permission::on(&cm, &["patch"]).named(["x"]),
+            Permission::on(&cm, &["patch"]),
+        ]);
+        assert_eq!(rules.rules().count(), 1);
+        assert!(rules.rules().next().unwrap().names.is_empty());
     }
 
     #[test]
