@@ -92,12 +92,6 @@ impl Permission {
         }
     }
 
-    /// The same verbs on another kind of the same group and scope as well.
-    pub fn and(mut self, kind: &Kind) -> Self {
-        push_unique(&mut self.resources, [kind.plural.clone()]);
-        self
-    }
-
     /// In every namespace (the ClusterRole), for a namespaced kind whose objects live anywhere
     /// (users' claims).
     pub fn cluster_wide(mut self) -> Self {
@@ -175,10 +169,10 @@ pub fn framework() -> Vec<Permission> {
         );
     }
     for (kind, _selector) in gather::fact_sources() {
-        out.push(Permission::on(&kind, &READ).because(format!(
-            "Facts every pass reads ({}): node placement, pool objects, the pool status.",
-            kind.plural
-        )));
+        out.push(Permission::on(&kind, &READ).because(
+            "Facts every pass reads: nodes (placement), pool objects, and for the pool status \
+             PersistentVolumes, StorageClasses and the capacity the driver publishes.",
+        ));
     }
     out
 }
@@ -322,8 +316,12 @@ fn rules_yaml<'a>(rules: impl Iterator<Item = &'a Permission>) -> String {
         format!("[{}]", quoted.join(", "))
     };
     let mut out = String::from("rules:\n");
+    let mut said: &[String] = &[];
     for rule in rules {
-        for reason in &rule.reasons {
+        // Consecutive rules for the same reasons share one comment.
+        let reasons = if rule.reasons == said { &[][..] } else { &rule.reasons[..] };
+        said = &rule.reasons;
+        for reason in reasons {
             for line in wrap(reason, 96) {
                 out.push_str("  # ");
                 out.push_str(&line);

@@ -99,7 +99,9 @@ fn rbac_covers_every_managed_kind_without_wildcards() {
             "{verb} {group}/{resource}"
         );
     }
-    assert!(allows_some_name(&role_rules, "coordination.k8s.io", "leases", "patch"));
+    // Leader election reads, creates and updates its Lease (never patches it).
+    assert!(allows_some_name(&role_rules, "coordination.k8s.io", "leases", "update"));
+    assert!(allows(&role_rules, "coordination.k8s.io", "leases", "create"));
     // Every fact source is read and watched (PVs, StorageClasses and CSIStorageCapacity feed
     // the pool status).
     for (kind, _selector) in hpp_reconcile::fact_sources() {

@@ -174,7 +174,9 @@ impl SubReconciler for Prometheus {
                 .named([names::METRICS_SERVICE])
                 .because(why),
             Permission::on(&role_kind(), &WRITE)
-                .and(&role_binding_kind())
+                .named([names::MONITORING_ROLE])
+                .because(why),
+            Permission::on(&role_binding_kind(), &WRITE)
                 .named([names::MONITORING_ROLE])
                 .because(why),
             Permission::on(&role_kind(), &["escalate", "bind"])

@@ -244,15 +244,17 @@ impl SubReconciler for Rbac {
                    permissions it grants them: it may create those roles and bindings because of `escalate` \
                    and `bind` on their names only.";
         vec![
-            Permission::on(&cluster_role_kind(), &WRITE)
-                .and(&cluster_role_binding_kind())
+            Permission::on(&cluster_role_kind(), &WRITE).named(cluster).because(why),
+            Permission::on(&cluster_role_binding_kind(), &WRITE)
                 .named(cluster)
                 .because(why),
             Permission::on(&cluster_role_kind(), &["escalate", "bind"])
                 .named(cluster)
                 .because(why),
             Permission::on(&role_kind(), &WRITE)
-                .and(&role_binding_kind())
+                .named([names::CSI_SERVICE_ACCOUNT])
+                .because(why),
+            Permission::on(&role_binding_kind(), &WRITE)
                 .named([names::CSI_SERVICE_ACCOUNT])
                 .because(why),
             Permission::on(&role_kind(), &["escalate", "bind"])

@@ -407,9 +407,13 @@ impl SubReconciler for StoragePools {
                 "storage-pools: pool mounter Deployments are named after pools and nodes \
                  (hpp-pool-<pool>-<node>), in the operator's namespace only.",
             ),
-            Permission::on(&pvc_kind(), &["delete"]).and(&job_kind()).because(
-                "storage-pools: pool PVCs and cleanup Jobs are created once, never changed, and named after \
-                 pools and nodes, in the operator's namespace only.",
+            Permission::on(&pvc_kind(), &["delete"]).because(
+                "storage-pools: pool PVCs are created once, never changed, and named after pools and nodes, \
+                 in the operator's namespace only.",
+            ),
+            Permission::on(&job_kind(), &["delete"]).because(
+                "storage-pools: cleanup Jobs are created once, never changed, and named after pools and nodes, \
+                 in the operator's namespace only.",
             ),
             Permission::on(&storage_class_kind(), &["delete"])
                 .named([names::DEFAULT_OVERLAY_CLASS])
