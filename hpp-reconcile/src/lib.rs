@@ -14,7 +14,12 @@
 //!   done), and [`WatchIndex`] ([`SubReconciler::indexes`]): an index a step keeps over watched
 //!   objects, fed per watch event, so a pass stays O(changes) on large clusters.
 //! - [`Pipeline`]: the ordered steps of a distribution; applies them, sweeps labelled leftovers,
-//!   cleans up in reverse order on deletion.
+//!   cleans up in reverse order on deletion. Its edits name steps by the [`names`] `STEP_*`
+//!   constants and fail with a [`PipelineError`] on a missing step or a second step of a name.
+//! - [`DesiredObject::edit`]: change a desired object as its k8s-openapi type.
+//! - [`permissions`]: the RBAC an operator needs, derived from its pipeline
+//!   ([`SubReconciler::permissions`] declares a step's own) and rendered by [`OperatorRules`].
+//! - [`Error::other`]: an embedder's own failure, reported on the CR and retried like any other.
 //! - [`Applier`]: the only writer (server-side apply per step field manager, skipped when the
 //!   live object already matches); reads go through the controller's watch [`Cache`].
 //! - [`controller`]: watches every kind [`Pipeline::kinds`] returns, so a plugged-in step's
