@@ -16,7 +16,7 @@ use serde_json::Value;
 /// Arguments of `render`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RenderArgs {
-    /// The HostPathProvisioner YAML (`-` for stdin).
+    /// The HostPathProvisioner YAML (`-` for stdin); required unless `--rbac`.
     #[arg(short = 'f', long = "filename", required_unless_present = "rbac")]
     pub file: Option<PathBuf>,
     /// Print the operator's own RBAC instead (its ServiceAccount, ClusterRole, Role and
