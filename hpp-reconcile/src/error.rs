@@ -213,7 +213,10 @@ mod tests {
         assert_eq!(e.category(), "step_failed");
         assert_eq!(e.event_reason(), "StepFailed");
         let source = std::error::Error::source(&e).unwrap();
-        assert!(source.downcast_ref::<std::io::Error>().is_some(), "the source stays typed");
+        assert!(
+            source.downcast_ref::<std::io::Error>().is_some(),
+            "the source stays typed"
+        );
         let plain = Error::other("site-inventory", "no quota left");
         assert_eq!(plain.to_string(), "step site-inventory: no quota left");
     }

@@ -68,7 +68,8 @@ impl LeaseSettings {
             self.name
         );
         vec![
-            crate::Permission::resource("coordination.k8s.io", "leases", Scope::Namespace, &["create"]).because(why.clone()),
+            crate::Permission::resource("coordination.k8s.io", "leases", Scope::Namespace, &["create"])
+                .because(why.clone()),
             crate::Permission::resource("coordination.k8s.io", "leases", Scope::Namespace, &["get", "update"])
                 .named([self.name.clone()])
                 .because(why),

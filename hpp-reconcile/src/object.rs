@@ -399,7 +399,11 @@ mod tests {
         // An object whose JSON is not a valid K: the error names it.
         obj.object.data["data"] = json!(["not", "a", "map"]);
         let err = obj.edit(|_: &mut ConfigMap| ()).unwrap_err();
-        assert!(err.to_string().starts_with("serialize /ConfigMap hpp/settings as ConfigMap: "), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("serialize /ConfigMap hpp/settings as ConfigMap: "),
+            "{err}"
+        );
     }
 
     #[test]

@@ -132,7 +132,12 @@ impl Permission {
 fn sorted_verbs(verbs: impl IntoIterator<Item = String>) -> Vec<String> {
     let set: BTreeSet<String> = verbs.into_iter().collect();
     let mut out: Vec<String> = set.into_iter().collect();
-    out.sort_by_key(|v| (VERB_ORDER.iter().position(|o| o == v).unwrap_or(VERB_ORDER.len()), v.clone()));
+    out.sort_by_key(|v| {
+        (
+            VERB_ORDER.iter().position(|o| o == v).unwrap_or(VERB_ORDER.len()),
+            v.clone(),
+        )
+    });
     out
 }
 
@@ -319,7 +324,11 @@ fn rules_yaml<'a>(rules: impl Iterator<Item = &'a Permission>) -> String {
     let mut said: &[String] = &[];
     for rule in rules {
         // Consecutive rules for the same reasons share one comment.
-        let reasons = if rule.reasons == said { &[][..] } else { &rule.reasons[..] };
+        let reasons = if rule.reasons == said {
+            &[][..]
+        } else {
+            &rule.reasons[..]
+        };
         said = &rule.reasons;
         for reason in reasons {
             for line in wrap(reason, 96) {
@@ -421,7 +430,13 @@ mod tests {
     }
 
     fn rule(p: &Permission) -> (Scope, &str, Vec<&str>, Vec<&str>, Vec<&str>) {
-        (p.scope, p.group.as_str(), strs(&p.resources), strs(&p.verbs), strs(&p.names))
+        (
+            p.scope,
+            p.group.as_str(),
+            strs(&p.resources),
+            strs(&p.verbs),
+            strs(&p.names),
+        )
     }
 
     #[test]
@@ -432,8 +447,12 @@ mod tests {
             Permission::on(&ds, &["get", "list", "watch", "create"]).because("a owns daemonsets"),
             Permission::on(&ds, &["watch", "get"]).because("b reads daemonsets"),
             Permission::on(&dep, &["create", "get", "list", "watch"]).because("c owns deployments"),
-            Permission::on(&ds, &WRITE).named(["a"]).because("a writes its DaemonSet"),
-            Permission::on(&ds, &WRITE).named(["b"]).because("b writes its DaemonSet"),
+            Permission::on(&ds, &WRITE)
+                .named(["a"])
+                .because("a writes its DaemonSet"),
+            Permission::on(&ds, &WRITE)
+                .named(["b"])
+                .because("b writes its DaemonSet"),
             Permission::on(&dep, &WRITE).because("c writes deployments of any name"),
             Permission::on(&Kind::of::<Node>(), &READ).because("facts"),
         ]);
@@ -449,8 +468,20 @@ mod tests {
                     vec!["get", "list", "watch", "create"],
                     vec![]
                 ),
-                (Scope::Namespace, "apps", vec!["daemonsets"], vec!["patch", "delete"], vec!["a", "b"]),
-                (Scope::Namespace, "apps", vec!["deployments"], vec!["patch", "delete"], vec![]),
+                (
+                    Scope::Namespace,
+                    "apps",
+                    vec!["daemonsets"],
+                    vec!["patch", "delete"],
+                    vec!["a", "b"]
+                ),
+                (
+                    Scope::Namespace,
+                    "apps",
+                    vec!["deployments"],
+                    vec!["patch", "delete"],
+                    vec![]
+                ),
             ]
         );
         let reasons: Vec<&Vec<String>> = rules.rules().map(|p| &p.reasons).collect();
@@ -472,9 +503,18 @@ mod tests {
         let all: Vec<_> = rules.rules().map(rule).collect();
         assert_eq!(
             all,
-            [(Scope::Namespace, "", vec!["configmaps"], vec!["get", "list", "watch", "patch"], vec![])]
+            [(
+                Scope::Namespace,
+                "",
+                vec!["configmaps"],
+                vec!["get", "list", "watch", "patch"],
+                vec![]
+            )]
         );
-        assert_eq!(rules.rules().next().unwrap().reasons, ["owner", "lister", "named patch"]);
+        assert_eq!(
+            rules.rules().next().unwrap().reasons,
+            ["owner", "lister", "named patch"]
+        );
         // A named rule does not cover an unnamed one.
         let rules = OperatorRules::new([
             Permission::on(&cm, &["patch"]).named(["x"]),
@@ -497,7 +537,13 @@ mod tests {
             all,
             [
                 (Scope::Cluster, "", vec!["configmaps"], vec!["delete"], vec![]),
-                (Scope::Namespace, "", vec!["configmaps"], vec!["get", "list", "watch"], vec![]),
+                (
+                    Scope::Namespace,
+                    "",
+                    vec!["configmaps"],
+                    vec!["get", "list", "watch"],
+                    vec![]
+                ),
                 (Scope::Namespace, "", vec!["configmaps"], vec!["delete"], vec![]),
             ]
         );
@@ -512,7 +558,10 @@ mod tests {
                 .because("x ".repeat(60)),
         ]);
         let yaml = rules.to_yaml("my-operator", "my-ns", "My operator's RBAC.\n\nGenerated.");
-        assert!(yaml.starts_with("# My operator's RBAC.\n#\n# Generated.\napiVersion: v1\n"), "{yaml}");
+        assert!(
+            yaml.starts_with("# My operator's RBAC.\n#\n# Generated.\napiVersion: v1\n"),
+            "{yaml}"
+        );
         assert!(yaml.contains("  # Pools follow nodes.\n  - apiGroups: [\"\"]\n    resources: [\"nodes\"]\n"));
         assert!(yaml.contains("    resourceNames: [\"settings\"]\n"));
         assert!(yaml.lines().all(|l| l.len() <= 100), "comments are wrapped");
@@ -520,7 +569,13 @@ mod tests {
         let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
         assert_eq!(
             kinds,
-            ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+            [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding"
+            ]
         );
         let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(docs[3].clone()).unwrap();
         assert_eq!(role.metadata.namespace.as_deref(), Some("my-ns"));

@@ -354,7 +354,9 @@ mod tests {
             }
         };
         let mut pipeline = Pipeline::standard();
-        pipeline.decorate(names::STEP_CSI_DRIVER, in_namespace(Some("hpp"))).unwrap();
+        pipeline
+            .decorate(names::STEP_CSI_DRIVER, in_namespace(Some("hpp")))
+            .unwrap();
         assert!(pipeline.desired(&hpp, &cfg, &ClusterFacts::default()).is_ok());
 
         let mut pipeline = Pipeline::standard();
@@ -409,9 +411,7 @@ mod tests {
 
     #[test]
     fn a_second_step_of_a_name_is_refused_wherever_it_is_added() {
-        let duplicate = |r: Result<(), PipelineError>| {
-            matches!(r, Err(PipelineError::DuplicateStep { name }) if name == names::STEP_CSI_DRIVER)
-        };
+        let duplicate = |r: Result<(), PipelineError>| matches!(r, Err(PipelineError::DuplicateStep { name }) if name == names::STEP_CSI_DRIVER);
         let mut pipeline = Pipeline::standard();
         assert!(duplicate(pipeline.push(Box::new(reconcilers::CsiDriver))));
         assert!(duplicate(

@@ -16,9 +16,7 @@ use hpp_reconcile::object::Kind;
 use hpp_reconcile::operator::{Context, error_policy};
 use hpp_reconcile::reconcilers::common::{object_meta, typed_ssa};
 use hpp_reconcile::testkit::RbacPolicy;
-use hpp_reconcile::{
-    ClusterFacts, DesiredObject, Error, OperatorConfig, OperatorRules, Pipeline, SubReconciler,
-};
+use hpp_reconcile::{ClusterFacts, DesiredObject, Error, OperatorConfig, OperatorRules, Pipeline, SubReconciler};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -126,9 +124,14 @@ impl SubReconciler for SiteInventory {
 fn with_step(env: &Env, step: SiteInventory) -> Arc<Context> {
     let pipeline = Pipeline::standard().with(step).unwrap();
     Arc::new(
-        Context::new(env.fake.client(), support::config("v1.0.0"), pipeline, Metrics::default())
-            .with_backoff(Duration::from_millis(20), Duration::from_millis(200))
-            .with_warning_grace(Duration::ZERO),
+        Context::new(
+            env.fake.client(),
+            support::config("v1.0.0"),
+            pipeline,
+            Metrics::default(),
+        )
+        .with_backoff(Duration::from_millis(20), Duration::from_millis(200))
+        .with_warning_grace(Duration::ZERO),
     )
 }
 
@@ -170,10 +173,7 @@ async fn an_embedders_own_failure_degrades_the_cr_with_its_message_and_is_retrie
         ["step site-inventory: inventory service timed out"]
     );
     // Retried with the backoff of any failure: the base delay after the first.
-    assert_eq!(
-        error_policy(hpp, &err, ctx),
-        Action::requeue(Duration::from_millis(20))
-    );
+    assert_eq!(error_policy(hpp, &err, ctx), Action::requeue(Duration::from_millis(20)));
 }
 
 #[tokio::test]

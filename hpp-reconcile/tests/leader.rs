@@ -60,7 +60,11 @@ async fn the_election_needs_no_more_than_the_permissions_it_declares() {
     let other = Access::new("update", "coordination.k8s.io", "leases")
         .in_namespace(NS)
         .named("another-lock");
-    assert!(!RbacPolicy::new().namespace_rules(NS, rules.namespace_rules()).allows(&other));
+    assert!(
+        !RbacPolicy::new()
+            .namespace_rules(NS, rules.namespace_rules())
+            .allows(&other)
+    );
 }
 
 #[tokio::test]

@@ -97,10 +97,7 @@ impl RbacPolicy {
 
     /// Adds rules of a Role bound in `namespace`: they apply to requests in it.
     pub fn namespace_rules(mut self, namespace: &str, rules: impl IntoIterator<Item = PolicyRule>) -> Self {
-        self.namespaced
-            .entry(namespace.to_owned())
-            .or_default()
-            .extend(rules);
+        self.namespaced.entry(namespace.to_owned()).or_default().extend(rules);
         self
     }
 
@@ -151,10 +148,7 @@ impl RbacPolicy {
 
     /// The 403 answer to `access`, worded as the API server words it.
     pub(crate) fn forbidden(&self, access: &Access) -> ApiError {
-        let user = self
-            .user
-            .as_deref()
-            .unwrap_or("system:serviceaccount:default:default");
+        let user = self.user.as_deref().unwrap_or("system:serviceaccount:default:default");
         let (plural, _) = access
             .resource
             .split_once('/')
@@ -196,9 +190,7 @@ pub(crate) fn access_of(
     let Route::Object(p) = route(path, namespaced) else {
         return None;
     };
-    let watch = parse_query(query)
-        .get("watch")
-        .is_some_and(|w| w == "true" || w == "1");
+    let watch = parse_query(query).get("watch").is_some_and(|w| w == "true" || w == "1");
     let verb = match (method, p.name.is_some()) {
         (&http::Method::GET, true) => "get",
         (&http::Method::GET, false) if watch => "watch",
@@ -230,7 +222,8 @@ pub(crate) fn access_of(
 
 /// Whether one rule allows the access (Kubernetes' `RuleAllows`).
 fn rule_allows(rule: &PolicyRule, access: &Access) -> bool {
-    let has = |items: Option<&Vec<String>>, wanted: &str| items.is_some_and(|i| i.iter().any(|x| x == "*" || x == wanted));
+    let has =
+        |items: Option<&Vec<String>>, wanted: &str| items.is_some_and(|i| i.iter().any(|x| x == "*" || x == wanted));
     let resource_matches = rule.resources.as_ref().is_some_and(|resources| {
         resources.iter().any(|r| {
             r == "*"
@@ -278,14 +271,32 @@ mod tests {
         let allowed = |a: Access| policy.allows(&a);
         assert!(allowed(Access::new("list", "", "nodes")));
         assert!(!allowed(Access::new("delete", "", "nodes").named("n1")));
-        assert!(allowed(Access::new("patch", "apps", "daemonsets").in_namespace("a").named("mine")));
-        assert!(!allowed(Access::new("patch", "apps", "daemonsets").in_namespace("a").named("theirs")));
-        assert!(!allowed(Access::new("patch", "apps", "daemonsets").in_namespace("a")), "no name, no match");
+        assert!(allowed(
+            Access::new("patch", "apps", "daemonsets")
+                .in_namespace("a")
+                .named("mine")
+        ));
+        assert!(!allowed(
+            Access::new("patch", "apps", "daemonsets")
+                .in_namespace("a")
+                .named("theirs")
+        ));
+        assert!(
+            !allowed(Access::new("patch", "apps", "daemonsets").in_namespace("a")),
+            "no name, no match"
+        );
         assert!(allowed(Access::new("update", "x.io", "things/status").named("t")));
         assert!(!allowed(Access::new("update", "x.io", "things").named("t")));
-        assert!(allowed(Access::new("delete", "", "configmaps").in_namespace("ns").named("c")));
-        assert!(!allowed(Access::new("delete", "", "configmaps").in_namespace("other").named("c")));
-        assert!(!allowed(Access::new("list", "", "configmaps")), "a Role's rules never apply across namespaces");
+        assert!(allowed(
+            Access::new("delete", "", "configmaps").in_namespace("ns").named("c")
+        ));
+        assert!(!allowed(
+            Access::new("delete", "", "configmaps").in_namespace("other").named("c")
+        ));
+        assert!(
+            !allowed(Access::new("list", "", "configmaps")),
+            "a Role's rules never apply across namespaces"
+        );
     }
 
     #[test]

@@ -65,22 +65,36 @@ async fn each_call_is_checked_with_the_verb_the_api_server_derives() {
         "configmaps \"new\" is forbidden: User \"system:serviceaccount:ns:op\" cannot patch resource \
          \"configmaps\" in API group \"\" in the namespace \"ns\""
     );
-    forbidden(api.replace("mine", &PostParams::default(), &api.get("mine").await.unwrap()).await);
+    forbidden(
+        api.replace("mine", &PostParams::default(), &api.get("mine").await.unwrap())
+            .await,
+    );
     forbidden(api.delete("mine", &DeleteParams::default()).await);
-    forbidden(api.delete_collection(&DeleteParams::default(), &ListParams::default()).await);
+    forbidden(
+        api.delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await,
+    );
     forbidden(api.watch(&WatchParams::default(), "0").await.map(|_| ()));
     // The Role is bound in ns only; nodes are listed, not read one by one.
-    forbidden(Api::<ConfigMap>::namespaced(fake.client(), "other").list(&ListParams::default()).await);
+    forbidden(
+        Api::<ConfigMap>::namespaced(fake.client(), "other")
+            .list(&ListParams::default())
+            .await,
+    );
     let nodes: Api<Node> = Api::all(fake.client());
     nodes.list(&ListParams::default()).await.unwrap();
     assert!(
-        forbidden(nodes.get("n1").await).ends_with("cannot get resource \"nodes\" in API group \"\" at the cluster scope")
+        forbidden(nodes.get("n1").await)
+            .ends_with("cannot get resource \"nodes\" in API group \"\" at the cluster scope")
     );
     // Discovery stays open; the test's own reads are not requests.
     kube::discovery::Discovery::new(fake.client()).run().await.unwrap();
     assert!(fake.get::<ConfigMap>(Some("ns"), "mine").is_some());
     assert_eq!(fake.denied_requests().len(), 7, "{:#?}", fake.denied_requests());
-    assert!(fake.get::<ConfigMap>(Some("ns"), "mine").is_some(), "a denied delete deletes nothing");
+    assert!(
+        fake.get::<ConfigMap>(Some("ns"), "mine").is_some(),
+        "a denied delete deletes nothing"
+    );
     fake.allow_all();
     api.delete("mine", &DeleteParams::default()).await.unwrap();
 }

@@ -41,9 +41,8 @@ pub fn process_permissions(namespace: &str) -> Vec<Permission> {
         .because("The admission webhook refuses a second HostPathProvisioner (it lists them)."),
         Permission::resource("", "persistentvolumes", Scope::Cluster, &["list"])
             .because("The admission webhook's delete guard: PersistentVolumes still provisioned by hpp."),
-        Permission::resource("config.openshift.io", "apiservers", Scope::Cluster, &READ).because(
-            "OpenShift: the cluster's TLS profile, for the webhook and the driver's --metrics-tls-version.",
-        ),
+        Permission::resource("config.openshift.io", "apiservers", Scope::Cluster, &READ)
+            .because("OpenShift: the cluster's TLS profile, for the webhook and the driver's --metrics-tls-version."),
     ];
     out.extend(super::leader::settings(namespace, "").permissions());
     out

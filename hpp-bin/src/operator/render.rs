@@ -283,7 +283,11 @@ mod tests {
         assert_eq!(yaml, super::super::rbac::yaml("storage"));
         let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&yaml).unwrap();
         assert_eq!(docs.len(), 5);
-        assert!(docs.iter().filter(|d| d["metadata"]["namespace"].is_string()).all(|d| d["metadata"]["namespace"] == "storage"));
+        assert!(
+            docs.iter()
+                .filter(|d| d["metadata"]["namespace"].is_string())
+                .all(|d| d["metadata"]["namespace"] == "storage")
+        );
         let env = vec![("POD_NAMESPACE".to_owned(), "from-env".to_owned())];
         let json = rbac_with_env(&render_args_from(&["--rbac", "-o", "json"]), env).unwrap();
         assert!(json.contains("\"namespace\": \"from-env\""), "{json}");

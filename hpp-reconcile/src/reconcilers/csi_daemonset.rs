@@ -18,12 +18,12 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 
 use super::common::{self, daemonset_kind};
-use crate::permissions::{Permission, WRITE};
 use crate::config::OperatorConfig;
 use crate::error::{Error, Result};
 use crate::facts::ClusterFacts;
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::{ObjectWarning, Readiness, SubReconciler};
 
 /// Event reason when the `Snapshotting` gate is on but no pool has a snapshot provider.

@@ -6,11 +6,11 @@ use hpp_api::constants as c;
 use k8s_openapi::api::storage::v1::{CSIDriver as CsiDriverObject, CSIDriverSpec};
 
 use super::common::{self, csi_driver_kind};
-use crate::permissions::{Permission, WRITE};
 use crate::config::OperatorConfig;
 use crate::error::Result;
 use crate::facts::ClusterFacts;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::SubReconciler;
 
 /// The desired CSIDriver.

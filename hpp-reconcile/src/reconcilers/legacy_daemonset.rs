@@ -11,12 +11,12 @@ use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec, VolumeMoun
 use kube::api::ObjectMeta;
 
 use super::common::{self, daemonset_kind};
-use crate::permissions::{Permission, WRITE};
 use crate::config::OperatorConfig;
 use crate::error::Result;
 use crate::facts::ClusterFacts;
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::{Readiness, SubReconciler};
 
 /// Extra label letting the legacy pods reach cluster services under KubeVirt's NetworkPolicies.

@@ -49,7 +49,6 @@ use self::decide::{Inputs, Plan, PolicySource, Release};
 pub use self::decide::{REASON_INVALID_NODE_LOSS_POLICY, decide};
 pub use self::index::VolumeIndex;
 use super::common::storage_class_kind;
-use crate::permissions::{Permission, WRITE};
 use crate::apply::Applier;
 use crate::config::OperatorConfig;
 use crate::error::{Error, Result};
@@ -58,6 +57,7 @@ use crate::gather::typed;
 use crate::index::WatchIndex;
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::{ObjectEvent, ObjectWarning, Readiness, SubReconciler};
 
 /// Warning Event on the CR: a node is lost and claims will be released after their grace period.

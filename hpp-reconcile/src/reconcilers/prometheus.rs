@@ -14,12 +14,12 @@ use serde_json::{Value, json};
 use super::rbac::{role_ref, rule};
 
 use super::common::{self, prometheus_rule_kind, role_binding_kind, role_kind, service_kind, service_monitor_kind};
-use crate::permissions::{Permission, WRITE};
 use crate::config::OperatorConfig;
 use crate::error::Result;
 use crate::facts::ClusterFacts;
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::SubReconciler;
 
 /// Service account Prometheus scrapes with.

@@ -9,12 +9,12 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Ro
 use super::common::{
     self, cluster_role_binding_kind, cluster_role_kind, role_binding_kind, role_kind, service_account_kind,
 };
-use crate::permissions::{Permission, WRITE};
 use crate::config::OperatorConfig;
 use crate::error::Result;
 use crate::facts::ClusterFacts;
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::SubReconciler;
 
 fn strings(items: &[&str]) -> Vec<String> {

@@ -5,12 +5,12 @@ use hpp_api::HostPathProvisioner;
 use serde_json::json;
 
 use super::common::{self, scc_kind};
-use crate::permissions::{Permission, WRITE};
 use crate::config::OperatorConfig;
 use crate::error::Result;
 use crate::facts::ClusterFacts;
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::SubReconciler;
 
 fn scc(

@@ -15,13 +15,13 @@ use kube::api::DynamicObject;
 
 use super::common::{deployment_kind, job_kind, pvc_kind, storage_class_kind};
 use super::pool_objects as obj;
-use crate::permissions::{Permission, WRITE};
 use crate::apply::Applier;
 use crate::config::OperatorConfig;
 use crate::error::{Error, Result};
 use crate::facts::{ClusterFacts, NodeFact};
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::{Readiness, SubReconciler};
 
 fn tolerates(tolerations: &[Toleration], taint: &k8s_openapi::api::core::v1::Taint) -> bool {
@@ -457,9 +457,7 @@ impl SubReconciler for StoragePools {
             let job = facts.cleanup_jobs.iter().find(|j| j.name == name);
             if !skip && node_ready(&m.node) && !job.is_some_and(|j| j.succeeded) {
                 let desired = obj::cleanup_job(hpp, &name, &m.pool_label, &m.node, &m.mount_path, cfg)?;
-                applier
-                    .apply(&self.field_manager(), &desired)
-                    .await?;
+                applier.apply(&self.field_manager(), &desired).await?;
                 pending.push(name);
             }
             applier.delete(&deployment_kind(), ns, &m.name).await?;

@@ -49,7 +49,6 @@ pub use self::report::{
     CONDITION_ORPHANED_VOLUMES, REASON_AUDIT_PENDING, REASON_NO_NODE_AUDITED, REASON_NO_ORPHANS, REASON_ORPHANS_FOUND,
     REASON_VOLUME_MISSING,
 };
-use crate::permissions::{Permission, WRITE};
 use crate::apply::Applier;
 use crate::config::OperatorConfig;
 use crate::error::{Error, Result};
@@ -57,6 +56,7 @@ use crate::facts::ClusterFacts;
 use crate::gather::typed;
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::{Readiness, SubReconciler, VolumeAuditReport};
 
 /// The port of the drivers' report (their metrics listener).
@@ -323,12 +323,14 @@ impl SubReconciler for VolumeAudit {
     }
 
     fn permissions(&self, _facts: &ClusterFacts) -> Vec<Permission> {
-        vec![Permission::on(&token::secret_kind(), &WRITE)
-            .named([names::VOLUME_REPORT_SECRET])
-            .because(
-                "volume-audit (spec.volumeAudit): the bearer token's Secret, made, read back and deleted when \
+        vec![
+            Permission::on(&token::secret_kind(), &WRITE)
+                .named([names::VOLUME_REPORT_SECRET])
+                .because(
+                    "volume-audit (spec.volumeAudit): the bearer token's Secret, made, read back and deleted when \
                  the audit is turned off; without the audit the operator only watches (and finds no) Secrets.",
-            )]
+                ),
+        ]
     }
 
     fn watches(&self) -> Vec<(Kind, String)> {
