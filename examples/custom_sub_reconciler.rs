@@ -15,6 +15,7 @@ use hpp_reconcile::deps::k8s_openapi::api::storage::v1::StorageClass;
 use hpp_reconcile::deps::kube::api::{Api, DynamicObject, ListParams};
 use hpp_reconcile::deps::{async_trait, kube};
 use hpp_reconcile::metrics::Metrics;
+use hpp_reconcile::names::STEP_PROMETHEUS;
 use hpp_reconcile::object::Kind;
 use hpp_reconcile::operator::Context;
 use hpp_reconcile::reconcilers::common::{object_meta, typed_ssa};
@@ -103,11 +104,11 @@ impl SubReconciler for PoolStorageClasses {
 
 // ANCHOR: pipeline
 /// The distribution's pipeline: standard, without monitoring, plus pool StorageClasses.
-pub fn pipeline() -> Pipeline {
+pub fn pipeline() -> hpp_reconcile::Result<Pipeline> {
     let mut pipeline = Pipeline::standard();
-    pipeline.remove("prometheus");
-    pipeline.push(Box::new(PoolStorageClasses));
-    pipeline
+    pipeline.remove(STEP_PROMETHEUS)?;
+    pipeline.push(Box::new(PoolStorageClasses))?;
+    Ok(pipeline)
 }
 // ANCHOR_END: pipeline
 
@@ -118,7 +119,7 @@ pub async fn run(
     config: OperatorConfig,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
-    let ctx = Context::new(client, config, pipeline(), Metrics::default());
+    let ctx = Context::new(client, config, pipeline()?, Metrics::default());
     hpp_reconcile::controller::run(Arc::new(ctx), shutdown).await;
     Ok(())
 }

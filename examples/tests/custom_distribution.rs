@@ -6,7 +6,7 @@ mod example;
 
 #[test]
 fn the_distribution_replaces_one_step_in_place_and_uses_its_images() {
-    let names = example::pipeline().names().join(",");
+    let names = example::pipeline().unwrap().names().join(",");
     assert_eq!(
         names,
         hpp_reconcile::Pipeline::standard().names().join(","),
@@ -34,6 +34,14 @@ fn the_distribution_replaces_one_step_in_place_and_uses_its_images() {
         images.contains(&"registry.example.com/acme/hpp-csi-driver:1.0"),
         "{images:?}"
     );
+    // The typed edit: the toleration and the sidecar, after everything the step builds.
+    let pod = &value["spec"]["template"]["spec"];
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.last().unwrap()["name"], example::LOG_SHIPPER);
+    assert!(containers.len() > 1, "the step's own containers are kept");
+    assert_eq!(containers[0]["name"], "hostpath-provisioner");
+    let tolerations = pod["tolerations"].as_array().unwrap();
+    assert_eq!(tolerations.last().unwrap()["key"], example::STORAGE_NODE_TAINT);
     // Other steps are untouched: the CSIDriver does not get the label.
     let driver = objects.iter().find(|o| o.kind.kind == "CSIDriver").unwrap();
     assert!(

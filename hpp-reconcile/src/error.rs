@@ -44,10 +44,55 @@ pub enum Error {
     /// Deletion is waiting for cleanup Jobs or mounter Deployments to finish.
     #[error("cleanup in progress: {0}")]
     CleanupPending(String),
+    /// A step failed in a way of its own (a call outside Kubernetes, a check it makes), made
+    /// with [`Error::other`]. The operator treats it like any failed pass: the CR's status
+    /// turns Degraded with this message, a Warning Event with reason `StepFailed` is
+    /// published, and the pass is retried with exponential backoff (1 s doubling to 5 min).
+    #[error("step {step}: {source}")]
+    Other {
+        /// Name of the failing step.
+        step: String,
+        /// What went wrong.
+        #[source]
+        source: BoxError,
+    },
+    /// A step wants a namespaced object outside the operator's namespace, or a namespaced
+    /// object without a namespace: the operator watches and sweeps owned objects only in its
+    /// own namespace, so such an object would never be repaired or deleted.
+    #[error(
+        "step {step} wants {object}, outside the operator's namespace {namespace}: a step owns \
+         namespaced objects in the operator's namespace only (they are watched and swept there alone); \
+         create the object in {namespace}, make it cluster-scoped, or change it from `act` without owning it"
+    )]
+    ForeignNamespace {
+        /// Name of the step.
+        step: String,
+        /// Kind, namespace and name of the object.
+        object: String,
+        /// The operator's namespace.
+        namespace: String,
+    },
+    /// [`DesiredObject::edit`](crate::DesiredObject::edit) was asked for another kind than
+    /// the object's.
+    #[error("cannot edit {object} as {expected}: its kind is {actual}")]
+    KindMismatch {
+        /// Kind, namespace and name of the object.
+        object: String,
+        /// The kind the edit expected (`group/version/Kind`).
+        expected: String,
+        /// The object's kind (`group/version/Kind`).
+        actual: String,
+    },
+    /// A pipeline edit named a missing step or added a second step of one name.
+    #[error("pipeline: {0}")]
+    Pipeline(#[from] crate::pipeline::PipelineError),
     /// The finalizer helper failed (boxed to break the type cycle).
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<finalizer::Error<Error>>),
 }
+
+/// Any error of an embedder's own, as [`Error::Other`] carries it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Short alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -71,6 +116,10 @@ impl Error {
             Error::Downgrade { .. } => "downgrade",
             Error::CleanupPending(_) => "cleanup_pending",
             Error::VolumeAudit(_) => "volume_audit",
+            Error::Pipeline(_) => "pipeline",
+            Error::Other { .. } => "step_failed",
+            Error::ForeignNamespace { .. } => "foreign_namespace",
+            Error::KindMismatch { .. } => "kind_mismatch",
             Error::Finalizer(inner) => match inner.as_ref() {
                 finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.category(),
                 _ => "finalizer",
@@ -97,6 +146,15 @@ impl Error {
             action,
             what: what.into(),
             source,
+        }
+    }
+
+    /// An [`Error::Other`]: step `step` failed with `source`, any error (or message) of the
+    /// embedder's own: `Error::other(self.name(), e)` or `Error::other("my-step", "no quota left")`.
+    pub fn other(step: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::Other {
+            step: step.into(),
+            source: source.into(),
         }
     }
 
@@ -145,5 +203,21 @@ mod tests {
         assert_eq!(wrapped.event_reason(), "CleanupPending");
         assert_eq!(api_error(500).event_reason(), "ApiUnavailable");
         assert!(matches!(wrapped.root(), Error::CleanupPending(_)));
+    }
+
+    #[test]
+    fn an_embedders_error_keeps_its_source_and_names_the_step() {
+        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "inventory service timed out");
+        let e = Error::other("site-inventory", io);
+        assert_eq!(e.to_string(), "step site-inventory: inventory service timed out");
+        assert_eq!(e.category(), "step_failed");
+        assert_eq!(e.event_reason(), "StepFailed");
+        let source = std::error::Error::source(&e).unwrap();
+        assert!(
+            source.downcast_ref::<std::io::Error>().is_some(),
+            "the source stays typed"
+        );
+        let plain = Error::other("site-inventory", "no quota left");
+        assert_eq!(plain.to_string(), "step site-inventory: no quota left");
     }
 }

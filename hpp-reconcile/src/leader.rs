@@ -58,6 +58,24 @@ impl LeaseSettings {
     /// Seconds before expiry the holder renews by default.
     pub const DEFAULT_GRACE_SECONDS: u64 = 5;
 
+    /// The RBAC the election needs: `create` on leases in its namespace (a create cannot be
+    /// narrowed by name) and `get`, `update` on this Lease (it is never listed, watched or
+    /// patched).
+    pub fn permissions(&self) -> Vec<crate::Permission> {
+        use crate::permissions::Scope;
+        let why = format!(
+            "Leader election: the Lease {} is read, created and updated (never patched, as client-go's election).",
+            self.name
+        );
+        vec![
+            crate::Permission::resource("coordination.k8s.io", "leases", Scope::Namespace, &["create"])
+                .because(why.clone()),
+            crate::Permission::resource("coordination.k8s.io", "leases", Scope::Namespace, &["get", "update"])
+                .named([self.name.clone()])
+                .because(why),
+        ]
+    }
+
     /// Settings with the default duration (15 s) and renewal grace (5 s).
     pub fn new(name: impl Into<String>, namespace: impl Into<String>, identity: impl Into<String>) -> Self {
         Self {

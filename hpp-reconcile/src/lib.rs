@@ -14,7 +14,12 @@
 //!   done), and [`WatchIndex`] ([`SubReconciler::indexes`]): an index a step keeps over watched
 //!   objects, fed per watch event, so a pass stays O(changes) on large clusters.
 //! - [`Pipeline`]: the ordered steps of a distribution; applies them, sweeps labelled leftovers,
-//!   cleans up in reverse order on deletion.
+//!   cleans up in reverse order on deletion. Its edits name steps by the [`names`] `STEP_*`
+//!   constants and fail with a [`PipelineError`] on a missing step or a second step of a name.
+//! - [`DesiredObject::edit`]: change a desired object as its k8s-openapi type.
+//! - [`permissions`]: the RBAC an operator needs, derived from its pipeline
+//!   ([`SubReconciler::permissions`] declares a step's own) and rendered by [`OperatorRules`].
+//! - [`Error::other`]: an embedder's own failure, reported on the CR and retried like any other.
 //! - [`Applier`]: the only writer (server-side apply per step field manager, skipped when the
 //!   live object already matches); reads go through the controller's watch [`Cache`].
 //! - [`controller`]: watches every kind [`Pipeline::kinds`] returns, so a plugged-in step's
@@ -53,6 +58,7 @@ pub mod facts;
 pub mod metrics;
 pub mod names;
 pub mod object;
+pub mod permissions;
 pub mod reconcilers;
 pub mod render;
 pub mod status;
@@ -61,12 +67,13 @@ pub mod status_write;
 pub use apply::Applier;
 pub use cache::Cache;
 pub use config::OperatorConfig;
-pub use error::{Error, Result};
+pub use error::{BoxError, Error, Result};
 pub use facts::{ClusterFacts, FactMap};
 pub use gather::fact_sources;
 pub use index::WatchIndex;
 pub use object::{ApplyStrategy, DesiredObject, Kind, StaticScope};
-pub use pipeline::{PassReport, Pipeline};
+pub use permissions::{OperatorRules, Permission};
+pub use pipeline::{PassReport, Pipeline, PipelineError};
 pub use subreconciler::{
     Decorate, Edit, ObjectEvent, ObjectWarning, Readiness, StepCondition, SubReconciler, SubReconcilerExt,
     VolumeAuditReport,

@@ -52,11 +52,51 @@ pub const POOL_ACTION_MOUNT: &str = "mount";
 /// [`ANNOTATION_POOL_ACTION`] of a cleanup Job.
 pub const POOL_ACTION_UNMOUNT: &str = "unmount";
 
-/// Name of the node-loss step (`Pipeline::standard`), also its field manager suffix.
+/// Name of the step owning the service accounts of the driver and the legacy provisioner.
+/// Every `STEP_*` name is also the suffix of the step's field manager `hpp-operator/<name>`,
+/// so it never changes; [`STANDARD_STEPS`] lists them in `Pipeline::standard` order.
+pub const STEP_SERVICE_ACCOUNTS: &str = "service-accounts";
+/// Name of the step owning the ClusterRoles, Roles and their bindings of the driver and the
+/// legacy provisioner.
+pub const STEP_RBAC: &str = "rbac";
+/// Name of the step owning the CSIDriver object.
+pub const STEP_CSI_DRIVER: &str = "csi-driver";
+/// Name of the step owning the SecurityContextConstraints (OpenShift only).
+pub const STEP_SCC: &str = "scc";
+/// Name of the step owning the CSI DaemonSet (the driver and its sidecars).
+pub const STEP_CSI_DAEMONSET: &str = "csi-daemonset";
+/// Name of the step owning the legacy (non-CSI) provisioner's DaemonSet.
+pub const STEP_LEGACY_DAEMONSET: &str = "legacy-daemonset";
+/// Name of the step owning the pool objects: pvcTemplate claims, mounter Deployments,
+/// cleanup Jobs and the overlay StorageClass.
+pub const STEP_STORAGE_POOLS: &str = "storage-pools";
+/// Name of the step owning the monitoring objects (metrics Service, Role, PrometheusRule,
+/// ServiceMonitor).
+pub const STEP_PROMETHEUS: &str = "prometheus";
+/// Name of the report-only step checking that StorageClasses name configured pools.
+pub const STEP_STORAGE_CLASS_POOLS: &str = "storage-class-pools";
+/// Name of the report-only step checking the driver pods' pool mounts.
+pub const STEP_POOL_MOUNTS: &str = "pool-mounts";
+/// Name of the node-loss step, which owns nothing and releases claims of lost nodes.
 pub const STEP_NODE_LOSS: &str = "node-loss";
-
-/// Name of the volume-audit step (`Pipeline::standard`), also its field manager suffix.
+/// Name of the volume-audit step (`spec.volumeAudit`).
 pub const STEP_VOLUME_AUDIT: &str = "volume-audit";
+
+/// The steps of `Pipeline::standard`, in order.
+pub const STANDARD_STEPS: [&str; 12] = [
+    STEP_SERVICE_ACCOUNTS,
+    STEP_RBAC,
+    STEP_CSI_DRIVER,
+    STEP_SCC,
+    STEP_CSI_DAEMONSET,
+    STEP_LEGACY_DAEMONSET,
+    STEP_STORAGE_POOLS,
+    STEP_PROMETHEUS,
+    STEP_STORAGE_CLASS_POOLS,
+    STEP_POOL_MOUNTS,
+    STEP_NODE_LOSS,
+    STEP_VOLUME_AUDIT,
+];
 /// Secret holding the bearer token the operator presents to the drivers' volume report
 /// (`spec.volumeAudit`), mounted read-only into the driver container.
 pub const VOLUME_REPORT_SECRET: &str = "hpp-volume-report-token";

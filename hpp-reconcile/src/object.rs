@@ -7,6 +7,7 @@ use kube::api::{ApiResource, DynamicObject};
 use kube::core::{ClusterResourceScope, GroupVersionKind, NamespaceResourceScope};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
@@ -166,6 +167,56 @@ impl DesiredObject {
         Ok(DesiredObject { kind, object, strategy })
     }
 
+    /// Whether the object is of the typed kind `K` (same group, version and kind), e.g. to
+    /// pick the objects to [`edit`](Self::edit) as `K` out of a step's list.
+    pub fn is<K: Resource<DynamicType = ()>>(&self) -> bool {
+        self.kind.group == K::group(&()) && self.kind.version == K::version(&()) && self.kind.kind == K::kind(&())
+    }
+
+    /// Edits the object as the typed `K`: it is converted to `K`, passed to `edit`, and
+    /// converted back (`apiVersion` and `kind` kept); returns what `edit` returns. A misspelt
+    /// field does not compile, unlike an edit of the JSON. Fails with
+    /// [`Error::KindMismatch`] when the object is not a `K` (check with [`is`](Self::is)),
+    /// and with [`Error::Serialize`] naming the object when it does not convert.
+    ///
+    /// ```
+    /// # use hpp_reconcile::{ApplyStrategy, DesiredObject};
+    /// # use k8s_openapi::api::core::v1::ConfigMap;
+    /// # let mut cm = ConfigMap::default();
+    /// # cm.metadata.name = Some("settings".into());
+    /// # cm.metadata.namespace = Some("hpp".into());
+    /// let mut obj = DesiredObject::typed(&cm, ApplyStrategy::ServerSideApply)?;
+    /// obj.edit(|cm: &mut ConfigMap| {
+    ///     cm.data.get_or_insert_with(Default::default).insert("tier".into(), "gold".into());
+    /// })?;
+    /// assert_eq!(obj.object.data["data"]["tier"], "gold");
+    /// # Ok::<(), hpp_reconcile::Error>(())
+    /// ```
+    pub fn edit<K, R>(&mut self, edit: impl FnOnce(&mut K) -> R) -> Result<R>
+    where
+        K: Resource<DynamicType = ()> + Serialize + DeserializeOwned,
+        K::Scope: StaticScope,
+    {
+        if !self.is::<K>() {
+            let expected = Kind::of::<K>();
+            return Err(Error::KindMismatch {
+                object: self.key().to_string(),
+                expected: format!("{}/{}", expected.api_version(), expected.kind),
+                actual: format!("{}/{}", self.kind.api_version(), self.kind.kind),
+            });
+        }
+        let what = || format!("{} as {}", self.key(), K::kind(&()));
+        let value = self.to_value()?;
+        let mut typed: K = serde_json::from_value(value).map_err(|source| Error::Serialize { what: what(), source })?;
+        let result = edit(&mut typed);
+        let edited = Self::typed(&typed, self.strategy).map_err(|e| match e {
+            Error::Serialize { source, .. } => Error::Serialize { what: what(), source },
+            other => other,
+        })?;
+        self.object = edited.object;
+        Ok(result)
+    }
+
     /// Kind, namespace and name.
     pub fn key(&self) -> ObjectKey {
         key_of(&self.kind, &self.object)
@@ -294,6 +345,65 @@ mod tests {
         let longer = json!({"spec": {"a": 1, "list": [{"x": "y"}, {"x": "z"}]}});
         assert!(!is_subset(&desired, &longer), "an extra list element is drift");
         assert!(is_subset(&json!({"emptyDir": {}}), &json!({})));
+    }
+
+    fn config_map() -> DesiredObject {
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("settings".into()),
+                namespace: Some("hpp".into()),
+                labels: Some([("app".to_owned(), "hpp".to_owned())].into()),
+                ..Default::default()
+            },
+            data: Some([("k".to_owned(), "v".to_owned())].into()),
+            ..Default::default()
+        };
+        DesiredObject::typed(&cm, ApplyStrategy::CreateOnly).unwrap()
+    }
+
+    #[test]
+    fn a_typed_edit_changes_only_what_it_sets() {
+        let mut obj = config_map();
+        let before = obj.to_value().unwrap();
+        let seen = obj
+            .edit(|cm: &mut ConfigMap| {
+                cm.data.as_mut().unwrap().insert("tier".into(), "gold".into());
+                cm.data.as_ref().unwrap().len()
+            })
+            .unwrap();
+        assert_eq!(seen, 2, "the closure's result is returned");
+        let mut expected = before;
+        expected["data"]["tier"] = json!("gold");
+        assert_eq!(obj.to_value().unwrap(), expected);
+        assert_eq!(obj.strategy, ApplyStrategy::CreateOnly);
+        // An edit that changes nothing leaves the object byte for byte as it was.
+        let unchanged = config_map();
+        let mut edited = config_map();
+        edited.edit(|_: &mut ConfigMap| {}).unwrap();
+        assert_eq!(edited, unchanged);
+        assert_eq!(edited.stamped().unwrap(), unchanged.stamped().unwrap());
+    }
+
+    #[test]
+    fn an_edit_as_another_kind_names_the_object_and_both_kinds() {
+        use k8s_openapi::api::apps::v1::DaemonSet;
+        let mut obj = config_map();
+        assert!(obj.is::<ConfigMap>() && !obj.is::<DaemonSet>());
+        let err = obj.edit(|_: &mut DaemonSet| ()).unwrap_err();
+        assert!(matches!(err, Error::KindMismatch { .. }));
+        assert_eq!(
+            err.to_string(),
+            "cannot edit /ConfigMap hpp/settings as apps/v1/DaemonSet: its kind is v1/ConfigMap"
+        );
+        assert_eq!(obj, config_map(), "nothing changed");
+        // An object whose JSON is not a valid K: the error names it.
+        obj.object.data["data"] = json!(["not", "a", "map"]);
+        let err = obj.edit(|_: &mut ConfigMap| ()).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("serialize /ConfigMap hpp/settings as ConfigMap: "),
+            "{err}"
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::error::Result;
 use crate::facts::ClusterFacts;
 use crate::index::WatchIndex;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 
 /// A status condition a step contributes to `status.conditions`, beside the operator's
 /// Available / Progressing / Degraded. Transition and heartbeat times are filled in by the
@@ -161,6 +162,23 @@ pub trait SubReconciler: Send + Sync {
         Vec::new()
     }
 
+    /// The RBAC the step needs besides what the framework derives from it (`get`, `list`,
+    /// `watch`, `create` on its [`kinds`](Self::kinds); `get`, `list`, `watch` on what it
+    /// [`watches`](Self::watches) and [`indexes`](Self::indexes)): its writes, narrowed to the
+    /// names it owns where it can be, and whatever `gather`, `apply`, `act` and `cleanup` call
+    /// besides. The default: `patch` and `delete` on objects of any name of every kind of
+    /// `kinds` (what the default `apply`, the sweep and `cleanup` do). Rendered by
+    /// [`OperatorRules`](crate::OperatorRules) (`hpp-operator render --rbac`).
+    fn permissions(&self, facts: &ClusterFacts) -> Vec<Permission> {
+        let name = self.name();
+        self.kinds(facts)
+            .iter()
+            .map(|k| {
+                Permission::on(k, &WRITE).because(format!("{name}: applies and deletes its {} (any name).", k.plural))
+            })
+            .collect()
+    }
+
     /// Reads facts of the step's own before a pass (the default reads nothing). Store them in
     /// `facts.extensions` by type; `desired`, `readiness` and `cleanup` see them. Reads only.
     async fn gather(&self, _applier: &Applier, _cfg: &OperatorConfig, _facts: &mut ClusterFacts) -> Result<()> {
@@ -236,6 +254,9 @@ macro_rules! delegate {
             fn indexes(&self) -> Vec<(Kind, String, Arc<dyn WatchIndex>)> {
                 (**self).indexes()
             }
+            fn permissions(&self, facts: &ClusterFacts) -> Vec<Permission> {
+                (**self).permissions(facts)
+            }
             async fn gather(&self, applier: &Applier, cfg: &OperatorConfig, facts: &mut ClusterFacts) -> Result<()> {
                 (**self).gather(applier, cfg, facts).await
             }
@@ -303,6 +324,9 @@ impl<S: SubReconciler, F: Edit> SubReconciler for Decorate<S, F> {
     }
     fn indexes(&self) -> Vec<(Kind, String, Arc<dyn WatchIndex>)> {
         self.inner.indexes()
+    }
+    fn permissions(&self, facts: &ClusterFacts) -> Vec<Permission> {
+        self.inner.permissions(facts)
     }
     async fn gather(&self, applier: &Applier, cfg: &OperatorConfig, facts: &mut ClusterFacts) -> Result<()> {
         self.inner.gather(applier, cfg, facts).await

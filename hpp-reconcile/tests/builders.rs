@@ -672,7 +672,9 @@ fn node_removal_keeps_claims_and_unmounts_only_on_ready_nodes() {
 
 #[test]
 fn pipeline_can_be_edited_in_a_few_lines() {
+    use hpp_reconcile::names::{STEP_PROMETHEUS, STEP_RBAC, STEP_SCC, STEP_SERVICE_ACCOUNTS};
     let mut p = Pipeline::standard();
+    // The names are the field managers of live clusters: they never change.
     assert_eq!(
         p.names(),
         [
@@ -690,11 +692,12 @@ fn pipeline_can_be_edited_in_a_few_lines() {
             "volume-audit"
         ]
     );
-    assert!(p.remove("prometheus"));
-    assert!(!p.remove("prometheus"));
-    assert!(p.replace("scc", Box::new(hpp_reconcile::reconcilers::CsiDriver)));
-    p.insert_before("rbac", Box::new(hpp_reconcile::reconcilers::Prometheus));
-    assert_eq!(p.names()[..3], ["service-accounts", "prometheus", "rbac"]);
+    p.remove(STEP_PROMETHEUS).unwrap();
+    assert!(p.remove(STEP_PROMETHEUS).is_err());
+    p.replace(STEP_SCC, Box::new(hpp_reconcile::reconcilers::Scc)).unwrap();
+    p.insert_before(STEP_RBAC, Box::new(hpp_reconcile::reconcilers::Prometheus))
+        .unwrap();
+    assert_eq!(p.names()[..3], [STEP_SERVICE_ACCOUNTS, STEP_PROMETHEUS, STEP_RBAC]);
     assert_eq!(p.names()[4], "csi-driver");
 }
 

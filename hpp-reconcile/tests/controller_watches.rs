@@ -70,7 +70,7 @@ fn available(f: &FakeApiServer) -> bool {
 #[tokio::test]
 async fn objects_of_a_plugged_in_step_are_watched_and_repaired() {
     let env = Env::new("hostpathprovisioner_cr", &["node01"]);
-    let pipeline = Pipeline::standard().with(TeamObjects);
+    let pipeline = Pipeline::standard().with(TeamObjects).unwrap();
     let ctx = Context::new(
         env.fake.client(),
         support::config("v1.0.0"),

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use hpp_reconcile::leader::{Election, LeaderError, LeaseSettings};
-use hpp_testkit::{FailureRule, FakeApiServer};
+use hpp_testkit::{Access, FailureRule, FakeApiServer, RbacPolicy};
 use k8s_openapi::api::coordination::v1::Lease;
 
 const NS: &str = "hpp";
@@ -44,6 +44,27 @@ async fn the_other_candidate_takes_over_when_the_leader_steps_down() {
     a.step_down().await.unwrap();
     tokio::time::timeout(HANG, b.acquired()).await.unwrap().unwrap();
     assert_eq!(holder(&fake).as_deref(), Some("b"));
+}
+
+#[tokio::test]
+async fn the_election_needs_no_more_than_the_permissions_it_declares() {
+    let fake = FakeApiServer::new();
+    let rules = hpp_reconcile::OperatorRules::new(settings("a").permissions());
+    fake.enforce_rbac(RbacPolicy::new().namespace_rules(NS, rules.namespace_rules()));
+    let (a, mut b) = a_leads_b_waits(&fake).await;
+    a.step_down().await.unwrap();
+    tokio::time::timeout(HANG, b.acquired()).await.unwrap().unwrap();
+    assert_eq!(holder(&fake).as_deref(), Some("b"));
+    assert!(fake.denied_requests().is_empty(), "{:#?}", fake.denied_requests());
+    // The rules name this Lease only.
+    let other = Access::new("update", "coordination.k8s.io", "leases")
+        .in_namespace(NS)
+        .named("another-lock");
+    assert!(
+        !RbacPolicy::new()
+            .namespace_rules(NS, rules.namespace_rules())
+            .allows(&other)
+    );
 }
 
 #[tokio::test]

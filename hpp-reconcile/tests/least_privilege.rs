@@ -9,6 +9,7 @@ use hpp_api::HostPathProvisioner;
 use hpp_reconcile::OperatorConfig;
 use hpp_reconcile::facts::ClusterFacts;
 use hpp_reconcile::reconcilers::{csi_daemonset, pool_objects, prometheus, rbac};
+use hpp_reconcile::testkit::{Access, RbacPolicy};
 use serde_json::Value;
 
 /// Verbs that change objects or grant rights.
@@ -454,17 +455,11 @@ fn mounter_and_cleanup_pods_mount_the_pool_parent_not_the_host_root() {
     assert_eq!(pool_objects::host_parent("/csi"), "/");
 }
 
-/// Whether `rules` grant `verb` on the object `name` of `group/resource`.
-fn grants(rules: &[Value], group: &str, resource: &str, verb: &str, name: &str) -> bool {
-    let has = |v: &Value, x: &str| v.as_array().is_some_and(|a| a.iter().any(|y| y == x));
-    rules.iter().any(|r| {
-        has(&r["apiGroups"], group)
-            && has(&r["resources"], resource)
-            && has(&r["verbs"], verb)
-            && r["resourceNames"]
-                .as_array()
-                .is_none_or(|n| n.is_empty() || n.iter().any(|y| y == name))
-    })
+/// The operator's shipped RBAC as the fake API server enforces it (one matcher, the testkit's,
+/// for every check of rules against requests).
+fn operator_policy() -> RbacPolicy {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/operator/rbac.yaml");
+    RbacPolicy::from_yaml(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 #[test]
@@ -472,11 +467,7 @@ fn the_operator_may_change_and_delete_every_object_it_renders() {
     use hpp_reconcile::Pipeline;
     use hpp_reconcile::facts::NodeFact;
     use hpp_reconcile::object::ApplyStrategy;
-    let operator: Vec<Value> = shipped_roles()
-        .into_iter()
-        .filter(|(n, _)| n == "hostpath-provisioner-operator")
-        .flat_map(|(_, rules)| rules)
-        .collect();
+    let policy = operator_policy();
     let mut node = NodeFact::ready("n1");
     node.labels.insert("kubernetes.io/os".into(), "linux".into());
     let facts = ClusterFacts {
@@ -491,22 +482,28 @@ fn the_operator_may_change_and_delete_every_object_it_renders() {
         "hostpathprovisioner_legacy_cr",
         "hostpathprovisioner_pvctemplate_cr",
         "hostpathprovisioner_overlay_csi_cr",
+        "volume audit",
     ] {
-        let hpp = example(ex);
+        let hpp = if ex == "volume audit" {
+            let mut hpp = example("hostpathprovisioner_cr");
+            hpp.spec.volume_audit = Some(Default::default());
+            hpp
+        } else {
+            example(ex)
+        };
         for (_, objs) in Pipeline::standard().desired(&hpp, &cfg(), &facts).unwrap() {
             for d in objs {
                 let name = d.object.metadata.name.clone().unwrap();
-                let mut verbs = vec!["delete"];
+                let mut verbs = vec!["get", "delete"];
                 if d.strategy == ApplyStrategy::ServerSideApply {
                     verbs.push("patch");
                 }
                 for verb in verbs {
-                    assert!(
-                        grants(&operator, &d.kind.group, &d.kind.plural, verb, &name),
-                        "{verb} {}/{} {name} ({ex}) not granted",
-                        d.kind.group,
-                        d.kind.plural
-                    );
+                    let mut access = Access::new(verb, &d.kind.group, &d.kind.plural).named(&name);
+                    if let Some(ns) = d.object.metadata.namespace.as_deref() {
+                        access = access.in_namespace(ns);
+                    }
+                    assert!(policy.allows(&access), "{access:?} ({ex}) not granted");
                     checked += 1;
                 }
             }

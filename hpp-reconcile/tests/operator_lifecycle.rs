@@ -329,12 +329,23 @@ async fn custom_overlay_class_whose_delete_is_forbidden() -> Env {
         .unwrap();
     env.converge().await;
     assert_eq!(env.names::<StorageClass>(), ["nfs-overlay"]);
-    env.fake.fail_requests(
-        hpp_reconcile::testkit::FailureRule::new(403)
-            .method(http::Method::DELETE)
-            .path_contains("/storageclasses/nfs-overlay"),
-    );
+    // The shipped RBAC, enforced: it grants deleting the default overlay class only.
+    let rbac = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/operator/rbac.yaml")).unwrap();
+    env.fake
+        .enforce_rbac(hpp_reconcile::testkit::RbacPolicy::from_yaml(&rbac).unwrap());
     env
+}
+
+/// The requests the enforced RBAC refused: the custom overlay class's delete, nothing else.
+fn only_the_class_delete_was_denied(env: &Env) {
+    let denied = env.fake.denied_requests();
+    assert!(!denied.is_empty());
+    assert!(
+        denied
+            .iter()
+            .all(|r| r.method == http::Method::DELETE && r.path.ends_with("/storageclasses/nfs-overlay")),
+        "{denied:#?}"
+    );
 }
 
 /// Warning Events (either API) with this reason about this object.
@@ -374,6 +385,7 @@ async fn a_forbidden_overlay_class_delete_leaves_the_class_and_the_pass_succeeds
         1,
         "one Warning Event on the class, not one per pass"
     );
+    only_the_class_delete_was_denied(&env);
 }
 
 /// Deleting the CR with such a class: cleanup leaves the class and the finalizer goes.
@@ -393,6 +405,7 @@ async fn a_forbidden_overlay_class_delete_does_not_hold_the_finalizer() {
         warning_events(&env, hpp_reconcile::apply::REASON_DELETE_FORBIDDEN, "nfs-overlay"),
         1
     );
+    only_the_class_delete_was_denied(&env);
 }
 
 /// Only StorageClasses may stay: a 403 on deleting anything else still fails the pass.

@@ -309,7 +309,7 @@ impl Cluster {
         let step = VolumeAudit::default()
             .with_port(self.port)
             .with_timeout(Duration::from_secs(5));
-        assert!(pipeline.replace(step.name(), Box::new(step.clone())));
+        pipeline.replace(step.name(), Box::new(step.clone())).unwrap();
         let ctx = Context::new(
             self.fake.client(),
             support::config("v1.0.0"),

@@ -90,6 +90,13 @@ impl ApiError {
         .about(kind, name)
     }
 
+    /// 403 Forbidden, about (group, plural, name).
+    pub(crate) fn forbidden(message: String, details: (String, String, String)) -> Self {
+        let mut e = Self::from_code(403, message);
+        e.details = Some(details);
+        e
+    }
+
     /// 400 BadRequest.
     pub(crate) fn bad_request(why: impl Into<String>) -> Self {
         Self::from_code(400, why)

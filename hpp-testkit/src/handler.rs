@@ -93,22 +93,35 @@ fn respond(inner: &Mutex<State>, parts: &http::request::Parts, bytes: &[u8]) -> 
             )));
         }
         Some(err) => Err(err),
-        None => body.map_err(ApiError::bad_request).and_then(|body| {
-            let req = Incoming {
-                method: &parts.method,
-                query: parse_query(&query),
-                content_type,
-                accept,
-                body,
-            };
-            dispatch(&mut state, &path, req)
-        }),
+        None => match denied(&state, &parts.method, &path, &query) {
+            Some(denied) => Err(denied),
+            None => body.map_err(ApiError::bad_request).and_then(|body| {
+                let req = Incoming {
+                    method: &parts.method,
+                    query: parse_query(&query),
+                    content_type,
+                    accept,
+                    body,
+                };
+                dispatch(&mut state, &path, req)
+            }),
+        },
     };
     let response = result.unwrap_or_else(|e| json_response(e.code, &e.to_status()));
     record.status = response.status().as_u16();
     tracing::debug!(method = %record.method, path = %record.path, query = %record.query, status = record.status, "fake API request");
     state.requests.push(record);
     Ok(response)
+}
+
+/// The 403 answer when RBAC is enforced and does not allow the request.
+fn denied(state: &State, method: &Method, path: &str, query: &str) -> Option<ApiError> {
+    let policy = state.rbac.as_ref()?;
+    let kinds = &state.kinds;
+    let access = crate::rbac::access_of(method, path, query, |g, v, p| {
+        kinds.get(g, v, p).is_some_and(|k| k.namespaced)
+    })?;
+    (!policy.allows(&access)).then(|| policy.forbidden(&access))
 }
 
 /// The parts of a request the dispatcher needs.

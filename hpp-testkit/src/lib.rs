@@ -32,6 +32,8 @@
 //! - metadata-only requests (`get_metadata`, `list_metadata`, `metadata_watcher`);
 //! - discovery (`/api`, `/apis`, aggregated discovery) listing exactly the served kinds,
 //!   `/version`; creating a CustomResourceDefinition serves its kinds, deleting it stops them;
+//! - RBAC ([`FakeApiServer::enforce_rbac`] with an [`RbacPolicy`]): requests the given rules
+//!   do not allow are answered 403 Forbidden, worded as the API server words it;
 //! - fault injection ([`FailureRule`]), an outage switch ([`FakeApiServer::set_unavailable`])
 //!   and a log of every request ([`RecordedRequest`]).
 //!
@@ -83,6 +85,7 @@ mod ops;
 mod patch;
 mod path;
 mod protection;
+mod rbac;
 mod record;
 mod selectors;
 mod ssa;
@@ -99,6 +102,7 @@ use serde_json::Value;
 
 pub use body::FakeBody;
 pub use faults::FailureRule;
+pub use rbac::{Access, PolicyError, RbacPolicy};
 pub use record::RecordedRequest;
 
 use handler::lock;
@@ -371,6 +375,50 @@ impl FakeApiServer {
             .requests
             .iter()
             .filter(|r| r.is_write())
+            .cloned()
+            .collect()
+    }
+
+    /// Enforces `policy` from now on: a request it does not allow is answered 403 Forbidden,
+    /// worded as the API server words it, so a test fails where a cluster with that RBAC
+    /// would refuse the call. Objects seeded and read through the test's own methods
+    /// ([`seed`](Self::seed), [`get`](Self::get), ...) are not requests and always pass.
+    ///
+    /// ```
+    /// use hpp_testkit::{FakeApiServer, RbacPolicy};
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube::api::{Api, ListParams};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let fake = FakeApiServer::new();
+    /// fake.enforce_rbac(RbacPolicy::from_yaml(
+    ///     "kind: Role\nmetadata: {name: reader, namespace: ns}\n\
+    ///      rules: [{apiGroups: [''], resources: [configmaps], verbs: [list]}]",
+    /// ).unwrap());
+    /// let lp = ListParams::default();
+    /// assert!(Api::<ConfigMap>::namespaced(fake.client(), "ns").list(&lp).await.is_ok());
+    /// let err = Api::<ConfigMap>::namespaced(fake.client(), "other").list(&lp).await.unwrap_err();
+    /// assert!(matches!(err, kube::Error::Api(s) if s.code == 403 && s.reason == "Forbidden"));
+    /// assert_eq!(fake.denied_requests().len(), 1);
+    /// # }
+    /// ```
+    pub fn enforce_rbac(&self, policy: RbacPolicy) {
+        lock(&self.inner).rbac = Some(policy);
+    }
+
+    /// Stops enforcing RBAC: every request is allowed again (the default).
+    pub fn allow_all(&self) {
+        lock(&self.inner).rbac = None;
+    }
+
+    /// The requests answered 403 Forbidden so far (by [`enforce_rbac`](Self::enforce_rbac),
+    /// or by a [`FailureRule`] with that status).
+    pub fn denied_requests(&self) -> Vec<RecordedRequest> {
+        lock(&self.inner)
+            .requests
+            .iter()
+            .filter(|r| r.status == 403)
             .cloned()
             .collect()
     }

@@ -99,6 +99,8 @@ pub(crate) struct State {
     pub protect_claims: bool,
     /// Set while the protection controller commits, so its own writes do not re-enter it.
     pub protection_running: bool,
+    /// When set, requests it does not allow are answered 403 (see `rbac`).
+    pub rbac: Option<crate::rbac::RbacPolicy>,
 }
 
 /// `now` in the RFC 3339, whole-second form the API server uses.
@@ -172,6 +174,7 @@ impl State {
             down_tx,
             protect_claims: false,
             protection_running: false,
+            rbac: None,
         }
     }
 

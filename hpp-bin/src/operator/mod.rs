@@ -4,6 +4,7 @@
 pub mod adopt;
 pub mod leader;
 pub mod mounter;
+pub mod rbac;
 pub mod render;
 pub mod run;
 
@@ -31,7 +32,8 @@ pub struct Args {
 pub enum Command {
     /// Run the operator: leader election, the controller, health and metrics endpoints.
     Run(run::RunArgs),
-    /// Print, offline, every object the operator would own for a CR, in apply order (YAML or JSON).
+    /// Print, offline, every object the operator would own for a CR, in apply order (YAML or
+    /// JSON); with `--rbac`, the operator's own RBAC instead.
     Render(render::RenderArgs),
     /// Print the HostPathProvisioner CustomResourceDefinition (both versions, v1beta1 stored).
     Crd,

@@ -16,9 +16,13 @@ use serde_json::Value;
 /// Arguments of `render`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RenderArgs {
-    /// The HostPathProvisioner YAML (`-` for stdin).
-    #[arg(short = 'f', long = "filename")]
-    pub file: PathBuf,
+    /// The HostPathProvisioner YAML (`-` for stdin); required unless `--rbac`.
+    #[arg(short = 'f', long = "filename", required_unless_present = "rbac")]
+    pub file: Option<PathBuf>,
+    /// Print the operator's own RBAC instead (its ServiceAccount, ClusterRole, Role and
+    /// bindings, as `deploy/operator/rbac.yaml` ships them), derived from what it runs.
+    #[arg(long, conflicts_with_all = ["file", "nodes", "openshift", "prometheus"])]
+    pub rbac: bool,
     /// Node names to render per-node pool objects for (repeat or comma-separate).
     #[arg(long = "node", value_delimiter = ',')]
     pub nodes: Vec<String>,
@@ -84,10 +88,13 @@ pub fn parse_cr(text: &str) -> anyhow::Result<HostPathProvisioner> {
 /// The objects for `args`, with images and versions from `env` (the process environment in
 /// `main`). Fails, naming every bad field, on a CR the admission webhook would reject.
 pub fn render_with_env(args: &RenderArgs, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<Rendered> {
-    let text = if args.file.as_os_str() == "-" {
+    let Some(file) = &args.file else {
+        anyhow::bail!("render needs a HostPathProvisioner: -f FILE (or --rbac for the operator's RBAC)");
+    };
+    let text = if file.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin())?
     } else {
-        std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?
     };
     let hpp = parse_cr(&text)?;
     hpp.validate_create()
@@ -145,8 +152,27 @@ fn notes(hpp: &HostPathProvisioner, args: &RenderArgs, env: &[(String, String)])
     notes
 }
 
+/// The operator's RBAC for `render --rbac`, in its namespace (`--namespace`, else
+/// POD_NAMESPACE, else hostpath-provisioner): commented YAML, or JSON documents.
+pub fn rbac_with_env(args: &RenderArgs, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<String> {
+    let cfg = OperatorConfig::from_env(env);
+    let namespace = args.namespace.as_deref().unwrap_or(&cfg.namespace);
+    let yaml = super::rbac::yaml(namespace);
+    Ok(match args.output {
+        RenderFormat::Yaml => yaml,
+        RenderFormat::Json => Rendered {
+            objects: serde_saphyr::from_str_multiple(&yaml)?,
+            notes: Vec::new(),
+        }
+        .to_text(RenderFormat::Json)?,
+    })
+}
+
 /// Runs `render`: the documents on stdout, the notes on stderr.
 pub fn main(args: &RenderArgs) -> anyhow::Result<()> {
+    if args.rbac {
+        return super::print_stdout(&rbac_with_env(args, std::env::vars())?);
+    }
     let rendered = render(args)?;
     for note in &rendered.notes {
         eprintln!("note: {note}");
@@ -248,6 +274,35 @@ mod tests {
         for var in HPP_IMAGE_VARS {
             assert!(placeholders.notes[0].contains(var), "{:?}", placeholders.notes);
         }
+    }
+
+    #[test]
+    fn rbac_is_the_operators_roles_in_its_namespace_without_a_cr() {
+        let args = render_args_from(&["--rbac", "-n", "storage"]);
+        let yaml = rbac_with_env(&args, Vec::new()).unwrap();
+        assert_eq!(yaml, super::super::rbac::yaml("storage"));
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&yaml).unwrap();
+        assert_eq!(docs.len(), 5);
+        assert!(
+            docs.iter()
+                .filter(|d| d["metadata"]["namespace"].is_string())
+                .all(|d| d["metadata"]["namespace"] == "storage")
+        );
+        let env = vec![("POD_NAMESPACE".to_owned(), "from-env".to_owned())];
+        let json = rbac_with_env(&render_args_from(&["--rbac", "-o", "json"]), env).unwrap();
+        assert!(json.contains("\"namespace\": \"from-env\""), "{json}");
+        // A CR is required without --rbac, and refused with it.
+        assert!(crate::operator::Args::try_parse_from(["hpp-operator", "render"]).is_err());
+        assert!(crate::operator::Args::try_parse_from(["hpp-operator", "render", "--rbac", "-f", "x.yaml"]).is_err());
+    }
+
+    fn render_args_from(extra: &[&str]) -> RenderArgs {
+        let mut argv = vec!["hpp-operator", "render"];
+        argv.extend_from_slice(extra);
+        let Some(crate::operator::Command::Render(r)) = crate::operator::Args::parse_from(argv).command else {
+            panic!("render expected")
+        };
+        r
     }
 
     #[test]

@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::facts::ClusterFacts;
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::{ObjectWarning, Readiness, SubReconciler};
 
 /// Event reason when the `Snapshotting` gate is on but no pool has a snapshot provider.
@@ -524,11 +525,19 @@ pub struct CsiDaemonSet;
 #[async_trait]
 impl SubReconciler for CsiDaemonSet {
     fn name(&self) -> &str {
-        "csi-daemonset"
+        crate::names::STEP_CSI_DAEMONSET
     }
 
     fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {
         vec![daemonset_kind()]
+    }
+
+    fn permissions(&self, _facts: &ClusterFacts) -> Vec<Permission> {
+        vec![
+            Permission::on(&daemonset_kind(), &WRITE)
+                .named([names::CSI_DAEMONSET])
+                .because("csi-daemonset: the CSI driver's DaemonSet."),
+        ]
     }
 
     fn desired(&self, hpp: &HostPathProvisioner, cfg: &OperatorConfig, _: &ClusterFacts) -> Result<Vec<DesiredObject>> {

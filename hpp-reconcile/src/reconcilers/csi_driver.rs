@@ -10,6 +10,7 @@ use crate::config::OperatorConfig;
 use crate::error::Result;
 use crate::facts::ClusterFacts;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::SubReconciler;
 
 /// The desired CSIDriver.
@@ -34,11 +35,19 @@ pub struct CsiDriver;
 #[async_trait]
 impl SubReconciler for CsiDriver {
     fn name(&self) -> &str {
-        "csi-driver"
+        crate::names::STEP_CSI_DRIVER
     }
 
     fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {
         vec![csi_driver_kind()]
+    }
+
+    fn permissions(&self, _facts: &ClusterFacts) -> Vec<Permission> {
+        vec![
+            Permission::on(&csi_driver_kind(), &WRITE)
+                .named([c::DRIVER_NAME])
+                .because("csi-driver: the driver's CSIDriver object."),
+        ]
     }
 
     fn desired(&self, hpp: &HostPathProvisioner, cfg: &OperatorConfig, _: &ClusterFacts) -> Result<Vec<DesiredObject>> {

@@ -16,6 +16,7 @@ use crate::error::Result;
 use crate::facts::ClusterFacts;
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::{Readiness, SubReconciler};
 
 /// Extra label letting the legacy pods reach cluster services under KubeVirt's NetworkPolicies.
@@ -91,11 +92,19 @@ pub struct LegacyDaemonSet;
 #[async_trait]
 impl SubReconciler for LegacyDaemonSet {
     fn name(&self) -> &str {
-        "legacy-daemonset"
+        crate::names::STEP_LEGACY_DAEMONSET
     }
 
     fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {
         vec![daemonset_kind()]
+    }
+
+    fn permissions(&self, _facts: &ClusterFacts) -> Vec<Permission> {
+        vec![
+            Permission::on(&daemonset_kind(), &WRITE)
+                .named([names::LEGACY_DAEMONSET])
+                .because("legacy-daemonset: the legacy provisioner's DaemonSet."),
+        ]
     }
 
     fn desired(&self, hpp: &HostPathProvisioner, cfg: &OperatorConfig, _: &ClusterFacts) -> Result<Vec<DesiredObject>> {

@@ -57,6 +57,7 @@ use crate::gather::typed;
 use crate::index::WatchIndex;
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::{ObjectEvent, ObjectWarning, Readiness, SubReconciler};
 
 /// Warning Event on the CR: a node is lost and claims will be released after their grace period.
@@ -394,6 +395,22 @@ impl SubReconciler for NodeLoss {
 
     fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {
         Vec::new()
+    }
+
+    fn permissions(&self, _facts: &ClusterFacts) -> Vec<Permission> {
+        let why = "node-loss (StorageClass parameter nodeLossPolicy: Recreate): after a node is lost for its grace \
+                   period, the claims of such classes pinned to it are deleted, then their PVs, and the external \
+                   provisioner's finalizer is removed from those PVs (the lost node's csi-provisioner never will). \
+                   Cluster-wide because claims live in every namespace and PV names are generated per claim \
+                   (pvc-<uid>), so resourceNames cannot narrow them; every call carries a uid precondition (a JSON \
+                   patch test) naming the exact object. A cluster whose classes all keep the default \
+                   nodeLossPolicy Retain can drop these two rules: the operator never calls them then.";
+        vec![
+            Permission::on(&pv_kind(), &WRITE).because(why),
+            Permission::on(&Kind::of::<PersistentVolumeClaim>(), &["delete"])
+                .cluster_wide()
+                .because(why),
+        ]
     }
 
     fn watches(&self) -> Vec<(Kind, String)> {

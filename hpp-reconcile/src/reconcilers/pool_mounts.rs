@@ -137,7 +137,7 @@ fn pod_selector() -> String {
 #[async_trait]
 impl SubReconciler for PoolMounts {
     fn name(&self) -> &str {
-        "pool-mounts"
+        crate::names::STEP_POOL_MOUNTS
     }
 
     fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {

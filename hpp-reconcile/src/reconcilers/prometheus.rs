@@ -19,6 +19,7 @@ use crate::error::Result;
 use crate::facts::ClusterFacts;
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::SubReconciler;
 
 /// Service account Prometheus scrapes with.
@@ -155,7 +156,7 @@ pub struct Prometheus;
 #[async_trait]
 impl SubReconciler for Prometheus {
     fn name(&self) -> &str {
-        "prometheus"
+        crate::names::STEP_PROMETHEUS
     }
 
     fn kinds(&self, facts: &ClusterFacts) -> Vec<Kind> {
@@ -164,6 +165,38 @@ impl SubReconciler for Prometheus {
             kinds.extend([prometheus_rule_kind(), service_monitor_kind()]);
         }
         kinds
+    }
+
+    fn permissions(&self, facts: &ClusterFacts) -> Vec<Permission> {
+        let why = "prometheus: the metrics Service and the Role that lets Prometheus read it.";
+        let mut out = vec![
+            Permission::on(&service_kind(), &WRITE)
+                .named([names::METRICS_SERVICE])
+                .because(why),
+            Permission::on(&role_kind(), &WRITE)
+                .named([names::MONITORING_ROLE])
+                .because(why),
+            Permission::on(&role_binding_kind(), &WRITE)
+                .named([names::MONITORING_ROLE])
+                .because(why),
+            Permission::on(&role_kind(), &["escalate", "bind"])
+                .named([names::MONITORING_ROLE])
+                .because(why),
+        ];
+        if facts.has_prometheus {
+            let why = "prometheus: the alerting rules and the ServiceMonitor (Prometheus Operator).";
+            out.push(
+                Permission::on(&prometheus_rule_kind(), &WRITE)
+                    .named([names::PROMETHEUS_RULE])
+                    .because(why),
+            );
+            out.push(
+                Permission::on(&service_monitor_kind(), &WRITE)
+                    .named([names::SERVICE_MONITOR])
+                    .because(why),
+            );
+        }
+        out
     }
 
     fn desired(

@@ -14,6 +14,7 @@ use crate::error::Result;
 use crate::facts::ClusterFacts;
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::SubReconciler;
 
 fn strings(items: &[&str]) -> Vec<String> {
@@ -199,11 +200,19 @@ pub struct ServiceAccounts;
 #[async_trait]
 impl SubReconciler for ServiceAccounts {
     fn name(&self) -> &str {
-        "service-accounts"
+        crate::names::STEP_SERVICE_ACCOUNTS
     }
 
     fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {
         vec![service_account_kind()]
+    }
+
+    fn permissions(&self, _facts: &ClusterFacts) -> Vec<Permission> {
+        vec![
+            Permission::on(&service_account_kind(), &WRITE)
+                .named([names::CSI_SERVICE_ACCOUNT, names::LEGACY_SERVICE_ACCOUNT])
+                .because("service-accounts: the driver's and the legacy provisioner's accounts."),
+        ]
     }
 
     fn desired(&self, hpp: &HostPathProvisioner, cfg: &OperatorConfig, _: &ClusterFacts) -> Result<Vec<DesiredObject>> {
@@ -217,7 +226,7 @@ pub struct Rbac;
 #[async_trait]
 impl SubReconciler for Rbac {
     fn name(&self) -> &str {
-        "rbac"
+        crate::names::STEP_RBAC
     }
 
     fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {
@@ -226,6 +235,31 @@ impl SubReconciler for Rbac {
             cluster_role_binding_kind(),
             role_kind(),
             role_binding_kind(),
+        ]
+    }
+
+    fn permissions(&self, _facts: &ClusterFacts) -> Vec<Permission> {
+        let cluster = [names::CSI_SERVICE_ACCOUNT, names::LEGACY_CLUSTER_ROLE];
+        let why = "rbac: the driver's and the legacy provisioner's roles. The operator does not hold the \
+                   permissions it grants them: it may create those roles and bindings because of `escalate` \
+                   and `bind` on their names only.";
+        vec![
+            Permission::on(&cluster_role_kind(), &WRITE).named(cluster).because(why),
+            Permission::on(&cluster_role_binding_kind(), &WRITE)
+                .named(cluster)
+                .because(why),
+            Permission::on(&cluster_role_kind(), &["escalate", "bind"])
+                .named(cluster)
+                .because(why),
+            Permission::on(&role_kind(), &WRITE)
+                .named([names::CSI_SERVICE_ACCOUNT])
+                .because(why),
+            Permission::on(&role_binding_kind(), &WRITE)
+                .named([names::CSI_SERVICE_ACCOUNT])
+                .because(why),
+            Permission::on(&role_kind(), &["escalate", "bind"])
+                .named([names::CSI_SERVICE_ACCOUNT])
+                .because(why),
         ]
     }
 

@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::facts::ClusterFacts;
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::SubReconciler;
 
 fn scc(
@@ -68,11 +69,22 @@ pub struct Scc;
 #[async_trait]
 impl SubReconciler for Scc {
     fn name(&self) -> &str {
-        "scc"
+        crate::names::STEP_SCC
     }
 
     fn kinds(&self, facts: &ClusterFacts) -> Vec<Kind> {
         if facts.has_scc { vec![scc_kind()] } else { vec![] }
+    }
+
+    fn permissions(&self, facts: &ClusterFacts) -> Vec<Permission> {
+        if !facts.has_scc {
+            return Vec::new();
+        }
+        vec![
+            Permission::on(&scc_kind(), &WRITE)
+                .named([names::CSI_SCC, names::LEGACY_SCC])
+                .because("scc (OpenShift): only hpp's own SCCs can be changed, never `restricted` and friends."),
+        ]
     }
 
     fn desired(

@@ -93,7 +93,7 @@ fn class_ref(cl: &PoolClass) -> ObjectReference {
 #[async_trait]
 impl SubReconciler for StorageClassPools {
     fn name(&self) -> &str {
-        "storage-class-pools"
+        crate::names::STEP_STORAGE_CLASS_POOLS
     }
 
     fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {

@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::facts::{ClusterFacts, NodeFact};
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::{Readiness, SubReconciler};
 
 fn tolerates(tolerations: &[Toleration], taint: &k8s_openapi::api::core::v1::Taint) -> bool {
@@ -393,11 +394,36 @@ pub struct StoragePools;
 #[async_trait]
 impl SubReconciler for StoragePools {
     fn name(&self) -> &str {
-        "storage-pools"
+        crate::names::STEP_STORAGE_POOLS
     }
 
     fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {
         vec![pvc_kind(), deployment_kind(), job_kind(), storage_class_kind()]
+    }
+
+    fn permissions(&self, _facts: &ClusterFacts) -> Vec<Permission> {
+        vec![
+            Permission::on(&deployment_kind(), &WRITE).because(
+                "storage-pools: pool mounter Deployments are named after pools and nodes \
+                 (hpp-pool-<pool>-<node>), in the operator's namespace only.",
+            ),
+            Permission::on(&pvc_kind(), &["delete"]).because(
+                "storage-pools: pool PVCs are created once, never changed, and named after pools and nodes, \
+                 in the operator's namespace only.",
+            ),
+            Permission::on(&job_kind(), &["delete"]).because(
+                "storage-pools: cleanup Jobs are created once, never changed, and named after pools and nodes, \
+                 in the operator's namespace only.",
+            ),
+            Permission::on(&storage_class_kind(), &["delete"])
+                .named([names::DEFAULT_OVERLAY_CLASS])
+                .because(
+                    "storage-pools: the overlay StorageClass of ReadWriteMany pools (created once). A pool with \
+                     a custom `overlayClassName` needs that name added here, or the operator cannot delete the \
+                     class when the pool goes away (it logs the 403, publishes a Warning Event DeleteForbidden \
+                     on the class and leaves it; the pass and the CR's deletion carry on).",
+                ),
+        ]
     }
 
     fn desired(
@@ -431,9 +457,7 @@ impl SubReconciler for StoragePools {
             let job = facts.cleanup_jobs.iter().find(|j| j.name == name);
             if !skip && node_ready(&m.node) && !job.is_some_and(|j| j.succeeded) {
                 let desired = obj::cleanup_job(hpp, &name, &m.pool_label, &m.node, &m.mount_path, cfg)?;
-                applier
-                    .apply(&format!("hpp-operator/{}", self.name()), &desired)
-                    .await?;
+                applier.apply(&self.field_manager(), &desired).await?;
                 pending.push(name);
             }
             applier.delete(&deployment_kind(), ns, &m.name).await?;

@@ -56,6 +56,7 @@ use crate::facts::ClusterFacts;
 use crate::gather::typed;
 use crate::names;
 use crate::object::{DesiredObject, Kind};
+use crate::permissions::{Permission, WRITE};
 use crate::subreconciler::{Readiness, SubReconciler, VolumeAuditReport};
 
 /// The port of the drivers' report (their metrics listener).
@@ -319,6 +320,17 @@ impl SubReconciler for VolumeAudit {
     /// The token Secret: the sweep removes it when the audit is turned off.
     fn kinds(&self, _facts: &ClusterFacts) -> Vec<Kind> {
         vec![token::secret_kind()]
+    }
+
+    fn permissions(&self, _facts: &ClusterFacts) -> Vec<Permission> {
+        vec![
+            Permission::on(&token::secret_kind(), &WRITE)
+                .named([names::VOLUME_REPORT_SECRET])
+                .because(
+                    "volume-audit (spec.volumeAudit): the bearer token's Secret, made, read back and deleted when \
+                 the audit is turned off; without the audit the operator only watches (and finds no) Secrets.",
+                ),
+        ]
     }
 
     fn watches(&self) -> Vec<(Kind, String)> {
