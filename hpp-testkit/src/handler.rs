@@ -101,7 +101,10 @@ fn respond(inner: &Mutex<State>, parts: &http::request::Parts, bytes: &[u8]) -> 
                 accept,
                 body,
             };
-            dispatch(&mut state, &path, req)
+            state.writer = writer(&req, &path);
+            let result = dispatch(&mut state, &path, req);
+            state.writer = super::managed::Writer::default();
+            result
         }),
     };
     let response = result.unwrap_or_else(|e| json_response(e.code, &e.to_status()));
@@ -109,6 +112,26 @@ fn respond(inner: &Mutex<State>, parts: &http::request::Parts, bytes: &[u8]) -> 
     tracing::debug!(method = %record.method, path = %record.path, query = %record.query, status = record.status, "fake API request");
     state.requests.push(record);
     Ok(response)
+}
+
+/// Who a write comes from, for `managedFields`: its field manager (`unknown` without one, where
+/// a real server takes the user agent), `Apply` for an apply patch, and whether it goes through
+/// `/status`.
+fn writer(req: &Incoming<'_>, path: &str) -> super::managed::Writer {
+    let apply = req
+        .content_type
+        .as_deref()
+        .is_some_and(|c| c.starts_with("application/apply-patch"));
+    super::managed::Writer {
+        manager: req
+            .query
+            .get("fieldManager")
+            .filter(|m| !m.is_empty())
+            .cloned()
+            .unwrap_or_else(|| "unknown".into()),
+        operation: if apply { "Apply" } else { "Update" },
+        status: path.ends_with("/status"),
+    }
 }
 
 /// The parts of a request the dispatcher needs.

@@ -9,6 +9,7 @@ use tokio::sync::{broadcast, watch};
 
 use super::faults::ActiveFailure;
 use super::kinds::{KindInfo, Kinds};
+use super::managed::{self, Writer};
 use super::record::RecordedRequest;
 
 /// How many watch events the history keeps before older resourceVersions become "too old".
@@ -99,6 +100,10 @@ pub(crate) struct State {
     pub protect_claims: bool,
     /// Set while the protection controller commits, so its own writes do not re-enter it.
     pub protection_running: bool,
+    /// Objects carry `metadata.managedFields` (see `managed`).
+    pub track_managed_fields: bool,
+    /// Who the write being served comes from (for `managedFields`).
+    pub writer: Writer,
 }
 
 /// `now` in the RFC 3339, whole-second form the API server uses.
@@ -172,6 +177,8 @@ impl State {
             down_tx,
             protect_claims: false,
             protection_running: false,
+            track_managed_fields: false,
+            writer: Writer::default(),
         }
     }
 
@@ -218,7 +225,15 @@ impl State {
     /// removed instead, which garbage-collects its dependents.
     pub(crate) fn commit(&mut self, key: &ObjKey, mut new: Value) -> Value {
         let old = self.objects.get(key).cloned();
-        if old.as_ref() == Some(&new) {
+        if self.track_managed_fields {
+            // A write that changes nothing but who claims the fields is no change.
+            if old
+                .as_ref()
+                .is_some_and(|o| managed::without(o) == managed::without(&new))
+            {
+                return old.unwrap_or(new);
+            }
+        } else if old.as_ref() == Some(&new) {
             return new;
         }
         if meta_str(&new, "deletionTimestamp").is_some() && !has_finalizers(&new) {
@@ -229,6 +244,9 @@ impl State {
         }
         self.rv += 1;
         set_meta(&mut new, "resourceVersion", json!(self.rv.to_string()));
+        if self.track_managed_fields {
+            managed::stamp(old.as_ref(), &mut new, &self.writer, &now());
+        }
         self.objects.insert(key.clone(), new.clone());
         self.sync_crd(key, &new, true);
         self.record_event(StoredEvent {

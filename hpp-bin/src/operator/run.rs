@@ -264,7 +264,9 @@ pub async fn run_with_client(
 /// renew it for the renew deadline, or another replica took it): the process exits with
 /// status 1, as controller-runtime's manager does, and the kubelet restarts it.
 #[derive(Debug, thiserror::Error)]
-#[error("leader election lost: the operator could not renew its Lease in time (API server unreachable?) or another replica took it")]
+#[error(
+    "leader election lost: the operator could not renew its Lease in time (API server unreachable?) or another replica took it"
+)]
 pub struct LeadershipLost;
 
 #[cfg(test)]
