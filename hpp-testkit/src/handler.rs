@@ -103,7 +103,10 @@ fn respond(inner: &Mutex<State>, parts: &http::request::Parts, bytes: &[u8]) -> 
                     accept,
                     body,
                 };
-                dispatch(&mut state, &path, req)
+                state.writer = writer(&req, &path);
+                let result = dispatch(&mut state, &path, req);
+                state.writer = super::managed::Writer::default();
+                result
             }),
         },
     };
@@ -122,6 +125,26 @@ fn denied(state: &State, method: &Method, path: &str, query: &str) -> Option<Api
         kinds.get(g, v, p).is_some_and(|k| k.namespaced)
     })?;
     (!policy.allows(&access)).then(|| policy.forbidden(&access))
+}
+
+/// Who a write comes from, for `managedFields`: its field manager (`unknown` without one, where
+/// a real server takes the user agent), `Apply` for an apply patch, and whether it goes through
+/// `/status`.
+fn writer(req: &Incoming<'_>, path: &str) -> super::managed::Writer {
+    let apply = req
+        .content_type
+        .as_deref()
+        .is_some_and(|c| c.starts_with("application/apply-patch"));
+    super::managed::Writer {
+        manager: req
+            .query
+            .get("fieldManager")
+            .filter(|m| !m.is_empty())
+            .cloned()
+            .unwrap_or_else(|| "unknown".into()),
+        operation: if apply { "Apply" } else { "Update" },
+        status: path.ends_with("/status"),
+    }
 }
 
 /// The parts of a request the dispatcher needs.

@@ -37,7 +37,8 @@
 //! - fault injection ([`FailureRule`]), an outage switch ([`FakeApiServer::set_unavailable`])
 //!   and a log of every request ([`RecordedRequest`]).
 //!
-//! Known simplifications: server-side apply keeps no `managedFields` and only tracks apply
+//! Known simplifications: server-side apply keeps no `managedFields` (they are kept, for their
+//! size only, after [`FakeApiServer::track_managed_fields`]) and only tracks apply
 //! managers (a non-apply write takes ownership away from the applier but does not itself cause
 //! apply conflicts); it merges the common associative lists of built-in kinds by key (see the
 //! `ssa` module) and treats custom resources' lists as atomic; strategic merge knows the merge
@@ -81,6 +82,7 @@ mod handler;
 mod immutable;
 mod kinds;
 pub mod loopfs;
+mod managed;
 mod ops;
 mod patch;
 mod path;
@@ -331,12 +333,18 @@ impl FakeApiServer {
         let Some(kind) = Self::typed_kind::<K>(&state) else {
             return false;
         };
-        state
+        state.writer = managed::Writer {
+            status: true,
+            ..Default::default()
+        };
+        let updated = state
             .update(&kind, namespace, name, Part::Status, false, |o| {
                 o["status"] = status;
                 Ok(())
             })
-            .is_ok()
+            .is_ok();
+        state.writer = managed::Writer::default();
+        updated
     }
 
     /// Deletes an object as another actor would: finalizers hold it (deletionTimestamp is
@@ -357,6 +365,16 @@ impl FakeApiServer {
     /// not `Succeeded` or `Failed` uses it. Deleting or finishing the last such pod lets it go.
     pub fn protect_claims_in_use(&self) {
         lock(&self.inner).protect_claims = true;
+    }
+
+    /// Turns on `metadata.managedFields`, as a real API server keeps them: every write from
+    /// now on records an entry for its field manager (`testkit` for [`seed`](Self::seed) and
+    /// [`set_status`](Self::set_status)) naming the fields it wrote, so objects and watch events
+    /// have about the size they have on a cluster (where the entries are often as large as the
+    /// rest of the object). Off by default: the entries are bookkeeping only (ownership is not
+    /// split between managers; server-side apply conflicts are decided without them).
+    pub fn track_managed_fields(&self) {
+        lock(&self.inner).track_managed_fields = true;
     }
 
     /// Every request received so far, in order (including failed ones).

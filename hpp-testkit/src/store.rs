@@ -9,6 +9,7 @@ use tokio::sync::{broadcast, watch};
 
 use super::faults::ActiveFailure;
 use super::kinds::{KindInfo, Kinds};
+use super::managed::{self, Writer};
 use super::record::RecordedRequest;
 
 /// How many watch events the history keeps before older resourceVersions become "too old".
@@ -101,6 +102,10 @@ pub(crate) struct State {
     pub protection_running: bool,
     /// When set, requests it does not allow are answered 403 (see `rbac`).
     pub rbac: Option<crate::rbac::RbacPolicy>,
+    /// Objects carry `metadata.managedFields` (see `managed`).
+    pub track_managed_fields: bool,
+    /// Who the write being served comes from (for `managedFields`).
+    pub writer: Writer,
 }
 
 /// `now` in the RFC 3339, whole-second form the API server uses.
@@ -175,6 +180,8 @@ impl State {
             protect_claims: false,
             protection_running: false,
             rbac: None,
+            track_managed_fields: false,
+            writer: Writer::default(),
         }
     }
 
@@ -221,7 +228,15 @@ impl State {
     /// removed instead, which garbage-collects its dependents.
     pub(crate) fn commit(&mut self, key: &ObjKey, mut new: Value) -> Value {
         let old = self.objects.get(key).cloned();
-        if old.as_ref() == Some(&new) {
+        if self.track_managed_fields {
+            // A write that changes nothing but who claims the fields is no change.
+            if old
+                .as_ref()
+                .is_some_and(|o| managed::without(o) == managed::without(&new))
+            {
+                return old.unwrap_or(new);
+            }
+        } else if old.as_ref() == Some(&new) {
             return new;
         }
         if meta_str(&new, "deletionTimestamp").is_some() && !has_finalizers(&new) {
@@ -232,6 +247,9 @@ impl State {
         }
         self.rv += 1;
         set_meta(&mut new, "resourceVersion", json!(self.rv.to_string()));
+        if self.track_managed_fields {
+            managed::stamp(old.as_ref(), &mut new, &self.writer, &now());
+        }
         self.objects.insert(key.clone(), new.clone());
         self.sync_crd(key, &new, true);
         self.record_event(StoredEvent {

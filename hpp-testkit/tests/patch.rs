@@ -397,3 +397,52 @@ async fn server_side_apply_merges_container_lists_by_name() {
     assert_eq!(containers[0].image.as_deref(), Some("d:2"));
     assert_eq!(containers[0].env.as_ref().unwrap()[0].name, "INJECTED");
 }
+
+/// With managed fields tracked, every writer gets its entry (the applier's `Apply`, a status
+/// writer's `Update` on `/status`), and a write that changes nothing keeps the object as it is.
+#[tokio::test]
+async fn tracked_managed_fields_name_each_writer_and_no_op_writes_change_nothing() {
+    let fake = FakeApiServer::new();
+    fake.track_managed_fields();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+    let pp = PatchParams::apply("hpp-operator").force();
+    let config = apply_cm(json!({"a": "1"}), json!({"x": "1"}));
+    let created = api.patch("cfg", &pp, &Patch::Apply(&config)).await.unwrap();
+    let entries = created.metadata.managed_fields.clone().unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].manager.as_deref(), Some("hpp-operator"));
+    assert_eq!(entries[0].operation.as_deref(), Some("Apply"));
+    let fields = serde_json::to_value(&entries[0].fields_v1).unwrap();
+    assert!(fields.pointer("/f:data/f:x").is_some(), "{fields}");
+    assert!(fields.pointer("/f:metadata/f:labels/f:a").is_some(), "{fields}");
+    let again = api.patch("cfg", &pp, &Patch::Apply(&config)).await.unwrap();
+    assert_eq!(again.resource_version(), created.resource_version(), "a no-op apply");
+    let mut edited = again.clone();
+    edited.data = Some([("x".to_owned(), "2".to_owned())].into());
+    edited.metadata.managed_fields = None;
+    let updated = api
+        .replace(
+            "cfg",
+            &PostParams {
+                field_manager: Some("kubectl".into()),
+                ..Default::default()
+            },
+            &edited,
+        )
+        .await
+        .unwrap();
+    let managers: Vec<_> = updated
+        .metadata
+        .managed_fields
+        .unwrap()
+        .iter()
+        .map(|e| (e.manager.clone().unwrap(), e.operation.clone().unwrap()))
+        .collect();
+    assert_eq!(
+        managers,
+        [
+            ("hpp-operator".to_owned(), "Apply".to_owned()),
+            ("kubectl".to_owned(), "Update".to_owned())
+        ]
+    );
+}

@@ -211,12 +211,15 @@ pub async fn run_with_client(
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
         let until_stop = shutdown.clone();
         let watcher = tokio::spawn(async move {
-            tokio::select! {
-                () = election.lost() => warn!("lost leadership, stopping"),
-                () = until_stop => {}
-            }
+            let lost = tokio::select! {
+                () = election.lost() => {
+                    warn!("lost leadership, stopping");
+                    true
+                }
+                () = until_stop => false,
+            };
             let _ = stop_tx.send(true);
-            election
+            (election, lost)
         });
         let stop = async move {
             let _ = stop_rx.wait_for(|stopped| *stopped).await;
@@ -230,9 +233,11 @@ pub async fn run_with_client(
         }));
     let ctx = Arc::new(ctx);
     hpp_reconcile::controller::run(ctx, stop.shared()).await;
+    let mut lost = false;
     if let Some(watcher) = election {
         match watcher.await {
-            Ok(election) => {
+            Ok((election, was_lost)) => {
+                lost = was_lost;
                 if let Err(e) = election.step_down().await {
                     warn!(error = %e, "releasing the leader lease");
                 }
@@ -245,8 +250,24 @@ pub async fn run_with_client(
     if let Some(task) = webhook_task {
         task.abort();
     }
+    if lost {
+        // As controller-runtime's manager ("leader election lost", exit status 1): the kubelet
+        // restarts the container (its restart count goes up), and the new process contends
+        // for the lease again from a clean state.
+        tracing::error!("leader election lost; exiting with status 1 so the container restarts");
+        return Err(LeadershipLost.into());
+    }
     Ok(())
 }
+
+/// The error `run` ends with when this replica lost the lease while leading (it could not
+/// renew it for the renew deadline, or another replica took it): the process exits with
+/// status 1, as controller-runtime's manager does, and the kubelet restarts it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "leader election lost: the operator could not renew its Lease in time (API server unreachable?) or another replica took it"
+)]
+pub struct LeadershipLost;
 
 #[cfg(test)]
 mod tests {
@@ -395,6 +416,30 @@ mod tests {
         live_and_ready(addr).await;
         let _ = stop.send(());
         task.await.unwrap().unwrap();
+    }
+
+    /// When the API server goes away, the leader cannot renew its lease: it stops and the
+    /// process ends with an error (exit status 1), as controller-runtime's manager does, so the
+    /// kubelet restarts it, instead of ending as if asked to stop.
+    #[tokio::test]
+    async fn a_leader_cut_off_from_the_api_server_exits_with_an_error() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let fake = hpp_reconcile::testkit::FakeApiServer::new();
+        fake.register::<hpp_api::HostPathProvisioner>(false, true);
+        let (_addr, _stop, task) = standby(&fake).await;
+        tokio::time::timeout(
+            std::time::Duration::from_secs(120),
+            fake.wait_until(|f| lease_holder(f).as_deref() == Some("hpp-pod")),
+        )
+        .await
+        .expect("the lease is taken");
+        fake.set_unavailable(true);
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(120), task)
+            .await
+            .expect("the operator stops once it cannot renew its lease")
+            .unwrap();
+        let err = ended.expect_err("a lost lease is an error");
+        assert!(err.downcast_ref::<LeadershipLost>().is_some(), "{err:#}");
     }
 
     #[tokio::test]
