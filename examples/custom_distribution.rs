@@ -44,6 +44,7 @@ pub fn add_team_label(
 // ANCHOR: typed_edit
 /// Edits the step's DaemonSet as a typed `DaemonSet` (a misspelt field does not compile): a
 /// toleration for the storage nodes' taint and a sidecar that ships the driver's logs.
+#[allow(clippy::ptr_arg)] // the `Edit` signature: other edits add or remove objects
 pub fn storage_node_sidecar(
     _hpp: &HostPathProvisioner,
     _cfg: &OperatorConfig,
