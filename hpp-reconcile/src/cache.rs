@@ -12,7 +12,8 @@
 //! stores are most of the operator's heap.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use kube::api::DynamicObject;
@@ -85,11 +86,34 @@ fn trim_volume(obj: &mut DynamicObject) {
 /// One store per watched kind and label selector.
 type Stores = BTreeMap<(Kind, String), Store<DynamicObject>>;
 
+/// How long the controller trusts what discovery said about the optional APIs (OpenShift's
+/// SecurityContextConstraints, the Prometheus operator's kinds) before asking again: they come
+/// and go with an add-on's install, not from one pass to the next, and asking every pass was
+/// most of an idle operator's requests (`GET /apis` per pass).
+pub const DISCOVERY_REFRESH: Duration = Duration::from_secs(300);
+
+/// The optional APIs the API server serves, as discovery last said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OptionalApis {
+    /// `security.openshift.io` SecurityContextConstraints.
+    pub scc: bool,
+    /// `monitoring.coreos.com` PrometheusRules and ServiceMonitors.
+    pub prometheus: bool,
+}
+
+/// Discovery's last answer and when it came, once the controller turned the memo on.
+#[derive(Default)]
+struct DiscoveryMemo {
+    refresh: Option<Duration>,
+    last: Option<(Instant, OptionalApis)>,
+}
+
 /// Watch caches keyed by kind and label selector. Cheap to clone (shared).
 #[derive(Clone, Default)]
 pub struct Cache {
     stores: Arc<RwLock<Stores>>,
     provisioners: Arc<RwLock<Option<Store<HostPathProvisioner>>>>,
+    discovery: Arc<Mutex<DiscoveryMemo>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -161,6 +185,40 @@ impl Cache {
             key = key.within(namespace.unwrap_or_default());
         }
         Some(store.get(&key))
+    }
+
+    /// Remembers discovery's answers for `refresh` (the controller uses
+    /// [`DISCOVERY_REFRESH`]); without this every pass asks the API server (as a test calling
+    /// `reconcile` directly expects when it adds an API between passes).
+    pub fn remember_discovery(&self, refresh: Duration) {
+        if let Ok(mut memo) = self.discovery.lock() {
+            memo.refresh = Some(refresh);
+        }
+    }
+
+    /// What discovery said less than the refresh period ago, if the memo is on.
+    pub fn discovered(&self) -> Option<OptionalApis> {
+        let memo = self.discovery.lock().ok()?;
+        let refresh = memo.refresh?;
+        let (at, apis) = memo.last?;
+        (at.elapsed() < refresh).then_some(apis)
+    }
+
+    /// Records discovery's answer (kept only while the memo is on).
+    pub fn record_discovery(&self, apis: OptionalApis) {
+        if let Ok(mut memo) = self.discovery.lock()
+            && memo.refresh.is_some()
+        {
+            memo.last = Some((Instant::now(), apis));
+        }
+    }
+
+    /// Forgets discovery's answer, so the next pass asks again: after a failed pass, in case an
+    /// optional API went away (a miss).
+    pub fn forget_discovery(&self) {
+        if let Ok(mut memo) = self.discovery.lock() {
+            memo.last = None;
+        }
     }
 
     /// Registers the controller's own store of HostPathProvisioner objects.
@@ -275,6 +333,26 @@ mod tests {
             let typed: PersistentVolume = serde_json::from_value(serde_json::to_value(v).unwrap()).unwrap();
             assert!(typed.spec.unwrap().csi.is_some());
         }
+    }
+
+    #[test]
+    fn discovery_is_remembered_only_when_asked_and_until_forgotten_or_stale() {
+        let cache = Cache::new();
+        let apis = OptionalApis {
+            scc: true,
+            prometheus: false,
+        };
+        cache.record_discovery(apis);
+        assert_eq!(cache.discovered(), None, "off by default: every pass asks");
+        cache.remember_discovery(Duration::from_secs(300));
+        assert_eq!(cache.discovered(), None, "nothing recorded yet");
+        cache.record_discovery(apis);
+        assert_eq!(cache.discovered(), Some(apis));
+        cache.clone().forget_discovery();
+        assert_eq!(cache.discovered(), None, "clones share the memo");
+        cache.remember_discovery(Duration::ZERO);
+        cache.record_discovery(apis);
+        assert_eq!(cache.discovered(), None, "stale at once");
     }
 
     #[test]

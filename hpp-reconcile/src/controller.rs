@@ -160,11 +160,19 @@ pub async fn controller(
 ) -> impl Stream<Item = ()> + Send {
     let client: Client = ctx.client.clone();
     let ns = ctx.config.namespace.clone();
-    // Optional APIs: watched when present at start-up (each pass re-discovers them anyway).
-    let facts = gather::discover(&client).await.unwrap_or_else(|e| {
-        warn!(error = %e, "discovery failed at start-up, optional APIs not watched");
-        Default::default()
-    });
+    // Optional APIs: watched when present at start-up; passes reuse the answer for
+    // DISCOVERY_REFRESH (and ask again after a failed pass).
+    ctx.cache.remember_discovery(crate::cache::DISCOVERY_REFRESH);
+    let facts: crate::ClusterFacts = match gather::optional_apis(&client).await {
+        Ok(apis) => {
+            ctx.cache.record_discovery(apis);
+            apis.into()
+        }
+        Err(e) => {
+            warn!(error = %e, "discovery failed at start-up, optional APIs not watched");
+            Default::default()
+        }
+    };
     info!(
         scc = facts.has_scc,
         prometheus = facts.has_prometheus,

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use tracing::warn;
 
 use crate::apply::Applier;
-use crate::cache::Cache;
+use crate::cache::{Cache, OptionalApis};
 use crate::error::{Error, Result};
 use crate::facts::{
     CapacityFact, ClaimFact, ClassFact, CleanupJobFact, ClusterFacts, MounterFact, NodeFact, VolumeFact,
@@ -35,14 +35,35 @@ pub async fn has_api(client: &Client, group: &str, plural: &str) -> Result<bool>
     }
 }
 
-/// The optional APIs: facts with only `has_scc` and `has_prometheus` filled in.
-pub async fn discover(client: &Client) -> Result<ClusterFacts> {
-    Ok(ClusterFacts {
-        has_scc: has_api(client, "security.openshift.io", "securitycontextconstraints").await?,
-        has_prometheus: has_api(client, "monitoring.coreos.com", "prometheusrules").await?
+/// Asks the API server which optional APIs it serves.
+pub async fn optional_apis(client: &Client) -> Result<OptionalApis> {
+    Ok(OptionalApis {
+        scc: has_api(client, "security.openshift.io", "securitycontextconstraints").await?,
+        prometheus: has_api(client, "monitoring.coreos.com", "prometheusrules").await?
             && has_api(client, "monitoring.coreos.com", "servicemonitors").await?,
-        ..Default::default()
     })
+}
+
+/// [`optional_apis`] as facts, answered from the cache's memo while it is fresh (see
+/// [`DISCOVERY_REFRESH`](crate::cache::DISCOVERY_REFRESH)).
+async fn discover_cached(applier: &Applier) -> Result<ClusterFacts> {
+    let cache = applier.cache();
+    if let Some(apis) = cache.discovered() {
+        return Ok(apis.into());
+    }
+    let apis = optional_apis(applier.client()).await?;
+    cache.record_discovery(apis);
+    Ok(apis.into())
+}
+
+impl From<OptionalApis> for ClusterFacts {
+    fn from(apis: OptionalApis) -> Self {
+        ClusterFacts {
+            has_scc: apis.scc,
+            has_prometheus: apis.prometheus,
+            ..Default::default()
+        }
+    }
 }
 
 /// A kind and the label selector its objects are read with.
@@ -253,7 +274,7 @@ pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> 
         volumes,
         classes,
         capacities,
-        ..discover(applier.client()).await?
+        ..discover_cached(applier).await?
     })
 }
 

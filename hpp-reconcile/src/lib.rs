@@ -65,7 +65,7 @@ pub mod status;
 pub mod status_write;
 
 pub use apply::Applier;
-pub use cache::Cache;
+pub use cache::{Cache, DISCOVERY_REFRESH, OptionalApis};
 pub use config::OperatorConfig;
 pub use error::{BoxError, Error, Result};
 pub use facts::{ClusterFacts, FactMap};

@@ -252,6 +252,8 @@ pub async fn reconcile(hpp: Arc<HostPathProvisioner>, ctx: Arc<Context>) -> Resu
 /// Retry policy: exponential backoff per CR; deletion waits poll quickly; a downgrade waits for a change.
 pub fn error_policy(hpp: Arc<HostPathProvisioner>, err: &Error, ctx: Arc<Context>) -> Action {
     warn!(hpp = %hpp.name_any(), category = err.category(), error = %err, "reconcile failed");
+    // A miss: an optional API the last discovery reported may be gone; the retry asks again.
+    ctx.cache.forget_discovery();
     match err.root() {
         Error::Downgrade { .. } => Action::await_change(),
         // Deletion waiting for cleanup Jobs backs off like any failure (the Jobs' watch

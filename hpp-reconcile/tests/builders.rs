@@ -698,7 +698,7 @@ fn pipeline_can_be_edited_in_a_few_lines() {
     p.insert_before(STEP_RBAC, Box::new(hpp_reconcile::reconcilers::Prometheus))
         .unwrap();
     assert_eq!(p.names()[..3], [STEP_SERVICE_ACCOUNTS, STEP_PROMETHEUS, STEP_RBAC]);
-    assert_eq!(p.names()[4], "csi-driver");
+    assert_eq!(p.names()[3..5], ["csi-driver", STEP_SCC]);
 }
 
 #[test]

@@ -251,3 +251,106 @@ async fn cached_nodes_keep_no_image_list() {
         "the API still serves the full node"
     );
 }
+
+/// The operator's reconcile passes so far (the `hpp_operator_reconcile_total` counter).
+fn passes(env: &support::Env) -> u64 {
+    use hpp_reconcile::metrics::ResultLabels;
+    ["ok", "error"]
+        .into_iter()
+        .map(|result| env.ctx.metrics.reconciles.get_or_create(&ResultLabels { result }).get())
+        .sum()
+}
+
+/// Discovery requests (the optional APIs) in the fake's request log.
+fn discovery_requests(fake: &FakeApiServer) -> usize {
+    fake.requests()
+        .iter()
+        .filter(|r| r.path == "/apis" || r.path.starts_with("/apis/monitoring") || r.path.starts_with("/apis/security"))
+        .count()
+}
+
+/// A kubelet's heartbeat: the node's status again with a new `lastHeartbeatTime`.
+fn heartbeat(fake: &FakeApiServer, name: &str, beat: usize) {
+    let node = fake.get::<k8s_openapi::api::core::v1::Node>(None, name).unwrap();
+    let mut status = serde_json::to_value(node.status).unwrap();
+    for c in status["conditions"].as_array_mut().unwrap() {
+        c["lastHeartbeatTime"] = serde_json::json!(format!("2026-01-01T00:00:{:02}Z", beat % 60));
+    }
+    assert!(fake.set_status::<k8s_openapi::api::core::v1::Node>(None, name, status));
+}
+
+/// Scale (issue 31): once converged, a cluster where nothing relevant changes runs no pass, so
+/// kubelet heartbeats on every node cost nothing; discovery is asked once at start-up and
+/// remembered, so a pass a real change triggers (a mounter deleted) asks the API server for
+/// nothing but what it writes.
+#[tokio::test]
+async fn a_quiet_cluster_runs_no_passes_and_discovery_is_remembered() {
+    let nodes = ["node01", "node02", "node03"];
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &nodes);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let controller = tokio::spawn(hpp_reconcile::controller::run(env.ctx.clone(), async move {
+        let _ = stop_rx.await;
+    }));
+    let fake = env.fake.clone();
+    let ds = |f: &FakeApiServer| f.get::<DaemonSet>(Some(NS), "hostpath-provisioner-csi").is_some();
+    tokio::time::timeout(PATIENCE, fake.wait_until(ds))
+        .await
+        .expect("installed");
+    let claims = |f: &FakeApiServer| f.list::<PersistentVolumeClaim>().len() == 3;
+    tokio::time::timeout(PATIENCE, fake.wait_until(claims))
+        .await
+        .expect("claims");
+    env.daemonset_ready("hostpath-provisioner-csi", 3);
+    env.bind_claims();
+    let mounter_names = |f: &FakeApiServer| -> Vec<String> {
+        f.list::<k8s_openapi::api::apps::v1::Deployment>()
+            .into_iter()
+            .filter_map(|d| d.metadata.name)
+            .filter(|n| n.starts_with("hpp-pool-"))
+            .collect()
+    };
+    tokio::time::timeout(PATIENCE, fake.wait_until(|f| mounter_names(f).len() == 3))
+        .await
+        .expect("mounters");
+    env.mounters_ready();
+    tokio::time::timeout(PATIENCE, fake.wait_until(available))
+        .await
+        .expect("available");
+    // Settled: no pass for half a second.
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let before = passes(&env);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if passes(&env) == before {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the operator settles");
+
+    let before = passes(&env);
+    env.fake.clear_requests();
+    for beat in 0..5 {
+        for node in nodes {
+            heartbeat(&env.fake, node, beat);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(passes(&env), before, "heartbeats are not a change");
+    assert!(env.fake.requests().is_empty(), "{:#?}", env.fake.requests());
+
+    let gone = mounter_names(&env.fake).remove(0);
+    assert!(
+        env.fake
+            .remove::<k8s_openapi::api::apps::v1::Deployment>(Some(NS), &gone)
+    );
+    tokio::time::timeout(PATIENCE, fake.wait_until(|f| mounter_names(f).contains(&gone)))
+        .await
+        .expect("the deleted mounter is repaired");
+    assert!(passes(&env) > before, "the deletion ran a pass");
+    assert_eq!(discovery_requests(&env.fake), 0, "{:#?}", env.fake.requests());
+    let _ = stop_tx.send(());
+    tokio::time::timeout(PATIENCE, controller).await.unwrap().unwrap();
+}

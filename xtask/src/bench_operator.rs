@@ -32,8 +32,8 @@ use crate::bench_proc::{mib, print_smaps};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_json::json;
@@ -43,36 +43,91 @@ use tokio_rustls::TlsAcceptor;
 /// The operator's namespace in the fake cluster.
 const NAMESPACE: &str = "hostpath-provisioner";
 /// How long the operator gets to make the CR Available.
-const RECONCILE_TIMEOUT: Duration = Duration::from_secs(120);
+const RECONCILE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Quiet time after Available before sampling, so start-up allocations are behind.
 const SETTLE: Duration = Duration::from_secs(5);
+/// How often each node's kubelet rewrites its status in the quiet window (a heartbeat: only
+/// `lastHeartbeatTime` changes), as kubelets did before node leases and still do on change.
+const HEARTBEAT: Duration = Duration::from_secs(10);
 
 /// Options of `cargo xtask bench --operator`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct OperatorArgs {
-    /// Only measure the operator's steady resident memory against a fake API server, then exit.
+    /// Only measure the operator against a fake API server (memory, passes, requests), then exit.
     #[arg(long)]
     pub operator: bool,
     /// The hpp-operator executable (default: next to this one, in `target/<profile>/`).
     #[arg(long, value_name = "PATH")]
     pub operator_bin: Option<PathBuf>,
-    /// Seconds of steady state to sample.
+    /// Seconds of steady state to sample (node heartbeats go on meanwhile).
     #[arg(long, default_value_t = 30)]
     pub operator_seconds: u64,
-    /// Ready nodes in the fake cluster.
-    #[arg(long, default_value_t = 3)]
-    pub operator_nodes: usize,
+    /// Ready nodes in the fake cluster; several sizes (`300,1000`) are measured one after the
+    /// other and each figure is printed with its growth between the first and the last.
+    #[arg(long, value_delimiter = ',', default_value = "3")]
+    pub operator_nodes: Vec<usize>,
+    /// The CR applied, by its name under `deploy/examples/` (`hostpathprovisioner_pvctemplate_cr`
+    /// has one claim and one mounter Deployment per node).
+    #[arg(long, default_value = "hostpathprovisioner_cr")]
+    pub operator_cr: String,
 }
 
-/// Runs the measurement.
+/// What one run at one cluster size measured.
+#[derive(Debug, Clone, Default)]
+struct Row {
+    nodes: usize,
+    /// Per-node objects the CR asks for (claims and mounter Deployments), all written.
+    node_objects: usize,
+    /// From the CR's creation to every per-node object written.
+    objects_after: Option<Duration>,
+    /// API requests from the CR's creation until every per-node object was written.
+    requests_to_objects: usize,
+    /// From the CR's creation to `Available`.
+    available_after: Duration,
+    /// Reconcile passes until `Available`, and their mean duration.
+    converge_passes: u64,
+    mean_pass: Duration,
+    /// Reconcile passes during the quiet window.
+    quiet_passes: u64,
+    /// Requests during the quiet window: discovery, other reads, writes.
+    quiet_discovery: usize,
+    quiet_reads: usize,
+    quiet_writes: usize,
+    /// Node status heartbeats written in the quiet window.
+    heartbeats: usize,
+    /// Deleting one node's mounter Deployment: time until it is back, passes and requests.
+    repair: Option<(Duration, u64, usize)>,
+    rss_kib: u64,
+    hwm_kib: u64,
+    anon_kib: u64,
+}
+
+/// Runs the measurement at each size and prints the figures and their growth.
 pub async fn run(args: &OperatorArgs) -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let bin = operator_bin(args.operator_bin.as_deref())?;
-    let fake = seeded_fake(args.operator_nodes)?;
+    let cr = example_cr(&args.operator_cr)?;
+    let mut rows = Vec::new();
+    for (i, &nodes) in args.operator_nodes.iter().enumerate() {
+        let last = i + 1 == args.operator_nodes.len();
+        rows.push(measure(args, &bin, &cr, nodes, last).await?);
+    }
+    print_growth(&rows);
+    Ok(())
+}
+
+async fn measure(
+    args: &OperatorArgs,
+    bin: &Path,
+    cr: &HostPathProvisioner,
+    nodes: usize,
+    print_where: bool,
+) -> anyhow::Result<Row> {
+    let fake = seeded_fake(nodes)?;
     let pki = Pki::new()?;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    tokio::spawn(serve(listener, pki.acceptor()?, fake.clone()));
+    let server = tokio::spawn(serve(listener, pki.acceptor()?, fake.clone()));
 
     let dir = tempfile::tempdir()?;
     let kubeconfig = dir.path().join("kubeconfig");
@@ -80,56 +135,355 @@ pub async fn run(args: &OperatorArgs) -> anyhow::Result<()> {
     std::fs::write(&ca_file, &pki.ca_pem)?;
     std::fs::write(&kubeconfig, Pki::kubeconfig(addr, &ca_file))?;
     let log_path = dir.path().join("operator.log");
-    let child = OperatorProcess::spawn(&bin, &kubeconfig, dir.path(), &log_path)?;
+    let child = OperatorProcess::spawn(bin, &kubeconfig, dir.path(), &log_path)?;
     let pid = child.0.id();
     println!(
-        "hpp-operator {} (pid {pid}) against a fake API server on https://{addr}, {} nodes",
+        "\n== {nodes} nodes: hpp-operator {} (pid {pid}) against a fake API server on https://{addr} \
+         (objects with managedFields, kubelet-sized nodes), CR {}",
         bin.display(),
-        args.operator_nodes
+        args.operator_cr
     );
+    let admin = wait_controller(&fake, &log_path).await?;
 
+    let mut row = Row {
+        nodes,
+        ..Row::default()
+    };
+    fake.clear_requests();
     let started = Instant::now();
-    wait_available(&fake, args.operator_nodes, &log_path).await?;
+    fake.seed(cr);
+    let expect_node_objects = if cr.spec.storage_pools.iter().flatten().any(|p| p.pvc_template.is_some()) {
+        2 * nodes
+    } else {
+        0
+    };
+    loop {
+        play_controllers(&fake, nodes);
+        let written = node_objects(&fake);
+        if row.objects_after.is_none() && written >= expect_node_objects {
+            row.objects_after = Some(started.elapsed());
+            row.node_objects = written;
+            row.requests_to_objects = fake.requests().len();
+        }
+        if row.objects_after.is_some() && available(&fake) {
+            row.available_after = started.elapsed();
+            break;
+        }
+        if started.elapsed() > RECONCILE_TIMEOUT {
+            let tail = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(20).collect();
+            anyhow::bail!(
+                "the CR was not Available after {}s ({} of {expect_node_objects} per-node objects); \
+                 operator log (last lines, newest first):\n{}",
+                RECONCILE_TIMEOUT.as_secs(),
+                node_objects(&fake),
+                tail.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (count, seconds) = pass_figures(admin).await?;
+    row.converge_passes = count;
+    row.mean_pass = Duration::from_secs_f64(seconds / count.max(1) as f64);
     println!(
-        "CR Available after {:.1}s; settling {}s",
-        started.elapsed().as_secs_f64(),
+        "{} passes until Available, {:.1} ms each on average",
+        row.converge_passes,
+        row.mean_pass.as_secs_f64() * 1000.0
+    );
+    println!(
+        "per-node objects: {} written after {} with {} API requests ({:.2} per object); CR Available after {:.2}s; settling {}s",
+        row.node_objects,
+        row.objects_after
+            .map_or("-".into(), |d| format!("{:.2}s", d.as_secs_f64())),
+        row.requests_to_objects,
+        row.requests_to_objects as f64 / row.node_objects.max(1) as f64,
+        row.available_after.as_secs_f64(),
         SETTLE.as_secs()
     );
     tokio::time::sleep(SETTLE).await;
 
+    // The quiet window: nothing the operator owns changes; kubelets keep heartbeating.
+    let passes_before = passes(admin).await?;
+    fake.clear_requests();
     let mut samples = Vec::new();
+    let window = Duration::from_secs(args.operator_seconds.max(1));
     let sampling = Instant::now();
-    while sampling.elapsed() < Duration::from_secs(args.operator_seconds.max(1)) {
+    let mut beat = 0usize;
+    while sampling.elapsed() < window {
         samples.push(Status::read(pid)?);
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Spread the heartbeats evenly: every node once per HEARTBEAT.
+        let due = ((sampling.elapsed().as_secs_f64() / HEARTBEAT.as_secs_f64()) * nodes as f64) as usize;
+        while beat < due {
+            heartbeat(&fake, &format!("node-{}", beat % nodes.max(1)));
+            beat += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    row.heartbeats = beat;
+    row.quiet_passes = passes(admin).await?.saturating_sub(passes_before);
+    for r in fake.requests() {
+        if r.is_write() {
+            row.quiet_writes += 1;
+        } else if r.path == "/apis"
+            || r.path == "/api"
+            || r.path.starts_with("/apis/") && r.path.matches('/').count() <= 3
+        {
+            row.quiet_discovery += 1;
+        } else {
+            row.quiet_reads += 1;
+        }
     }
     let last = Status::read(pid)?;
-    let rss: Vec<u64> = samples.iter().map(|s| s.rss).collect();
-    let (min, max) = (
-        rss.iter().copied().min().unwrap_or(0),
-        rss.iter().copied().max().unwrap_or(0),
+    row.rss_kib = samples.iter().map(|s| s.rss).max().unwrap_or(last.rss);
+    row.hwm_kib = last.hwm;
+    row.anon_kib = last.anon;
+    println!(
+        "quiet {}s ({} node heartbeats): {} passes; requests: {} discovery, {} other reads, {} writes",
+        window.as_secs(),
+        row.heartbeats,
+        row.quiet_passes,
+        row.quiet_discovery,
+        row.quiet_reads,
+        row.quiet_writes
     );
     println!(
-        "steady state over {}s ({} samples): VmRSS min {} / max {} / last {}",
-        args.operator_seconds,
-        samples.len(),
-        mib(min),
-        mib(max),
-        mib(last.rss)
-    );
-    println!(
-        "  RssAnon {}  RssFile {}  RssShmem {}  VmHWM {}  Threads {}",
+        "  VmRSS max {}  RssAnon {}  RssFile {}  VmHWM {}  Threads {}",
+        mib(row.rss_kib),
         mib(last.anon),
         mib(last.file),
-        mib(last.shmem),
         mib(last.hwm),
         last.threads
     );
-    print_smaps(pid, &bin)?;
+
+    // One node's object goes away: what its repair costs.
+    if let Some(name) = fake
+        .list::<Deployment>()
+        .iter()
+        .filter_map(|d| d.metadata.name.clone())
+        .find(|n| n.contains("node-0"))
+    {
+        let before = passes(admin).await?;
+        fake.clear_requests();
+        let t = Instant::now();
+        fake.remove::<Deployment>(Some(NAMESPACE), &name);
+        while fake.get::<Deployment>(Some(NAMESPACE), &name).is_none() && t.elapsed() < RECONCILE_TIMEOUT {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let took = t.elapsed();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let repair = (took, passes(admin).await?.saturating_sub(before), fake.requests().len());
+        println!(
+            "repair of one deleted mounter Deployment: {:.0} ms, {} passes, {} requests (1 s after)",
+            repair.0.as_secs_f64() * 1000.0,
+            repair.1,
+            repair.2
+        );
+        row.repair = Some(repair);
+    }
+    if print_where {
+        print_smaps(pid, bin)?;
+    }
     drop(child);
-    Ok(())
+    server.abort();
+    Ok(row)
 }
 
+/// Prints each figure at the first and last size with its growth, and memory per node.
+fn print_growth(rows: &[Row]) {
+    let (Some(a), Some(b)) = (rows.first(), rows.last()) else {
+        return;
+    };
+    if rows.len() < 2 || a.nodes == b.nodes {
+        return;
+    }
+    println!(
+        "\n== growth from {} to {} nodes ({:.1}x the nodes)",
+        a.nodes,
+        b.nodes,
+        b.nodes as f64 / a.nodes as f64
+    );
+    let ratio = |x: f64, y: f64| if x > 0.0 { format!("{:.2}x", y / x) } else { "-".into() };
+    let secs = |d: Option<Duration>| d.map_or(0.0, |d| d.as_secs_f64());
+    let lines: Vec<(&str, f64, f64, String)> = vec![
+        (
+            "per-node objects written (s)",
+            secs(a.objects_after),
+            secs(b.objects_after),
+            "{:.2}".into(),
+        ),
+        (
+            "requests per per-node object",
+            per(a.requests_to_objects, a.node_objects),
+            per(b.requests_to_objects, b.node_objects),
+            String::new(),
+        ),
+        (
+            "CR Available (s)",
+            a.available_after.as_secs_f64(),
+            b.available_after.as_secs_f64(),
+            String::new(),
+        ),
+        (
+            "passes until Available",
+            a.converge_passes as f64,
+            b.converge_passes as f64,
+            String::new(),
+        ),
+        (
+            "mean pass (ms)",
+            a.mean_pass.as_secs_f64() * 1000.0,
+            b.mean_pass.as_secs_f64() * 1000.0,
+            String::new(),
+        ),
+        (
+            "passes in the quiet window",
+            a.quiet_passes as f64,
+            b.quiet_passes as f64,
+            String::new(),
+        ),
+        (
+            "discovery requests in the quiet window",
+            a.quiet_discovery as f64,
+            b.quiet_discovery as f64,
+            String::new(),
+        ),
+        (
+            "other requests in the quiet window",
+            (a.quiet_reads + a.quiet_writes) as f64,
+            (b.quiet_reads + b.quiet_writes) as f64,
+            String::new(),
+        ),
+        (
+            "VmRSS (MiB)",
+            a.rss_kib as f64 / 1024.0,
+            b.rss_kib as f64 / 1024.0,
+            String::new(),
+        ),
+        (
+            "VmHWM (MiB)",
+            a.hwm_kib as f64 / 1024.0,
+            b.hwm_kib as f64 / 1024.0,
+            String::new(),
+        ),
+    ];
+    println!("{:<42} {:>10} {:>10} {:>8}", "figure", a.nodes, b.nodes, "growth");
+    for (name, x, y, _) in lines {
+        println!("{name:<42} {x:>10.2} {y:>10.2} {:>8}", ratio(x, y));
+    }
+    let nodes = (b.nodes - a.nodes) as f64;
+    let objects = b.node_objects.saturating_sub(a.node_objects) as f64;
+    let grew = b.rss_kib as f64 - a.rss_kib as f64;
+    println!(
+        "RSS grows {:.1} KiB per node{}",
+        grew / nodes,
+        if objects > 0.0 {
+            format!(
+                " ({:.1} KiB per owned per-node object, counting nodes with them)",
+                grew / (nodes + objects)
+            )
+        } else {
+            String::new()
+        }
+    );
+}
+
+fn per(n: usize, d: usize) -> f64 {
+    if d == 0 { 0.0 } else { n as f64 / d as f64 }
+}
+
+/// Waits until the operator's controller watches the CRs; returns its admin address (metrics).
+async fn wait_controller(fake: &FakeApiServer, log: &Path) -> anyhow::Result<SocketAddr> {
+    let start = Instant::now();
+    loop {
+        let admin = std::fs::read_to_string(log).ok().and_then(|text| {
+            text.lines()
+                .filter(|l| l.contains("admin server listening"))
+                .find_map(|l| {
+                    serde_json::from_str::<serde_json::Value>(l).ok()?["fields"]["addr"]
+                        .as_str()?
+                        .parse()
+                        .ok()
+                })
+        });
+        let watching = fake
+            .requests()
+            .iter()
+            .any(|r| r.path.ends_with("/hostpathprovisioners") && r.query.contains("watch=true"));
+        if let (Some(admin), true) = (admin, watching) {
+            return Ok(admin);
+        }
+        if start.elapsed() > RECONCILE_TIMEOUT {
+            let tail = std::fs::read_to_string(log).unwrap_or_default();
+            anyhow::bail!("the operator did not start its controller:\n{tail}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The operator's reconcile pass count, from its admin port's `/metrics`.
+async fn passes(admin: SocketAddr) -> anyhow::Result<u64> {
+    Ok(pass_figures(admin).await?.0)
+}
+
+/// The operator's reconcile pass count and the seconds they took in all.
+async fn pass_figures(admin: SocketAddr) -> anyhow::Result<(u64, f64)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(admin).await?;
+    tcp.write_all(b"GET /metrics HTTP/1.0\r\nHost: operator\r\n\r\n")
+        .await?;
+    let mut body = String::new();
+    tcp.read_to_string(&mut body).await?;
+    let sum = |prefix: &str| {
+        body.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    Ok((
+        sum("hpp_operator_reconcile_total{") as u64,
+        sum("hpp_operator_reconcile_duration_seconds_sum"),
+    ))
+}
+
+/// Per-node objects written so far: pool claims and mounter Deployments.
+fn node_objects(fake: &FakeApiServer) -> usize {
+    let labelled = |labels: Option<&std::collections::BTreeMap<String, String>>, key: &str| {
+        labels.is_some_and(|l| l.contains_key(key))
+    };
+    fake.list::<PersistentVolumeClaim>()
+        .iter()
+        .filter(|p| labelled(p.metadata.labels.as_ref(), hpp_api::constants::LABEL_STORAGE_POOL))
+        .count()
+        + fake
+            .list::<Deployment>()
+            .iter()
+            .filter(|d| labelled(d.metadata.labels.as_ref(), hpp_api::constants::LABEL_HPP_POOL))
+            .count()
+}
+
+fn available(fake: &FakeApiServer) -> bool {
+    fake.list::<HostPathProvisioner>()
+        .iter()
+        .flat_map(|h| h.status.iter().flat_map(|s| s.conditions.iter()))
+        .any(|c| c.type_ == "Available" && c.status == "True")
+}
+
+/// A kubelet's heartbeat: the node's status again, with a new `lastHeartbeatTime`.
+fn heartbeat(fake: &FakeApiServer, name: &str) {
+    let Some(node) = fake.get::<Node>(None, name) else {
+        return;
+    };
+    let Ok(mut status) = serde_json::to_value(node.status) else {
+        return;
+    };
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    if let Some(conditions) = status.get_mut("conditions").and_then(serde_json::Value::as_array_mut) {
+        for c in conditions {
+            c["lastHeartbeatTime"] = json!(now);
+        }
+    }
+    fake.set_status::<Node>(None, name, status);
+}
 /// The operator executable: the given path, or the one built next to this xtask.
 fn operator_bin(given: Option<&Path>) -> anyhow::Result<PathBuf> {
     let path = match given {
@@ -147,23 +501,24 @@ fn operator_bin(given: Option<&Path>) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// The fake cluster: the CRD, `nodes` Ready Linux nodes and the example CR.
+/// The fake cluster: the CRD and `nodes` Ready Linux nodes, every object with the
+/// `managedFields` a real API server keeps.
 fn seeded_fake(nodes: usize) -> anyhow::Result<FakeApiServer> {
     let fake = FakeApiServer::new();
+    fake.track_managed_fields();
     fake.register::<HostPathProvisioner>(false, true);
     fake.seed(&hpp_api::crd::crd()?);
     for i in 0..nodes {
         fake.seed(&kubelet_node(&format!("node-{i}"))?);
     }
-    let example = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/examples/hostpathprovisioner_cr.yaml"
-    );
-    let cr: HostPathProvisioner =
-        serde_saphyr::from_str(&std::fs::read_to_string(example).with_context(|| format!("reading {example}"))?)
-            .with_context(|| format!("parsing {example}"))?;
-    fake.seed(&cr);
     Ok(fake)
+}
+
+/// The example CR `deploy/examples/<name>.yaml`.
+fn example_cr(name: &str) -> anyhow::Result<HostPathProvisioner> {
+    let path = format!("{}/../deploy/examples/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+    serde_saphyr::from_str(&std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?)
+        .with_context(|| format!("parsing {path}"))
 }
 
 /// A Ready node as a kubelet reports it (about 8 KiB of JSON): the usual annotations,
@@ -212,41 +567,53 @@ fn kubelet_node(name: &str) -> anyhow::Result<Node> {
     }))?)
 }
 
-/// Plays the DaemonSet controller until the CR is Available.
-async fn wait_available(fake: &FakeApiServer, nodes: usize, log: &Path) -> anyhow::Result<()> {
-    let start = Instant::now();
-    loop {
-        for ds in fake.list::<DaemonSet>() {
-            let name = ds.metadata.name.clone().unwrap_or_default();
-            let generation = ds.metadata.generation.unwrap_or(1);
-            let observed = ds.status.as_ref().and_then(|s| s.observed_generation);
-            if observed != Some(generation) {
-                fake.set_status::<DaemonSet>(
-                    ds.metadata.namespace.as_deref(),
-                    &name,
-                    json!({ "observedGeneration": generation, "numberReady": nodes, "desiredNumberScheduled": nodes,
-                            "numberAvailable": nodes, "updatedNumberScheduled": nodes, "currentNumberScheduled": nodes }),
-                );
-            }
-        }
-        let available = fake
-            .list::<HostPathProvisioner>()
-            .iter()
-            .flat_map(|h| h.status.iter().flat_map(|s| s.conditions.iter()))
-            .any(|c| c.type_ == "Available" && c.status == "True");
-        if available {
-            return Ok(());
-        }
-        if start.elapsed() > RECONCILE_TIMEOUT {
-            let tail = std::fs::read_to_string(log).unwrap_or_default();
-            let tail: Vec<&str> = tail.lines().rev().take(20).collect();
-            anyhow::bail!(
-                "the CR was not Available after {}s; operator log (last lines, newest first):\n{}",
-                RECONCILE_TIMEOUT.as_secs(),
-                tail.join("\n")
+/// Plays the controllers a cluster runs once: DaemonSets roll out, pool claims bind, mounter
+/// Deployments become available. Each status is written once per object generation.
+fn play_controllers(fake: &FakeApiServer, nodes: usize) {
+    for ds in fake.list::<DaemonSet>() {
+        let name = ds.metadata.name.clone().unwrap_or_default();
+        let generation = ds.metadata.generation.unwrap_or(1);
+        let observed = ds.status.as_ref().and_then(|s| s.observed_generation);
+        if observed != Some(generation) {
+            fake.set_status::<DaemonSet>(
+                ds.metadata.namespace.as_deref(),
+                &name,
+                json!({ "observedGeneration": generation, "numberReady": nodes, "desiredNumberScheduled": nodes,
+                        "numberAvailable": nodes, "updatedNumberScheduled": nodes, "currentNumberScheduled": nodes }),
             );
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for pvc in fake.list::<PersistentVolumeClaim>() {
+        if pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+            let size = pvc
+                .spec
+                .as_ref()
+                .and_then(|s| s.resources.as_ref())
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("storage").cloned());
+            fake.set_status::<PersistentVolumeClaim>(
+                pvc.metadata.namespace.as_deref(),
+                pvc.metadata.name.as_deref().unwrap_or_default(),
+                json!({ "phase": "Bound", "accessModes": ["ReadWriteOnce"], "capacity": { "storage": size } }),
+            );
+        }
+    }
+    for d in fake.list::<Deployment>() {
+        let generation = d.metadata.generation.unwrap_or(1);
+        if d.status.as_ref().and_then(|s| s.observed_generation) != Some(generation) {
+            let now = k8s_openapi::jiff::Timestamp::now().to_string();
+            fake.set_status::<Deployment>(
+                d.metadata.namespace.as_deref(),
+                d.metadata.name.as_deref().unwrap_or_default(),
+                json!({ "observedGeneration": generation, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1,
+                        "availableReplicas": 1,
+                        "conditions": [
+                            { "type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
+                              "message": "Deployment has minimum availability.", "lastUpdateTime": now, "lastTransitionTime": now },
+                            { "type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable",
+                              "message": "ReplicaSet has successfully progressed.", "lastUpdateTime": now, "lastTransitionTime": now }] }),
+            );
+        }
     }
 }
 
@@ -372,7 +739,6 @@ struct Status {
     rss: u64,
     anon: u64,
     file: u64,
-    shmem: u64,
     hwm: u64,
     threads: u64,
 }
@@ -391,7 +757,6 @@ impl Status {
             rss: field("VmRSS"),
             anon: field("RssAnon"),
             file: field("RssFile"),
-            shmem: field("RssShmem"),
             hwm: field("VmHWM"),
             threads: field("Threads"),
         })
