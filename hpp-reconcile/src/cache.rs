@@ -11,7 +11,7 @@
 //! fields of a PersistentVolume): on a cluster these are most of the bytes of a node, and the
 //! stores are most of the operator's heap.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use hpp_api::HostPathProvisioner;
 
-use crate::object::Kind;
+use crate::object::{Kind, ObjectKey};
 
 /// The annotation in which `kubectl apply` keeps a whole copy of the object it last applied.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -114,6 +114,9 @@ pub struct Cache {
     stores: Arc<RwLock<Stores>>,
     provisioners: Arc<RwLock<Option<Store<HostPathProvisioner>>>>,
     discovery: Arc<Mutex<DiscoveryMemo>>,
+    /// Objects a write found existing without the managed labels (so outside the labelled
+    /// stores): an older operator's. Only these are looked up before a create-only write.
+    unlabelled: Arc<Mutex<BTreeSet<ObjectKey>>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -218,6 +221,24 @@ impl Cache {
     pub fn forget_discovery(&self) {
         if let Ok(mut memo) = self.discovery.lock() {
             memo.last = None;
+        }
+    }
+
+    /// Whether `key` was found existing outside the labelled stores (see
+    /// [`remember_unlabelled`](Self::remember_unlabelled)).
+    pub fn is_unlabelled(&self, key: &ObjectKey) -> bool {
+        self.unlabelled.lock().is_ok_and(|u| u.contains(key))
+    }
+
+    /// Records whether `key` exists without the managed labels: a create-only write then
+    /// reads it from the API (one GET) instead of creating it (a 409 every pass).
+    pub fn remember_unlabelled(&self, key: &ObjectKey, exists: bool) {
+        if let Ok(mut unlabelled) = self.unlabelled.lock() {
+            if exists {
+                unlabelled.insert(key.clone());
+            } else {
+                unlabelled.remove(key);
+            }
         }
     }
 

@@ -126,6 +126,15 @@ pub fn managed_selector() -> String {
     format!("{}={}", c::LABEL_MANAGED_BY, c::LABEL_MANAGED_BY_VALUE)
 }
 
+/// Whether `obj` carries the label [`managed_selector`] selects (so the watch caches hold it).
+pub fn is_managed(obj: &kube::api::DynamicObject) -> bool {
+    obj.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(c::LABEL_MANAGED_BY))
+        .is_some_and(|v| v == c::LABEL_MANAGED_BY_VALUE)
+}
+
 /// FNV-1a 32-bit hash as 8 hex digits (KubeVirt's name hash); the workspace's one
 /// implementation lives in `hpp_api::names`.
 pub use hpp_api::names::fnv1a32_hex;

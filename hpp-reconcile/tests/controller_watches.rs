@@ -300,6 +300,15 @@ async fn a_quiet_cluster_runs_no_passes_and_discovery_is_remembered() {
     tokio::time::timeout(PATIENCE, fake.wait_until(claims))
         .await
         .expect("claims");
+    // A new claim costs its create only: the synced cache says it is not there.
+    let claim_reads: Vec<String> = env
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.contains("/persistentvolumeclaims/"))
+        .map(|r| r.path.clone())
+        .collect();
+    assert_eq!(claim_reads, Vec::<String>::new());
     env.daemonset_ready("hostpath-provisioner-csi", 3);
     env.bind_claims();
     let mounter_names = |f: &FakeApiServer| -> Vec<String> {
