@@ -69,7 +69,7 @@ fn rbac_covers_every_managed_kind_without_wildcards() {
                 kind.plural
             );
         }
-        // patch/delete are granted on hpp's own names: tests/least_privilege.rs checks them for
+        // patch/delete are granted on hpp's own names: deploy_least_privilege.rs checks them for
         // every object the operator renders.
     }
     for (group, resource, verb) in [
