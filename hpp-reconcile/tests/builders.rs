@@ -13,7 +13,8 @@ use hpp_reconcile::{OperatorConfig, Pipeline};
 use serde_json::Value;
 
 fn example(name: &str) -> HostPathProvisioner {
-    let path = format!("{}/../deploy/examples/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+    // deploy/examples/ as copied into the crate (xtask/tests/deploy_example_copies.rs keeps them equal).
+    let path = format!("{}/tests/fixtures/examples/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap();
     let mut hpp: HostPathProvisioner = serde_saphyr::from_str(&text).unwrap();
     hpp.metadata.uid = Some("uid-1".into());

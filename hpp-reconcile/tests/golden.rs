@@ -22,7 +22,8 @@ const EXAMPLES: [&str; 4] = [
 ];
 
 fn example(name: &str) -> HostPathProvisioner {
-    let path = format!("{}/../deploy/examples/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+    // deploy/examples/ as copied into the crate (xtask/tests/deploy_example_copies.rs keeps them equal).
+    let path = format!("{}/tests/fixtures/examples/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
     let mut hpp: HostPathProvisioner = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     hpp.metadata.uid = Some("uid-1".into());
     hpp

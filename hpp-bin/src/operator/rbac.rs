@@ -1,7 +1,8 @@
 //! The operator's RBAC, derived from what it runs: the framework and the standard pipeline
 //! ([`hpp_reconcile::permissions`]), the admission webhook it serves in-process, the OpenShift
 //! TLS profile it follows and its leader election Lease. `hpp-operator render --rbac` prints
-//! it; `deploy/operator/rbac.yaml` is that output (`tests/operator_rbac.rs` keeps them equal).
+//! it; `deploy/operator/rbac.yaml` is that output (`xtask/tests/deploy_operator_rbac.rs` keeps
+//! them equal).
 
 use hpp_reconcile::permissions::{READ, Scope};
 use hpp_reconcile::{OperatorRules, Permission, Pipeline};
@@ -14,14 +15,14 @@ const HEADER: &str = "\
 RBAC of the hpp operator, generated from what it runs: the framework, the standard pipeline's
 steps (what each owns, reads and declares it calls), the admission webhook it serves, the
 OpenShift TLS profile it follows and its leader election. Do not edit: `hpp-operator render
---rbac` prints it, and `HPP_BLESS=1 cargo test -p hpp-bin --test operator_rbac` rewrites this
-file (the test fails while they differ).
+--rbac` prints it, and `HPP_BLESS=1 cargo test -p xtask --test deploy_operator_rbac` rewrites
+this file (the test fails while they differ).
 
 The operator does not hold the permissions it grants to the CSI driver and the legacy
 provisioner: it may create those roles and bindings because of `escalate`/`bind` on their
 names only.
 
-Least privilege (checked by hpp-reconcile/tests/least_privilege.rs): update, patch and delete
+Least privilege (checked by xtask/tests/deploy_least_privilege.rs): update, patch and delete
 are restricted with `resourceNames` to hpp's own objects. Reads are not (the operator lists and
 watches whole kinds), and neither is `create`: Kubernetes cannot restrict create by name,
 because the name is not part of the authorization request for a create. Objects whose names

@@ -187,8 +187,8 @@ mod tests {
     use clap::Parser;
 
     fn count(example: &str, extra: &[&str]) -> usize {
-        let file = format!("{}/../deploy/examples/{example}.yaml", env!("CARGO_MANIFEST_DIR"));
-        let mut argv = vec!["hpp-operator", "render", "-f", file.as_str()];
+        let file = self::example(example);
+        let mut argv = vec!["hpp-operator", "render", "-f", file.to_str().unwrap()];
         argv.extend_from_slice(extra);
         let args = crate::operator::Args::parse_from(argv);
         let Some(crate::operator::Command::Render(r)) = args.command else {
@@ -230,8 +230,10 @@ mod tests {
         r
     }
 
+    /// An example CR of `deploy/examples/`, from the crate's copy (xtask's
+    /// `deploy_example_copies` test keeps the copies identical to deploy/).
     fn example(name: &str) -> std::path::PathBuf {
-        std::path::PathBuf::from(format!("{}/../deploy/examples/{name}.yaml", env!("CARGO_MANIFEST_DIR")))
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/examples/{name}.yaml"))
     }
 
     fn all_images() -> Vec<(String, String)> {

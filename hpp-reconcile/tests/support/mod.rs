@@ -19,7 +19,8 @@ pub const NS: &str = "hostpath-provisioner";
 pub const CR: &str = "hostpath-provisioner";
 
 pub fn example(name: &str) -> HostPathProvisioner {
-    let path = format!("{}/../deploy/examples/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
+    // deploy/examples/ as copied into the crate (xtask/tests/deploy_example_copies.rs keeps them equal).
+    let path = format!("{}/tests/fixtures/examples/{name}.yaml", env!("CARGO_MANIFEST_DIR"));
     serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 

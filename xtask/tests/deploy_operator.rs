@@ -1,16 +1,24 @@
-//! `deploy/operator/`: the manifests parse into their types, and the operator's RBAC grants
-//! every call the operator makes on the kinds its pipeline manages, and no wildcard.
+//! `deploy/operator/`: the manifests parse into their types, the operator's RBAC grants every
+//! call the operator makes on the kinds its pipeline manages, and no wildcard, and the metrics
+//! scrape reaches the operator Deployment as the operator renders the rest.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use hpp_reconcile::Pipeline;
 use hpp_reconcile::facts::ClusterFacts;
-use hpp_reconcile::testkit::{Access, RbacPolicy};
+use hpp_testkit::{Access, RbacPolicy};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use serde_json::Value;
 
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 fn docs(file: &str) -> Vec<Value> {
-    let path = format!("{}/../deploy/operator/{file}", env!("CARGO_MANIFEST_DIR"));
+    let path = repo().join("deploy/operator").join(file);
     serde_saphyr::from_str_multiple(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
@@ -61,7 +69,7 @@ fn rbac_covers_every_managed_kind_without_wildcards() {
                 kind.plural
             );
         }
-        // patch/delete are granted on hpp's own names: tests/least_privilege.rs checks them for
+        // patch/delete are granted on hpp's own names: deploy_least_privilege.rs checks them for
         // every object the operator renders.
     }
     for (group, resource, verb) in [
@@ -160,4 +168,81 @@ fn deployment_runs_the_operator_with_an_optional_webhook_secret() {
         secret.secret_name.as_deref(),
         Some("hostpath-provisioner-operator-webhook-service-cert")
     );
+}
+
+/// The scrape path end to end, from the manifests: the metrics Service's selector picks the
+/// operator Deployment and the CSI DaemonSet, each exposes the Service's `targetPort` by name
+/// on the port its HTTPS listener uses by default, no container opts out of HTTPS, and the
+/// ServiceMonitor asks for nothing the servers refuse (they always accept TLS 1.3).
+#[test]
+fn prometheus_objects_reach_an_https_metrics_port_on_every_scraped_pod() {
+    use clap::Parser;
+    let example = repo().join("deploy/examples/hostpathprovisioner_cr.yaml");
+    let args = hpp_bin::operator::Args::parse_from([
+        "hpp-operator",
+        "render",
+        "--prometheus",
+        "-f",
+        example.to_str().unwrap(),
+    ]);
+    let Some(hpp_bin::operator::Command::Render(r)) = args.command else {
+        panic!("render expected")
+    };
+    let rendered: Vec<Value> = hpp_bin::operator::render::render(&r).unwrap().objects;
+    let operator = of_kind::<Value>(&docs("deployment.yaml"), "Deployment");
+    let find = |kind: &str, name: &str| {
+        rendered
+            .iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{kind} {name} not rendered"))
+            .clone()
+    };
+    let service = find("Service", hpp_reconcile::names::METRICS_SERVICE);
+    let port = &service["spec"]["ports"][0];
+    let target = port["targetPort"].as_str().unwrap();
+    let monitor = find("ServiceMonitor", hpp_reconcile::names::SERVICE_MONITOR);
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["port"], port["name"]);
+    assert_eq!(endpoint["scheme"], "https");
+    assert_eq!(endpoint["tlsConfig"]["insecureSkipVerify"], true);
+    // No minVersion: older ServiceMonitor CRDs do not declare it, and server-side apply
+    // would fail the whole pass; the driver enforces its own TLS minimum.
+    assert!(endpoint["tlsConfig"].get("minVersion").is_none());
+    let selector = service["spec"]["selector"].as_object().unwrap();
+    let daemonset = rendered
+        .iter()
+        .find(|d| d["kind"] == "DaemonSet" && d["metadata"]["name"] == hpp_reconcile::names::CSI_DAEMONSET)
+        .unwrap()
+        .clone();
+    let defaults = hpp_bin::operator::Args::parse_from(["hpp-operator"]).run;
+    for (workload, default_port) in [(&operator, defaults.metrics.addr.port()), (&daemonset, 8443)] {
+        let pod = &workload["spec"]["template"];
+        for (k, v) in selector {
+            assert_eq!(&pod["metadata"]["labels"][k], v, "{}", workload["metadata"]["name"]);
+        }
+        let containers = pod["spec"]["containers"].as_array().unwrap();
+        let exposing: Vec<&Value> = containers
+            .iter()
+            .filter(|c| {
+                c["ports"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|p| p["name"] == target && p["containerPort"] == default_port)
+            })
+            .collect();
+        assert_eq!(exposing.len(), 1, "{}: port {target}", workload["metadata"]["name"]);
+        let command_line = serde_json::to_string(&exposing[0]["args"]).unwrap();
+        assert!(!command_line.contains("insecure-http"), "{command_line}");
+        assert!(
+            !command_line.contains("--metrics-address"),
+            "keeps the default port: {command_line}"
+        );
+        for env in exposing[0]["env"].as_array().into_iter().flatten() {
+            if env["name"] == "HPP_METRICS_ADDR" {
+                let addr: SocketAddr = env["value"].as_str().unwrap().parse().unwrap();
+                assert_eq!(addr.port(), default_port);
+            }
+        }
+    }
 }

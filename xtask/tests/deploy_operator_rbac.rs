@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 const FILE: &str = "deploy/operator/rbac.yaml";
-const BLESS: &str = "HPP_BLESS=1 cargo test -p hpp-bin --test operator_rbac";
+const BLESS: &str = "HPP_BLESS=1 cargo test -p xtask --test deploy_operator_rbac";
 
 #[test]
 fn deploy_operator_rbac_is_the_derived_one() {
