@@ -20,6 +20,14 @@ use crate::subreconciler::ObjectWarning;
 /// round trips). Objects up to date cost no request, so a steady pass is not affected.
 pub const APPLY_CONCURRENCY: usize = 8;
 
+/// A write's answer as the watch caches keep it ([`trim`](crate::cache::trim): no
+/// `managedFields`, which the server sends back with every write and which can be as large
+/// as the rest of the object), since a step holds its live objects until its readiness is read.
+fn trimmed(kind: &Kind, mut obj: DynamicObject) -> DynamicObject {
+    crate::cache::trim(kind, &mut obj);
+    obj
+}
+
 /// What [`Applier::delete`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Deleted {
@@ -235,7 +243,7 @@ impl Applier {
                 };
                 info!(object = %key, "creating");
                 match api.create(&pp, &obj).await {
-                    Ok(created) => Ok(created),
+                    Ok(created) => Ok(trimmed(&desired.kind, created)),
                     Err(kube::Error::Api(s)) if s.code == 409 => {
                         let live = api
                             .get(&key.name)
@@ -257,7 +265,7 @@ impl Applier {
                 info!(object = %key, adopt = live.is_some(), "applying");
                 let pp = PatchParams::apply(field_manager).force();
                 let refused = match api.patch(&key.name, &pp, &Patch::Apply(&stamped)).await {
-                    Ok(applied) => return Ok(applied),
+                    Ok(applied) => return Ok(trimmed(&desired.kind, applied)),
                     Err(kube::Error::Api(s)) if s.code == 403 => s,
                     Err(e) => return Err(Error::kube("apply", key.to_string(), e)),
                 };
@@ -268,7 +276,7 @@ impl Applier {
                     .create_or_update(&api, field_manager, &stamped, live.as_ref())
                     .await
                 {
-                    Ok(written) => Ok(written),
+                    Ok(written) => Ok(trimmed(&desired.kind, written)),
                     Err(kube::Error::Api(s)) if s.code == 403 && may_stay_when_apply_is_forbidden(&desired.kind) => {
                         let Some(live) = live else {
                             return Err(Error::kube("apply, then create", key.to_string(), kube::Error::Api(s)));
@@ -407,8 +415,8 @@ impl Applier {
     /// Objects of a kind matching a label selector (in `namespace` for namespaced kinds), from
     /// the watch cache when it is synced, else from the API.
     pub async fn list(&self, kind: &Kind, selector: &str, namespace: &str) -> Result<Vec<DynamicObject>> {
-        if let Some(cached) = self.cache.list(kind, selector, Some(namespace)) {
-            return Ok(cached.iter().map(|o| (**o).clone()).collect());
+        if let Some(cached) = self.cache.list_typed(kind, selector, Some(namespace)) {
+            return Ok(cached);
         }
         let lp = ListParams::default().labels(selector);
         let list = self

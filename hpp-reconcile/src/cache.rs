@@ -1,5 +1,6 @@
-//! The controller's watch caches: one reflector store per watched kind and label selector, so a
-//! pass reads live objects from memory instead of a GET per object and a LIST per kind.
+//! The controller's watch caches: one store per watched kind and label selector, so a pass
+//! reads live objects from memory instead of a GET per object and a LIST per kind. The stores
+//! keep objects as JSON text ([`CompactStore`]), parsed when read.
 //!
 //! A store answers only once its first LIST completed; until then (and always when no
 //! controller runs, as in a test calling `reconcile` directly) readers fall back to the API.
@@ -7,9 +8,9 @@
 //! which server-side apply makes a no-op, and the watch event that follows brings it in line.
 //!
 //! Cached objects are [trimmed](trim) of what a real API server sends in bulk and no reader
-//! uses (field-ownership records, `kubectl apply`'s copy, a node's image list, all but a few
-//! fields of a PersistentVolume): on a cluster these are most of the bytes of a node, and the
-//! stores are most of the operator's heap.
+//! uses (field-ownership records, `kubectl apply`'s copy, most of a node's status, all but a
+//! few fields of a PersistentVolume): on a cluster these are most of the bytes of a node, and
+//! the stores are most of the operator's heap.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, RwLock};
@@ -17,10 +18,12 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use kube::api::DynamicObject;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
+use serde::de::DeserializeOwned;
 
 use hpp_api::HostPathProvisioner;
 
+pub use crate::compact_store::CompactStore;
 use crate::object::{Kind, ObjectKey};
 
 /// The annotation in which `kubectl apply` keeps a whole copy of the object it last applied.
@@ -29,10 +32,10 @@ const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// Drops from a watched object of `kind` what no reader of the cache uses and the API server
 /// sends in bulk: `metadata.managedFields` (field ownership, often larger than the object
 /// itself; the operator applies server-side and never reads it), the last-applied annotation of
-/// `kubectl apply`, and a Node's `status.images` (every image on the node, tens of kilobytes;
-/// placement reads labels, taints and conditions), and of a PersistentVolume all but the fields
-/// the pool status and node loss read (`trim_volume`). Everything else is kept as the server
-/// sent it.
+/// `kubectl apply`, of a Node's status all but its conditions (without the heartbeat time) and
+/// `nodeInfo` (the images on the node alone are tens of kilobytes; placement and node loss read
+/// labels, taints and conditions), and of a PersistentVolume all but the fields the pool
+/// status and node loss read (`trim_volume`). Everything else is kept as the server sent it.
 pub fn trim(kind: &Kind, obj: &mut DynamicObject) {
     obj.metadata.managed_fields = None;
     if let Some(annotations) = obj.metadata.annotations.as_mut() {
@@ -42,7 +45,14 @@ pub fn trim(kind: &Kind, obj: &mut DynamicObject) {
         && kind.group.is_empty()
         && let Some(status) = obj.data.get_mut("status").and_then(serde_json::Value::as_object_mut)
     {
-        status.remove("images");
+        // Placement and node loss read the conditions; nodeInfo is small and says what the
+        // node runs. Images, addresses, capacity and attached volumes are most of the rest.
+        status.retain(|k, _| k == "conditions" || k == "nodeInfo");
+        if let Some(conditions) = status.get_mut("conditions").and_then(serde_json::Value::as_array_mut) {
+            for c in conditions.iter_mut().filter_map(serde_json::Value::as_object_mut) {
+                c.remove("lastHeartbeatTime");
+            }
+        }
     }
     if kind.kind == "PersistentVolume" && kind.group.is_empty() {
         trim_volume(obj);
@@ -84,7 +94,7 @@ fn trim_volume(obj: &mut DynamicObject) {
 }
 
 /// One store per watched kind and label selector.
-type Stores = BTreeMap<(Kind, String), Store<DynamicObject>>;
+type Stores = BTreeMap<(Kind, String), CompactStore>;
 
 /// How long the controller trusts what discovery said about the optional APIs (OpenShift's
 /// SecurityContextConstraints, the Prometheus operator's kinds) before asking again: they come
@@ -140,9 +150,9 @@ impl Cache {
         Self::default()
     }
 
-    /// Registers the store a reflector fills for `kind` objects matching `selector` (a label
+    /// Registers the store a watch fills for `kind` objects matching `selector` (a label
     /// selector string, empty for every object).
-    pub fn insert(&self, kind: Kind, selector: &str, store: Store<DynamicObject>) {
+    pub fn insert(&self, kind: Kind, selector: &str, store: CompactStore) {
         if let Ok(mut stores) = self.stores.write() {
             stores.insert((kind, selector.to_owned()), store);
         }
@@ -155,22 +165,33 @@ impl Cache {
             .is_ok_and(|s| s.contains_key(&(kind.clone(), selector.to_owned())))
     }
 
-    fn synced(&self, kind: &Kind, selector: &str) -> Option<Store<DynamicObject>> {
+    fn synced(&self, kind: &Kind, selector: &str) -> Option<CompactStore> {
         let stores = self.stores.read().ok()?;
         let store = stores.get(&(kind.clone(), selector.to_owned()))?;
-        store.wait_until_ready().now_or_never()?.ok()?;
-        Some(store.clone())
+        store.is_ready().then(|| store.clone())
     }
 
     /// The cached objects of `kind` matching `selector` (in `namespace` for namespaced kinds),
     /// or `None` when there is no synced store for them and the caller must ask the API.
     pub fn list(&self, kind: &Kind, selector: &str, namespace: Option<&str>) -> Option<Vec<Arc<DynamicObject>>> {
-        let store = self.synced(kind, selector)?;
         Some(
-            store.state_filter(|o| {
-                !kind.namespaced || namespace.is_none() || o.metadata.namespace.as_deref() == namespace
-            }),
+            self.list_typed::<DynamicObject>(kind, selector, namespace)?
+                .into_iter()
+                .map(Arc::new)
+                .collect(),
         )
+    }
+
+    /// [`list`](Self::list), each object parsed straight into `K` (objects that are not a `K`
+    /// are left out).
+    pub fn list_typed<K: DeserializeOwned>(
+        &self,
+        kind: &Kind,
+        selector: &str,
+        namespace: Option<&str>,
+    ) -> Option<Vec<K>> {
+        let store = self.synced(kind, selector)?;
+        Some(store.list(|ns| !kind.namespaced || namespace.is_none_or(|want| want == ns)))
     }
 
     /// The cached object, `Some(None)` when a synced store says it does not exist, `None`
@@ -183,11 +204,28 @@ impl Cache {
         name: &str,
     ) -> Option<Option<Arc<DynamicObject>>> {
         let store = self.synced(kind, selector)?;
-        let mut key = ObjectRef::new_with(name, kind.api_resource());
-        if kind.namespaced {
-            key = key.within(namespace.unwrap_or_default());
-        }
-        Some(store.get(&key))
+        let namespace = if kind.namespaced {
+            namespace.unwrap_or_default()
+        } else {
+            ""
+        };
+        Some(store.get::<DynamicObject>(namespace, name).map(Arc::new))
+    }
+
+    /// Objects and JSON bytes held, per watched kind and selector (for `/debug`-style
+    /// accounting and tests).
+    pub fn sizes(&self) -> Vec<(Kind, String, usize, usize)> {
+        self.stores
+            .read()
+            .map(|s| {
+                s.iter()
+                    .map(|((k, sel), store)| {
+                        let (count, bytes) = store.size();
+                        (k.clone(), sel.clone(), count, bytes)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Remembers discovery's answers for `refresh` (the controller uses

@@ -14,13 +14,13 @@ use futures::{Stream, StreamExt};
 use hpp_api::HostPathProvisioner;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::Controller;
-use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::cache::Cache;
+use crate::compact_store::CompactStore;
 use crate::gather;
 use crate::index::WatchIndex;
 use crate::names::managed_selector;
@@ -91,8 +91,8 @@ fn cached_watch(
     } else {
         Api::<DynamicObject>::all_with(client.clone(), &ar)
     };
-    let writer = Writer::new(ar);
-    cache.insert(kind.clone(), selector, writer.as_reader());
+    let store = CompactStore::new();
+    cache.insert(kind.clone(), selector, store.clone());
     let config = watcher::Config::default().labels(selector);
     let trimmed = {
         let kind = kind.clone();
@@ -110,11 +110,12 @@ fn cached_watch(
     // Triggers the fingerprint filter would swallow, sent beside the filtered stream.
     let (extra_tx, extra_rx) = futures::channel::mpsc::unbounded::<()>();
     let filtered = fingerprint.is_some();
-    let events = reflector::reflector(writer, trimmed).inspect(move |event| {
-        if let Ok(event) = event
-            && must_trigger(filtered, event, &indexes)
-        {
-            let _ = extra_tx.unbounded_send(());
+    let events = trimmed.inspect(move |event| {
+        if let Ok(event) = event {
+            store.apply(event);
+            if must_trigger(filtered, event, &indexes) {
+                let _ = extra_tx.unbounded_send(());
+            }
         }
     });
     let objects = events.touched_objects();

@@ -176,6 +176,10 @@ pub(crate) fn typed<K: DeserializeOwned>(obj: DynamicObject) -> Result<K> {
 }
 
 async fn list<K: DeserializeOwned>(applier: &Applier, source: &Source, namespace: &str) -> Result<Vec<K>> {
+    // From the cache, each object parses straight into `K`, one at a time.
+    if let Some(cached) = applier.cache().list_typed::<K>(&source.0, &source.1, Some(namespace)) {
+        return Ok(cached);
+    }
     applier
         .list(&source.0, &source.1, namespace)
         .await?

@@ -47,6 +47,7 @@ pub mod leader;
 pub mod operator;
 
 mod cache;
+mod compact_store;
 mod error;
 mod gather;
 pub mod index;
@@ -65,7 +66,7 @@ pub mod status;
 pub mod status_write;
 
 pub use apply::Applier;
-pub use cache::{Cache, DISCOVERY_REFRESH, OptionalApis};
+pub use cache::{Cache, CompactStore, DISCOVERY_REFRESH, OptionalApis};
 pub use config::OperatorConfig;
 pub use error::{BoxError, Error, Result};
 pub use facts::{ClusterFacts, FactMap};

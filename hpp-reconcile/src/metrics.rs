@@ -56,6 +56,15 @@ pub struct AuditResultLabels {
     pub result: &'static str,
 }
 
+/// Labels of a watch cache's series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabels {
+    /// `group/Kind` (`core/Node` for the core group).
+    pub kind: String,
+    /// The label selector the watch uses (empty for every object).
+    pub selector: String,
+}
+
 /// Handles to every operator metric.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -81,6 +90,11 @@ pub struct Metrics {
     pub missing_volumes: Family<PoolLabels, Gauge>,
     /// Nodes the last audit judged (`audited`) or could not ask (`not_audited`).
     pub volume_audit_nodes: Family<AuditResultLabels, Gauge>,
+    /// Objects in each watch cache.
+    pub cache_objects: Family<CacheLabels, Gauge>,
+    /// JSON bytes of the objects in each watch cache (what they take in memory, give or take
+    /// the map's overhead).
+    pub cache_bytes: Family<CacheLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -98,6 +112,8 @@ impl Default for Metrics {
             orphaned_volume_bytes: Family::default(),
             missing_volumes: Family::default(),
             volume_audit_nodes: Family::default(),
+            cache_objects: Family::default(),
+            cache_bytes: Family::default(),
         }
     }
 }
@@ -154,7 +170,39 @@ impl Metrics {
             "Reconcile pass duration",
             m.duration.clone(),
         );
+        r.register(
+            "cache_objects",
+            "Objects held by the watch cache of a kind and label selector",
+            m.cache_objects.clone(),
+        );
+        r.register(
+            "cache_bytes",
+            "JSON bytes of the objects held by the watch cache of a kind and label selector",
+            m.cache_bytes.clone(),
+        );
         m
+    }
+
+    /// Sets the watch caches' sizes (`(kind, selector, objects, bytes)`, as
+    /// [`Cache::sizes`](crate::Cache::sizes) reports them).
+    pub fn set_cache_sizes(&self, sizes: &[(crate::Kind, String, usize, usize)]) {
+        for (kind, selector, objects, bytes) in sizes {
+            let group = if kind.group.is_empty() {
+                "core"
+            } else {
+                kind.group.as_str()
+            };
+            let labels = CacheLabels {
+                kind: format!("{group}/{}", kind.kind),
+                selector: selector.clone(),
+            };
+            self.cache_objects
+                .get_or_create(&labels)
+                .set(i64::try_from(*objects).unwrap_or(i64::MAX));
+            self.cache_bytes
+                .get_or_create(&labels)
+                .set(i64::try_from(*bytes).unwrap_or(i64::MAX));
+        }
     }
 
     /// Replaces the `kubevirt_hpp_storageclass_unknown_pool` series with one per flagged class.

@@ -245,6 +245,7 @@ pub async fn reconcile(hpp: Arc<HostPathProvisioner>, ctx: Arc<Context>) -> Resu
     let result = reconcile_inner(hpp.clone(), &ctx).await;
     let category = result.as_ref().err().map(Error::category);
     ctx.metrics.observe(started.elapsed().as_secs_f64(), category);
+    ctx.metrics.set_cache_sizes(&ctx.cache.sizes());
     ctx.record_result(&hpp.name_any(), result.is_err());
     result
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
 use hpp_reconcile::adopt::{self, Reason, RunOptions, Scope, Status, keys};
-use hpp_reconcile::testkit::FakeApiServer;
+use hpp_testkit::FakeApiServer;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
@@ -991,7 +991,7 @@ async fn namespace_and_selector_narrow_the_claims() {
 /// command goes on from there.
 #[tokio::test]
 async fn conflicts_are_read_again_and_errors_are_resumed() {
-    use hpp_reconcile::testkit::FailureRule;
+    use hpp_testkit::FailureRule;
     let fake = cluster();
     seed_bound(&fake, "vm-disk", kubevirt_legacy_pv("pvc-1", "node-a"));
     seed_bound(&fake, "cache", local_path_pv("pvc-2", "cache"));

@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers may fail loudly
 
 use hpp_reconcile::events::EventRecorder;
-use hpp_reconcile::testkit::{FailureRule, FakeApiServer};
+use hpp_testkit::{FailureRule, FakeApiServer};
 use k8s_openapi::api::core::v1::{Event as CoreEvent, ObjectReference};
 use k8s_openapi::api::events::v1::Event as NewEvent;
 use kube::runtime::events::{Event, EventType, Reporter};

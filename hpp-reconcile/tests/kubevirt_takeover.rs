@@ -15,8 +15,8 @@ use hpp_reconcile::operator::{Context, REASON_STATUS_SUBRESOURCE_MISSING, REASON
 use hpp_reconcile::status::{
     CONDITION_STATUS_SUBRESOURCE, REASON_CRD_WITHOUT_STATUS_SUBRESOURCE, REASON_STATUS_SUBRESOURCE_PRESENT as PRESENT,
 };
-use hpp_reconcile::testkit::FakeApiServer;
 use hpp_reconcile::{OperatorConfig, Pipeline};
+use hpp_testkit::FakeApiServer;
 use serde_json::json;
 use support::{CR, Env, NS, example, node};
 
@@ -191,13 +191,13 @@ fn forbid_granting(env: &Env, resource: &str) {
     // Applied (PATCH), updated (PUT) or created (POST): the escalation check refuses them all.
     for method in [http::Method::PATCH, http::Method::PUT] {
         env.fake.fail_requests(
-            hpp_reconcile::testkit::FailureRule::new(403)
+            hpp_testkit::FailureRule::new(403)
                 .method(method)
                 .path_contains(format!("/{resource}/hostpath-provisioner-admin-csi")),
         );
     }
     env.fake.fail_requests(
-        hpp_reconcile::testkit::FailureRule::new(403)
+        hpp_testkit::FailureRule::new(403)
             .method(http::Method::POST)
             .path_contains(format!("/{resource}")),
     );
@@ -277,7 +277,7 @@ fn kubevirts_rbac_refuses_patch(env: &Env) {
         "persistentvolumeclaims",
     ] {
         env.fake.fail_requests(
-            hpp_reconcile::testkit::FailureRule::new(403)
+            hpp_testkit::FailureRule::new(403)
                 .method(http::Method::PATCH)
                 .path_contains(format!("/{kind}/")),
         );

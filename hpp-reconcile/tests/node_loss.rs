@@ -18,7 +18,7 @@ use hpp_reconcile::reconcilers::node_loss::{
     REASON_CLAIM_RELEASED, REASON_INVALID_NODE_LOSS_POLICY, REASON_NODE_LOSS_CANCELLED, REASON_NODE_LOST,
     REASON_RELEASE_FAILED,
 };
-use hpp_reconcile::testkit::{FailureRule, FakeApiServer};
+use hpp_testkit::{FailureRule, FakeApiServer};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::StorageClass;

@@ -239,7 +239,7 @@ fn warning_events(env: &Env) -> Vec<k8s_openapi::api::events::v1::Event> {
 
 #[tokio::test]
 async fn a_transient_failure_during_a_healthy_first_deploy_emits_no_warning_event() {
-    use hpp_reconcile::testkit::FailureRule;
+    use hpp_testkit::FailureRule;
     let env = Env::new("hostpathprovisioner_pvctemplate_cr", &["node01"]);
     env.pass().await.unwrap(); // adds the finalizer
     // The first deploy pass fails once (the API server hiccups on the DaemonSet).
@@ -266,7 +266,7 @@ async fn a_transient_failure_during_a_healthy_first_deploy_emits_no_warning_even
 
 #[tokio::test]
 async fn a_first_deploy_failure_that_outlasts_the_grace_is_a_warning() {
-    use hpp_reconcile::testkit::FailureRule;
+    use hpp_testkit::FailureRule;
     let env = Env::new("hostpathprovisioner_cr", &["node01"]);
     let ctx = Context::new(
         env.fake.client(),

@@ -162,7 +162,7 @@ async fn api_failures_are_reported_and_recovered_without_duplicates() {
     let env = Env::new("hostpathprovisioner_pvctemplate_cr", &["node01"]);
     env.pass().await.unwrap(); // finalizer
     env.fake.fail_requests(
-        hpp_reconcile::testkit::FailureRule::new(500)
+        hpp_testkit::FailureRule::new(500)
             .method(http::Method::PATCH)
             .path_contains("/daemonsets/")
             .times(1),
@@ -213,7 +213,7 @@ async fn controller_watches_repair_drift_and_survive_an_outage() {
     .await
     .expect("installed by the controller");
     env.daemonset_ready("hostpath-provisioner-csi", 1);
-    let available = |f: &hpp_reconcile::testkit::FakeApiServer| {
+    let available = |f: &hpp_testkit::FakeApiServer| {
         f.get::<HostPathProvisioner>(None, CR)
             .and_then(|h| h.status)
             .is_some_and(|s| {
@@ -262,9 +262,8 @@ async fn controller_follows_nodes_and_pool_claims_through_watches() {
         let _ = stop_rx.await;
     }));
     let fake = env.fake.clone();
-    let has_deployment = |name: &'static str| {
-        move |f: &hpp_reconcile::testkit::FakeApiServer| f.get::<Deployment>(Some(NS), name).is_some()
-    };
+    let has_deployment =
+        |name: &'static str| move |f: &hpp_testkit::FakeApiServer| f.get::<Deployment>(Some(NS), name).is_some();
     tokio::time::timeout(PATIENCE, fake.wait_until(has_deployment("hpp-pool-local-node01")))
         .await
         .expect("installed");
@@ -336,7 +335,7 @@ async fn custom_overlay_class_whose_delete_is_forbidden() -> Env {
     let rules = hpp_reconcile::OperatorRules::for_pipeline(&hpp_reconcile::Pipeline::standard());
     let rbac = rules.to_yaml("hostpath-provisioner-operator", NS, "");
     env.fake
-        .enforce_rbac(hpp_reconcile::testkit::RbacPolicy::from_yaml(&rbac).unwrap());
+        .enforce_rbac(hpp_testkit::RbacPolicy::from_yaml(&rbac).unwrap());
     env
 }
 
@@ -418,7 +417,7 @@ async fn a_forbidden_delete_of_another_kind_still_fails() {
     let env = Env::new("hostpathprovisioner_pvctemplate_cr", &["node01"]);
     env.converge().await;
     env.fake.fail_requests(
-        hpp_reconcile::testkit::FailureRule::new(403)
+        hpp_testkit::FailureRule::new(403)
             .method(http::Method::DELETE)
             .path_contains("/deployments/"),
     );

@@ -23,8 +23,8 @@ use hpp_reconcile::reconcilers::volume_audit::{
     CONDITION_ORPHANED_VOLUMES, REASON_AUDIT_PENDING, REASON_NO_NODE_AUDITED, REASON_NO_ORPHANS, REASON_ORPHANS_FOUND,
     REASON_VOLUME_MISSING,
 };
-use hpp_reconcile::testkit::FakeApiServer;
 use hpp_reconcile::{Pipeline, SubReconciler};
+use hpp_testkit::FakeApiServer;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};

@@ -97,6 +97,8 @@ struct Row {
     heartbeats: usize,
     /// Deleting one node's mounter Deployment: time until it is back, passes and requests.
     repair: Option<(Duration, u64, usize)>,
+    /// JSON bytes in the operator's watch caches (its `hpp_operator_cache_bytes`).
+    cache_bytes: f64,
     rss_kib: u64,
     hwm_kib: u64,
     anon_kib: u64,
@@ -246,6 +248,20 @@ async fn measure(
         row.quiet_reads,
         row.quiet_writes
     );
+    let caches = cache_sizes(admin).await?;
+    row.cache_bytes = caches.iter().map(|c| c.2).sum();
+    println!(
+        "  watch caches: {:.2} MiB of JSON in {} objects",
+        row.cache_bytes / 1_048_576.0,
+        caches.iter().map(|c| c.1).sum::<f64>()
+    );
+    for (series, objects, bytes) in &caches {
+        println!(
+            "    {series:<70} {objects:>6} objects {:>9.1} KiB ({:.0} B each)",
+            bytes / 1024.0,
+            bytes / objects.max(1.0)
+        );
+    }
     println!(
         "  VmRSS max {}  RssAnon {}  RssFile {}  VmHWM {}  Threads {}",
         mib(row.rss_kib),
@@ -427,12 +443,7 @@ async fn passes(admin: SocketAddr) -> anyhow::Result<u64> {
 
 /// The operator's reconcile pass count and the seconds they took in all.
 async fn pass_figures(admin: SocketAddr) -> anyhow::Result<(u64, f64)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut tcp = tokio::net::TcpStream::connect(admin).await?;
-    tcp.write_all(b"GET /metrics HTTP/1.0\r\nHost: operator\r\n\r\n")
-        .await?;
-    let mut body = String::new();
-    tcp.read_to_string(&mut body).await?;
+    let body = scrape(admin).await?;
     let sum = |prefix: &str| {
         body.lines()
             .filter(|l| l.starts_with(prefix))
@@ -443,6 +454,40 @@ async fn pass_figures(admin: SocketAddr) -> anyhow::Result<(u64, f64)> {
         sum("hpp_operator_reconcile_total{") as u64,
         sum("hpp_operator_reconcile_duration_seconds_sum"),
     ))
+}
+
+/// The operator's metrics, as its admin port serves them.
+async fn scrape(admin: SocketAddr) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(admin).await?;
+    tcp.write_all(b"GET /metrics HTTP/1.0\r\nHost: operator\r\n\r\n")
+        .await?;
+    let mut body = String::new();
+    tcp.read_to_string(&mut body).await?;
+    Ok(body)
+}
+
+/// The operator's watch caches from its metrics: (kind and selector, objects, JSON bytes).
+async fn cache_sizes(admin: SocketAddr) -> anyhow::Result<Vec<(String, f64, f64)>> {
+    let body = scrape(admin).await?;
+    let series = |prefix: &str| -> std::collections::BTreeMap<String, f64> {
+        body.lines()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .filter_map(|l| {
+                let (labels, value) = l.rsplit_once(' ')?;
+                Some((labels.to_owned(), value.parse().ok()?))
+            })
+            .collect()
+    };
+    let objects = series("hpp_operator_cache_objects");
+    let bytes = series("hpp_operator_cache_bytes");
+    Ok(objects
+        .into_iter()
+        .map(|(labels, n)| {
+            let b = bytes.get(&labels).copied().unwrap_or(0.0);
+            (labels, n, b)
+        })
+        .collect())
 }
 
 /// Per-node objects written so far: pool claims and mounter Deployments.
