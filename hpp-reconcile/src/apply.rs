@@ -179,7 +179,7 @@ impl Applier {
     /// The live object, from the watch cache when it is synced, else from the API.
     pub async fn get(&self, kind: &Kind, namespace: Option<&str>, name: &str) -> Result<Option<DynamicObject>> {
         if let Some(cached) = self.cache.get(kind, &managed_selector(), namespace, name) {
-            return Ok(cached.map(|o| (*o).clone()));
+            return Ok(cached.map(Arc::unwrap_or_clone));
         }
         self.api(kind, namespace)
             .get_opt(name)
@@ -210,7 +210,8 @@ impl Applier {
             .cache
             .get(&desired.kind, &managed_selector(), key.namespace.as_deref(), &key.name);
         let live = match (cached, desired.strategy) {
-            (Some(Some(live)), _) => Some((*live).clone()),
+            // Parsed for this read: unwrapping takes it without a copy.
+            (Some(Some(live)), _) => Some(Arc::unwrap_or_clone(live)),
             // Not in the cache: applying creates or adopts it either way.
             (Some(None), ApplyStrategy::ServerSideApply) => None,
             // The cache holds only labelled objects: an unlabelled object an older operator

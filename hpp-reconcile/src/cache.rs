@@ -24,6 +24,7 @@ use serde::de::DeserializeOwned;
 use hpp_api::HostPathProvisioner;
 
 pub use crate::compact_store::CompactStore;
+use crate::compact_store::Interner;
 use crate::object::{Kind, ObjectKey};
 
 /// The annotation in which `kubectl apply` keeps a whole copy of the object it last applied.
@@ -127,6 +128,7 @@ pub struct Cache {
     /// Objects a write found existing without the managed labels (so outside the labelled
     /// stores): an older operator's. Only these are looked up before a create-only write.
     unlabelled: Arc<Mutex<BTreeSet<ObjectKey>>>,
+    interner: Interner,
 }
 
 impl std::fmt::Debug for Cache {
@@ -148,6 +150,14 @@ impl Cache {
     /// An empty cache: every read goes to the API.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A new store for `kind` objects matching `selector`, registered, sharing object text
+    /// with the cache's other stores (an object two watches see is kept once).
+    pub fn new_store(&self, kind: Kind, selector: &str) -> CompactStore {
+        let store = CompactStore::sharing(&self.interner);
+        self.insert(kind, selector, store.clone());
+        store
     }
 
     /// Registers the store a watch fills for `kind` objects matching `selector` (a label

@@ -9,7 +9,7 @@
 //! reads, one object at a time, straight into the type it wants.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use kube::ResourceExt;
 use kube::api::DynamicObject;
@@ -23,11 +23,50 @@ fn key_of(obj: &DynamicObject) -> Key {
     (obj.namespace().unwrap_or_default(), obj.name_any())
 }
 
+/// One copy of each object version's text for every store that shares it: the controller
+/// watches some kinds under two selectors (pool claims and mounters by their pool label, and by
+/// the managed-by label), so the same object would otherwise be kept twice. Keyed by uid and
+/// resourceVersion, which name one version's content.
+#[derive(Clone, Default)]
+pub struct Interner {
+    inner: Arc<Mutex<InternTable>>,
+}
+
+#[derive(Default)]
+struct InternTable {
+    texts: HashMap<(String, String), Weak<str>>,
+    /// Size at which dead entries are swept next.
+    sweep_at: usize,
+}
+
+impl Interner {
+    /// The shared text of `obj`'s current version, encoding it if no store holds it yet.
+    fn text_of(&self, obj: &DynamicObject) -> Option<Arc<str>> {
+        let (Some(uid), Some(rv)) = (obj.metadata.uid.as_deref(), obj.metadata.resource_version.as_deref()) else {
+            return encode(obj);
+        };
+        let Ok(mut table) = self.inner.lock() else {
+            return encode(obj);
+        };
+        let key = (uid.to_owned(), rv.to_owned());
+        if let Some(text) = table.texts.get(&key).and_then(Weak::upgrade) {
+            return Some(text);
+        }
+        let text = encode(obj)?;
+        table.texts.insert(key, Arc::downgrade(&text));
+        if table.texts.len() >= table.sweep_at {
+            table.texts.retain(|_, text| text.strong_count() > 0);
+            table.sweep_at = (table.texts.len() * 2).max(1024);
+        }
+        Some(text)
+    }
+}
+
 #[derive(Default)]
 struct Inner {
-    objects: HashMap<Key, Box<str>>,
+    objects: HashMap<Key, Arc<str>>,
     /// Objects of a (re-)list in progress; they replace `objects` when it is done.
-    relisting: Option<HashMap<Key, Box<str>>>,
+    relisting: Option<HashMap<Key, Arc<str>>>,
     /// Whether a first list completed.
     ready: bool,
 }
@@ -36,12 +75,22 @@ struct Inner {
 #[derive(Clone, Default)]
 pub struct CompactStore {
     inner: Arc<RwLock<Inner>>,
+    interner: Interner,
 }
 
 impl CompactStore {
     /// An empty store, not ready until a list completes.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store that shares the text of identical object versions with the other
+    /// stores of `interner`.
+    pub fn sharing(interner: &Interner) -> Self {
+        CompactStore {
+            inner: Arc::default(),
+            interner: interner.clone(),
+        }
     }
 
     /// Applies a watch event, as kube's reflector does: a re-list builds a new set and swaps it
@@ -51,7 +100,7 @@ impl CompactStore {
         match event {
             Event::Init => inner.relisting = Some(HashMap::new()),
             Event::InitApply(obj) => {
-                if let (Some(set), Some(text)) = (inner.relisting.as_mut(), encode(obj)) {
+                if let (Some(set), Some(text)) = (inner.relisting.as_mut(), self.interner.text_of(obj)) {
                     set.insert(key_of(obj), text);
                 }
             }
@@ -62,7 +111,7 @@ impl CompactStore {
                 inner.ready = true;
             }
             Event::Apply(obj) => {
-                if let Some(text) = encode(obj) {
+                if let Some(text) = self.interner.text_of(obj) {
                     inner.objects.insert(key_of(obj), text);
                 }
             }
@@ -98,7 +147,8 @@ impl CompactStore {
             .collect()
     }
 
-    /// How many objects the store holds and their JSON bytes.
+    /// How many objects the store holds and their JSON bytes (text shared with another store
+    /// counted in each).
     pub fn size(&self) -> (usize, usize) {
         self.inner
             .read()
@@ -107,9 +157,9 @@ impl CompactStore {
     }
 }
 
-fn encode(obj: &DynamicObject) -> Option<Box<str>> {
+fn encode(obj: &DynamicObject) -> Option<Arc<str>> {
     match serde_json::to_string(obj) {
-        Ok(text) => Some(text.into_boxed_str()),
+        Ok(text) => Some(Arc::from(text)),
         Err(e) => {
             tracing::warn!(object = %obj.name_any(), error = %e, "cannot cache a watched object");
             None
@@ -171,6 +221,30 @@ mod tests {
         let (count, bytes) = store.size();
         assert_eq!(count, 1);
         assert!(bytes > 50, "{bytes}");
+    }
+
+    #[test]
+    fn stores_sharing_an_interner_keep_one_copy_of_a_version() {
+        let interner = Interner::default();
+        let (a, b) = (CompactStore::sharing(&interner), CompactStore::sharing(&interner));
+        let mut obj = cm("ns", "one", "1");
+        obj.metadata.uid = Some("u1".into());
+        obj.metadata.resource_version = Some("7".into());
+        for store in [&a, &b] {
+            store.apply(&Event::Init);
+            store.apply(&Event::InitApply(obj.clone()));
+            store.apply(&Event::InitDone);
+        }
+        let text = |s: &CompactStore| s.inner.read().unwrap().objects.values().next().unwrap().clone();
+        assert!(Arc::ptr_eq(&text(&a), &text(&b)), "one copy");
+        // A new version is a new text; the old one goes once no store holds it.
+        obj.metadata.resource_version = Some("8".into());
+        obj.data["data"]["k"] = json!("2");
+        a.apply(&Event::Apply(obj.clone()));
+        assert!(!Arc::ptr_eq(&text(&a), &text(&b)));
+        b.apply(&Event::Apply(obj));
+        assert!(Arc::ptr_eq(&text(&a), &text(&b)));
+        assert_eq!(value(&b, "ns", "one").as_deref(), Some("2"));
     }
 
     #[test]

@@ -20,7 +20,6 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::cache::Cache;
-use crate::compact_store::CompactStore;
 use crate::gather;
 use crate::index::WatchIndex;
 use crate::names::managed_selector;
@@ -91,8 +90,7 @@ fn cached_watch(
     } else {
         Api::<DynamicObject>::all_with(client.clone(), &ar)
     };
-    let store = CompactStore::new();
-    cache.insert(kind.clone(), selector, store.clone());
+    let store = cache.new_store(kind.clone(), selector);
     let config = watcher::Config::default().labels(selector);
     let trimmed = {
         let kind = kind.clone();
