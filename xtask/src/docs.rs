@@ -297,6 +297,8 @@ fn exercised_registry(which: &str) -> anyhow::Result<Registry> {
             m.observe(0.01, Some("conflict"));
             m.set_unknown_pool_classes(&["hostpath-csi".to_owned()]);
             m.node_loss_claim_released("hostpath-csi");
+            let node = hpp_reconcile::Kind::of::<k8s_openapi::api::core::v1::Node>();
+            m.set_cache_sizes(&[(node, String::new(), 1, 1)]);
             m.set_volume_audit(Some(&hpp_reconcile::VolumeAuditReport {
                 status: hpp_api::v1beta1::VolumeAuditStatus {
                     last_audit_time: Some("2025-01-01T00:00:00Z".into()),
