@@ -57,6 +57,62 @@ impl SubReconciler for TeamObjects {
     }
 }
 
+/// The controller running in the background until stopped.
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    fn start(env: &support::Env) -> Self {
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(hpp_reconcile::controller::run(env.ctx.clone(), async move {
+            let _ = stop_rx.await;
+        }));
+        Running { stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(PATIENCE, self.task).await.unwrap().unwrap();
+    }
+}
+
+/// Waits for the CSI DaemonSet and `n` pool claims (the pvcTemplate example).
+async fn wait_for_claims(env: &support::Env, n: usize) {
+    let ds = |f: &FakeApiServer| f.get::<DaemonSet>(Some(NS), "hostpath-provisioner-csi").is_some();
+    tokio::time::timeout(PATIENCE, env.fake.wait_until(ds))
+        .await
+        .expect("installed");
+    let claims = |f: &FakeApiServer| f.list::<PersistentVolumeClaim>().len() == n;
+    tokio::time::timeout(PATIENCE, env.fake.wait_until(claims))
+        .await
+        .expect("claims");
+}
+
+/// Plays the cluster until the CR is Available: the DaemonSet rolls out on `n` nodes, the
+/// claims bind, the `n` mounters roll out.
+async fn finish_install(env: &support::Env, n: usize) {
+    env.daemonset_ready("hostpath-provisioner-csi", n as i64);
+    env.bind_claims();
+    tokio::time::timeout(PATIENCE, env.fake.wait_until(|f| mounter_names(f).len() == n))
+        .await
+        .expect("mounters");
+    env.mounters_ready();
+    tokio::time::timeout(PATIENCE, env.fake.wait_until(available))
+        .await
+        .expect("available");
+}
+
+/// The pool mounter Deployments.
+fn mounter_names(f: &FakeApiServer) -> Vec<String> {
+    f.list::<k8s_openapi::api::apps::v1::Deployment>()
+        .into_iter()
+        .filter_map(|d| d.metadata.name)
+        .filter(|n| n.starts_with("hpp-pool-"))
+        .collect()
+}
+
 fn available(f: &FakeApiServer) -> bool {
     f.get::<HostPathProvisioner>(None, CR)
         .and_then(|h| h.status)
@@ -132,39 +188,12 @@ async fn steady_state_reads_come_from_the_watch_caches() {
         .unwrap();
     unlabelled.metadata.namespace = Some(NS.into());
     env.fake.seed(&unlabelled);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let controller = tokio::spawn(hpp_reconcile::controller::run(env.ctx.clone(), async move {
-        let _ = stop_rx.await;
-    }));
-    let fake = env.fake.clone();
-    let ds = |f: &FakeApiServer| f.get::<DaemonSet>(Some(NS), "hostpath-provisioner-csi").is_some();
-    tokio::time::timeout(PATIENCE, fake.wait_until(ds))
-        .await
-        .expect("installed");
-    let claims = |f: &FakeApiServer| f.list::<PersistentVolumeClaim>().len() == 3;
-    tokio::time::timeout(PATIENCE, fake.wait_until(claims))
-        .await
-        .expect("claims");
-    env.daemonset_ready("hostpath-provisioner-csi", 3);
-    env.bind_claims();
-    let mounters = |f: &FakeApiServer| {
-        f.list::<k8s_openapi::api::apps::v1::Deployment>()
-            .iter()
-            .filter(|d| d.metadata.name.as_deref().is_some_and(|n| n.starts_with("hpp-pool-")))
-            .count()
-            == 3
-    };
-    tokio::time::timeout(PATIENCE, fake.wait_until(mounters))
-        .await
-        .expect("mounters");
-    env.mounters_ready();
-    tokio::time::timeout(PATIENCE, fake.wait_until(available))
-        .await
-        .expect("available");
+    let controller = Running::start(&env);
+    wait_for_claims(&env, 3).await;
+    finish_install(&env, 3).await;
     // Stop the controller: its stores keep the last state they saw, and no reconcile of its
     // own runs while the passes below are counted.
-    let _ = stop_tx.send(());
-    tokio::time::timeout(PATIENCE, controller).await.unwrap().unwrap();
+    controller.stop().await;
     env.converge().await;
     env.fake.clear_requests();
     for _ in 0..3 {
@@ -287,19 +316,8 @@ fn heartbeat(fake: &FakeApiServer, name: &str, beat: usize) {
 async fn a_quiet_cluster_runs_no_passes_and_discovery_is_remembered() {
     let nodes = ["node01", "node02", "node03"];
     let env = Env::new("hostpathprovisioner_pvctemplate_cr", &nodes);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let controller = tokio::spawn(hpp_reconcile::controller::run(env.ctx.clone(), async move {
-        let _ = stop_rx.await;
-    }));
-    let fake = env.fake.clone();
-    let ds = |f: &FakeApiServer| f.get::<DaemonSet>(Some(NS), "hostpath-provisioner-csi").is_some();
-    tokio::time::timeout(PATIENCE, fake.wait_until(ds))
-        .await
-        .expect("installed");
-    let claims = |f: &FakeApiServer| f.list::<PersistentVolumeClaim>().len() == 3;
-    tokio::time::timeout(PATIENCE, fake.wait_until(claims))
-        .await
-        .expect("claims");
+    let controller = Running::start(&env);
+    wait_for_claims(&env, 3).await;
     // A new claim costs its create only: the synced cache says it is not there.
     let claim_reads: Vec<String> = env
         .fake
@@ -309,22 +327,7 @@ async fn a_quiet_cluster_runs_no_passes_and_discovery_is_remembered() {
         .map(|r| r.path.clone())
         .collect();
     assert_eq!(claim_reads, Vec::<String>::new());
-    env.daemonset_ready("hostpath-provisioner-csi", 3);
-    env.bind_claims();
-    let mounter_names = |f: &FakeApiServer| -> Vec<String> {
-        f.list::<k8s_openapi::api::apps::v1::Deployment>()
-            .into_iter()
-            .filter_map(|d| d.metadata.name)
-            .filter(|n| n.starts_with("hpp-pool-"))
-            .collect()
-    };
-    tokio::time::timeout(PATIENCE, fake.wait_until(|f| mounter_names(f).len() == 3))
-        .await
-        .expect("mounters");
-    env.mounters_ready();
-    tokio::time::timeout(PATIENCE, fake.wait_until(available))
-        .await
-        .expect("available");
+    finish_install(&env, 3).await;
     // Settled: no pass for half a second.
     tokio::time::timeout(PATIENCE, async {
         loop {
@@ -355,11 +358,10 @@ async fn a_quiet_cluster_runs_no_passes_and_discovery_is_remembered() {
         env.fake
             .remove::<k8s_openapi::api::apps::v1::Deployment>(Some(NS), &gone)
     );
-    tokio::time::timeout(PATIENCE, fake.wait_until(|f| mounter_names(f).contains(&gone)))
+    tokio::time::timeout(PATIENCE, env.fake.wait_until(|f| mounter_names(f).contains(&gone)))
         .await
         .expect("the deleted mounter is repaired");
     assert!(passes(&env) > before, "the deletion ran a pass");
     assert_eq!(discovery_requests(&env.fake), 0, "{:#?}", env.fake.requests());
-    let _ = stop_tx.send(());
-    tokio::time::timeout(PATIENCE, controller).await.unwrap().unwrap();
+    controller.stop().await;
 }
