@@ -59,7 +59,7 @@ pub struct Permission {
     pub group: String,
     /// Resources (plurals, or `plural/subresource`).
     pub resources: Vec<String>,
-    /// Verbs, in [`VERB_ORDER`]-like order.
+    /// Verbs, in the order get, list, watch, create, update, patch, delete, then the rest.
     pub verbs: Vec<String>,
     /// `resourceNames`; empty for any name.
     pub names: Vec<String>,
