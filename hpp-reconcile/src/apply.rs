@@ -337,12 +337,29 @@ impl Applier {
     /// Applies objects, at most [`APPLY_CONCURRENCY`] at a time, in order, stopping at the
     /// first failure; returns the live objects in the order given.
     pub async fn apply_all(&self, field_manager: &str, desired: &[DesiredObject]) -> Result<Vec<DynamicObject>> {
+        self.apply_all_keeping(field_manager, desired, |_| ()).await
+    }
+
+    /// [`apply_all`](Self::apply_all), passing each live object through `keep` as it comes:
+    /// a step with one object per node keeps of each only what its readiness reads, so a
+    /// thousand pod templates are not all held at once.
+    pub async fn apply_all_keeping(
+        &self,
+        field_manager: &str,
+        desired: &[DesiredObject],
+        keep: impl Fn(&mut DynamicObject) + Send + Sync,
+    ) -> Result<Vec<DynamicObject>> {
         use futures::{StreamExt, TryStreamExt};
         // The futures are made first: a closure inside the stream would not be `Send` for
         // every lifetime, which `async_trait` callers need.
         let writes: Vec<_> = desired.iter().map(|d| self.apply(field_manager, d)).collect();
+        let keep = &keep;
         futures::stream::iter(writes)
             .buffered(APPLY_CONCURRENCY)
+            .map_ok(|mut live| {
+                keep(&mut live);
+                live
+            })
             .try_collect()
             .await
     }

@@ -61,6 +61,14 @@ pub fn pool_nodes<'a>(hpp: &HostPathProvisioner, facts: &'a ClusterFacts) -> Vec
     nodes
 }
 
+/// Drops a live workload's pod template (the bulk of a mounter Deployment or a cleanup Job),
+/// which no pool readiness reads.
+fn drop_pod_template(obj: &mut DynamicObject) {
+    if let Some(spec) = obj.data.get_mut("spec").and_then(serde_json::Value::as_object_mut) {
+        spec.remove("template");
+    }
+}
+
 /// Every pool object that should exist now.
 pub fn desired_pool_objects(
     hpp: &HostPathProvisioner,
@@ -435,6 +443,15 @@ impl SubReconciler for StoragePools {
         desired_pool_objects(hpp, cfg, facts)
     }
 
+    /// Keeps of each live object what [`pool_readiness`] reads (metadata, `spec.replicas`,
+    /// status): one claim and one mounter per node, and the mounters' pod templates would
+    /// otherwise all be held until the pass ends.
+    async fn apply(&self, applier: &Applier, desired: &[DesiredObject]) -> Result<Vec<DynamicObject>> {
+        applier
+            .apply_all_keeping(&self.field_manager(), desired, drop_pod_template)
+            .await
+    }
+
     fn readiness(&self, hpp: &HostPathProvisioner, facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
         pool_readiness(hpp, facts, live)
     }
@@ -489,5 +506,34 @@ impl SubReconciler for StoragePools {
             applier.delete(&storage_class_kind(), None, name).await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::reconcilers::rollout::{self, Rollout};
+    use serde_json::json;
+
+    #[test]
+    fn a_mounter_without_its_pod_template_is_judged_alike() {
+        for (replicas, available) in [(1, 1), (1, 0), (2, 1)] {
+            let mut d: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "hpp-pool-local-node01", "namespace": "hpp", "generation": 2},
+                "spec": {"replicas": replicas, "selector": {"matchLabels": {"hpp-pool": "local-hpp"}},
+                         "template": {"spec": {"containers": [{"name": "mounter", "image": "mounter:v1"}]}}},
+                "status": {"observedGeneration": 2, "replicas": replicas, "updatedReplicas": replicas,
+                           "availableReplicas": available},
+            }))
+            .unwrap();
+            let judged = rollout::deployment(&d);
+            drop_pod_template(&mut d);
+            assert!(d.data.pointer("/spec/template").is_none());
+            assert_eq!(d.data.pointer("/spec/replicas"), Some(&json!(replicas)));
+            assert_eq!(rollout::deployment(&d), judged);
+            assert_eq!(judged == Rollout::Done, available == replicas);
+        }
     }
 }
