@@ -114,7 +114,11 @@ pub struct Args {
     /// CreateVolume/DeleteVolume throughput, with each figure's growth (see `bench_scale`).
     #[arg(long, value_name = "N,M,...", value_delimiter = ',')]
     volume_scale: Vec<usize>,
-    /// `--operator`: the operator's steady resident memory (see `bench_operator`).
+    /// Only the legacy provisioner against a burst of N claims created, then deleted, at once
+    /// (see `bench_legacy`).
+    #[arg(long, value_name = "N")]
+    legacy_burst: Option<usize>,
+    /// `--operator`: the operator against a fake API server (see `bench_operator`).
     #[command(flatten)]
     operator: crate::bench_operator::OperatorArgs,
     /// Internal: serve the driver on DIR (the child process).
@@ -230,6 +234,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.operator.operator {
         return crate::bench_operator::run(&args.operator).await;
+    }
+    if let Some(claims) = args.legacy_burst {
+        return crate::bench_legacy::run(claims).await;
     }
     for (dir, kind) in [
         (&args.serve_driver, Kind::Driver),

@@ -16,6 +16,7 @@ pub mod bench;
 pub mod bench_floors;
 pub mod bench_go;
 pub mod bench_layer;
+pub mod bench_legacy;
 pub mod bench_operator;
 pub mod bench_proc;
 pub mod bench_quota;
