@@ -104,14 +104,7 @@ pub async fn run(claims: usize) -> anyhow::Result<()> {
             if bound.contains(&name) {
                 continue;
             }
-            let Some(claim) = pv
-                .spec
-                .as_ref()
-                .and_then(|s| s.claim_ref.as_ref())
-                .and_then(|c| c.name.clone())
-            else {
-                continue;
-            };
+            let Some(claim) = claim_of(&pv) else { continue };
             fake.set_status::<PersistentVolume>(None, &name, json!({"phase": "Bound"}));
             fake.set_status::<PersistentVolumeClaim>(Some(NAMESPACE), &claim, json!({"phase": "Bound"}));
             bound.insert(name);
@@ -124,14 +117,7 @@ pub async fn run(claims: usize) -> anyhow::Result<()> {
     let events_before = events(&fake);
     let started = Instant::now();
     for pv in fake.list::<PersistentVolume>() {
-        let Some(claim) = pv
-            .spec
-            .as_ref()
-            .and_then(|s| s.claim_ref.as_ref())
-            .and_then(|c| c.name.clone())
-        else {
-            continue;
-        };
+        let Some(claim) = claim_of(&pv) else { continue };
         fake.remove::<PersistentVolumeClaim>(Some(NAMESPACE), &claim);
         fake.set_status::<PersistentVolume>(
             None,
@@ -200,6 +186,11 @@ fn leg(fake: &FakeApiServer, started: Instant, events_before: usize) -> Leg {
         writes: requests.iter().filter(|r| r.is_write()).count(),
         events: events(fake).saturating_sub(events_before),
     }
+}
+
+/// The name of the claim a PV is for.
+fn claim_of(pv: &PersistentVolume) -> Option<String> {
+    pv.spec.as_ref()?.claim_ref.as_ref()?.name.clone()
 }
 
 fn events(fake: &FakeApiServer) -> usize {
