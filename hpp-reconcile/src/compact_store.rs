@@ -69,6 +69,8 @@ struct Inner {
     relisting: Option<HashMap<Key, Arc<str>>>,
     /// Whether a first list completed.
     ready: bool,
+    /// Bumped by every change readers can see (an object set, removed, or a list swapped in).
+    generation: u64,
 }
 
 /// The objects a watch reported, as JSON text. Cheap to clone (shared).
@@ -109,16 +111,25 @@ impl CompactStore {
                     inner.objects = set;
                 }
                 inner.ready = true;
+                inner.generation += 1;
             }
             Event::Apply(obj) => {
                 if let Some(text) = self.interner.text_of(obj) {
                     inner.objects.insert(key_of(obj), text);
+                    inner.generation += 1;
                 }
             }
             Event::Delete(obj) => {
                 inner.objects.remove(&key_of(obj));
+                inner.generation += 1;
             }
         }
+    }
+
+    /// A number that changes whenever what readers see changes: what was derived from the
+    /// store at one generation holds as long as it stays.
+    pub fn generation(&self) -> u64 {
+        self.inner.read().map(|i| i.generation).unwrap_or(0)
     }
 
     /// Whether a first list completed (before that, readers ask the API).
@@ -199,7 +210,11 @@ mod tests {
         store.apply(&Event::InitDone);
         assert!(store.is_ready());
         assert_eq!(value(&store, "a", "one").as_deref(), Some("1"));
+        let seen = store.generation();
+        let _ = value(&store, "a", "one");
+        assert_eq!(store.generation(), seen, "reads change nothing");
         store.apply(&Event::Apply(cm("b", "two", "2")));
+        assert!(store.generation() > seen, "a change is a new generation");
         store.apply(&Event::Apply(cm("a", "one", "1b")));
         assert_eq!(value(&store, "a", "one").as_deref(), Some("1b"));
         let in_a: Vec<DynamicObject> = store.list(|ns| ns == "a");

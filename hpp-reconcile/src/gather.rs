@@ -257,7 +257,14 @@ pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> 
             })
         })
         .collect();
-    let volumes = hpp_volumes(list::<PersistentVolume>(applier, &volume_source(), namespace).await?);
+    // Every PV of the cluster is watched: summed again only after one changed.
+    let (kind, selector) = volume_source();
+    let volumes = match applier.cache().derived(&kind, &selector, "hpp volumes", |store| {
+        hpp_volumes(store.list::<PersistentVolume>(|_| true))
+    }) {
+        Some(volumes) => (*volumes).clone(),
+        None => hpp_volumes(list::<PersistentVolume>(applier, &volume_source(), namespace).await?),
+    };
     let classes = hpp_classes(list::<StorageClass>(applier, &class_source(), namespace).await?);
     // Capacity objects only feed the pool status: a cluster without the API (or a read that
     // fails) leaves `available` out rather than failing the pass.
