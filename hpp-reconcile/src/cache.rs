@@ -223,7 +223,7 @@ impl Cache {
         } else {
             ""
         };
-        Some(store.get::<DynamicObject>(namespace, name).map(Arc::new))
+        Some(store.get_dynamic(namespace, name).map(Arc::new))
     }
 
     /// What `derive` makes of the synced store of `kind` objects matching `selector`, worked out

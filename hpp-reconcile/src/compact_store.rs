@@ -144,6 +144,14 @@ impl CompactStore {
         decode(text)
     }
 
+    /// [`get`](Self::get) as a `DynamicObject`, parsed the fast way
+    /// (`object::dynamic_from_str`).
+    pub fn get_dynamic(&self, namespace: &str, name: &str) -> Option<DynamicObject> {
+        let inner = self.inner.read().ok()?;
+        let text = inner.objects.get(&(namespace.to_owned(), name.to_owned()))?;
+        crate::object::dynamic_from_str(text).ok()
+    }
+
     /// Every object `keep` accepts by namespace, each parsed into `K`; objects that do not
     /// parse as `K` are left out.
     pub fn list<K: DeserializeOwned>(&self, keep: impl Fn(&str) -> bool) -> Vec<K> {
