@@ -120,20 +120,24 @@ async fn next_change(changes: &mut Option<MountTableWatch>) {
 /// Purges due entries of every pool with a trash, measures new entries and updates the
 /// gauges, every [`trash::purge_interval`] of the shortest retention, until the task is dropped.
 pub async fn purge_trash(state: Arc<DriverState>) {
-    let Some(interval) = state
+    let interval = state
         .pools
         .iter()
         .filter_map(|p| p.trash.map(|t| trash::purge_interval(t.retention)))
-        .min()
-    else {
-        return;
-    };
+        .min();
+    run_every(interval, state, purge_trash_once).await;
+}
+
+/// Runs `once` on the blocking pool every `interval` (first right away), until the task is
+/// dropped; returns at once without an interval (no pool needs it).
+async fn run_every(interval: Option<Duration>, state: Arc<DriverState>, once: fn(&DriverState)) {
+    let Some(interval) = interval else { return };
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
         let state = state.clone();
-        let _ = tokio::task::spawn_blocking(move || purge_trash_once(&state)).await;
+        let _ = tokio::task::spawn_blocking(move || once(&state)).await;
     }
 }
 
@@ -166,16 +170,8 @@ pub fn purge_trash_once(state: &DriverState) {
 /// backend needs it done ([`hpp_fs::quota::QuotaBackend::nested_containment`]: btrfs with full
 /// quotas), at the shortest interval one asks for, until the task is dropped.
 pub async fn contain_nested(state: Arc<DriverState>) {
-    let Some(interval) = state.pools.iter().filter_map(|p| p.quota.nested_containment()).min() else {
-        return;
-    };
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        let state = state.clone();
-        let _ = tokio::task::spawn_blocking(move || contain_nested_once(&state)).await;
-    }
+    let interval = state.pools.iter().filter_map(|p| p.quota.nested_containment()).min();
+    run_every(interval, state, contain_nested_once).await;
 }
 
 /// One pass of [`contain_nested`].
