@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::Client;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Client, Resource};
 use tracing::{debug, info, warn};
 
 use crate::cache::Cache;
@@ -26,6 +26,26 @@ pub const APPLY_CONCURRENCY: usize = 8;
 fn trimmed(kind: &Kind, mut obj: DynamicObject) -> DynamicObject {
     crate::cache::trim(kind, &mut obj);
     obj
+}
+
+/// Deletes with a uid precondition; `Ok(true)` deleted, `Ok(false)` already gone or replaced
+/// by an object of the same name (the precondition failed).
+pub(crate) async fn delete_exact<K>(api: &Api<K>, name: &str, uid: &str) -> std::result::Result<bool, kube::Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// What [`Applier::delete`] did.

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::{Client, Resource};
 use serde_json::Value;
@@ -17,6 +17,7 @@ use super::refusal::{Reason, Refusal};
 use super::report::{Report, Row, Status};
 use super::steps::{self, Ids, Next, Observed, Step, Undo};
 use super::survey::{Survey, Unit};
+use crate::apply::delete_exact;
 use crate::events::EventRecorder;
 
 /// Event reason on a claim that was adopted.
@@ -301,7 +302,10 @@ async fn act(
                 .ok_or("CreateNewPv: nothing to create (the claim was not assessed adoptable)")?;
             created(volumes.create(&PostParams::default(), &plan.new_pv).await).map_err(what)
         }
-        Step::DeleteOldClaim => delete_exact(claims, &ids.claim, &ids.claim_uid).await.map_err(what),
+        Step::DeleteOldClaim => delete_exact(claims, &ids.claim, &ids.claim_uid)
+            .await
+            .map(|_| Acted::Done)
+            .map_err(what),
         Step::CreateNewClaim => {
             let new = o
                 .new_pv
@@ -316,7 +320,10 @@ async fn act(
                 .as_ref()
                 .and_then(|p| p.metadata.uid.clone())
                 .ok_or("DeleteOldPv: the old PersistentVolume is gone")?;
-            delete_exact(volumes, &ids.old_pv, &uid).await.map_err(what)
+            delete_exact(volumes, &ids.old_pv, &uid)
+                .await
+                .map(|_| Acted::Done)
+                .map_err(what)
         }
         Step::Finish => {
             let new = o.new_pv.as_ref().ok_or("Finish: the new PersistentVolume is gone")?;
@@ -337,7 +344,10 @@ async fn act_undo(undo: Undo, ids: &Ids, o: &Observed, volumes: &Api<PersistentV
                 .as_ref()
                 .and_then(|p| p.metadata.uid.clone())
                 .ok_or("DeleteNewPv: the new PersistentVolume is gone")?;
-            delete_exact(volumes, &ids.new_pv, &uid).await.map_err(what)
+            delete_exact(volumes, &ids.new_pv, &uid)
+                .await
+                .map(|_| Acted::Done)
+                .map_err(what)
         }
         Undo::RestoreOldPv => {
             let old = o
@@ -360,26 +370,6 @@ where
     match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
         Ok(_) => Ok(Acted::Done),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(Acted::Conflict),
-        Err(e) => Err(e),
-    }
-}
-
-/// Deletes with a uid precondition; already gone, or replaced by another object of that name
-/// (the precondition fails), is not an error: the next look decides.
-async fn delete_exact<K>(api: &Api<K>, name: &str, uid: &str) -> Result<Acted, kube::Error>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: Some(uid.to_owned()),
-            resource_version: None,
-        }),
-        ..DeleteParams::background()
-    };
-    match api.delete(name, &params).await {
-        Ok(_) => Ok(Acted::Done),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Acted::Done),
         Err(e) => Err(e),
     }
 }

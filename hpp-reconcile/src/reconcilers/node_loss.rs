@@ -40,7 +40,7 @@ use hpp_api::v1beta1::NodeLossStatus;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use tracing::{info, instrument, warn};
@@ -49,7 +49,7 @@ use self::decide::{Inputs, Plan, PolicySource, Release};
 pub use self::decide::{REASON_INVALID_NODE_LOSS_POLICY, decide};
 pub use self::index::VolumeIndex;
 use super::common::storage_class_kind;
-use crate::apply::Applier;
+use crate::apply::{Applier, delete_exact};
 use crate::config::OperatorConfig;
 use crate::error::{Error, Result};
 use crate::facts::{ClusterFacts, NodeFact};
@@ -100,26 +100,6 @@ fn object_ref(api_version: &str, kind: &str, namespace: Option<&str>, name: &str
         name: Some(name.into()),
         uid: Some(uid.into()).filter(|u: &String| !u.is_empty()),
         ..Default::default()
-    }
-}
-
-/// Deletes with a uid precondition; `Ok(true)` deleted, `Ok(false)` already gone or replaced
-/// by an object of the same name (the precondition failed).
-async fn delete_exact<K>(api: &Api<K>, name: &str, uid: &str) -> std::result::Result<bool, kube::Error>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: Some(uid.to_owned()),
-            resource_version: None,
-        }),
-        ..DeleteParams::background()
-    };
-    match api.delete(name, &params).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
-        Err(e) => Err(e),
     }
 }
 
