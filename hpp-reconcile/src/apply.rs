@@ -28,6 +28,14 @@ fn trimmed(kind: &Kind, mut obj: DynamicObject) -> DynamicObject {
     obj
 }
 
+/// The desired-hash annotation of a stamped object.
+fn stamped_hash(stamped: &serde_json::Value) -> String {
+    stamped["metadata"]["annotations"][crate::names::ANNOTATION_DESIRED_HASH]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// Deletes with a uid precondition; `Ok(true)` deleted, `Ok(false)` already gone or replaced
 /// by an object of the same name (the precondition failed).
 pub(crate) async fn delete_exact<K>(api: &Api<K>, name: &str, uid: &str) -> std::result::Result<bool, kube::Error>
@@ -250,7 +258,33 @@ impl Applier {
                 live
             }
         };
+        // A live version already found to match this desired form is not compared again.
+        let (verified_hash, unchanged) = match (&live, desired.strategy) {
+            (Some(live), ApplyStrategy::ServerSideApply) => {
+                let hash = desired.content_hash()?;
+                let unchanged = live
+                    .metadata
+                    .resource_version
+                    .as_deref()
+                    .is_some_and(|rv| self.cache.is_verified(&key, &hash, rv));
+                (Some(hash), unchanged)
+            }
+            _ => (None, false),
+        };
+        let live = match (unchanged, live) {
+            (true, Some(live)) => {
+                debug!(object = %key, "up to date (this version matched before)");
+                return Ok(live);
+            }
+            (_, live) => live,
+        };
         let stamped = desired.stamped()?;
+        let record = |written: &DynamicObject| {
+            if let Some(rv) = written.metadata.resource_version.as_deref() {
+                let hash = verified_hash.clone().unwrap_or_else(|| stamped_hash(&stamped));
+                self.cache.record_verified(&key, &hash, rv);
+            }
+        };
         match (desired.strategy, live) {
             (ApplyStrategy::CreateOnly, Some(live)) => Ok(live),
             (ApplyStrategy::CreateOnly, None) => {
@@ -280,13 +314,17 @@ impl Applier {
             }
             (ApplyStrategy::ServerSideApply, Some(live)) if live_matches(&stamped, &live) => {
                 debug!(object = %key, "up to date");
+                record(&live);
                 Ok(live)
             }
             (ApplyStrategy::ServerSideApply, live) => {
                 info!(object = %key, adopt = live.is_some(), "applying");
                 let pp = PatchParams::apply(field_manager).force();
                 let refused = match api.patch(&key.name, &pp, &Patch::Apply(&stamped)).await {
-                    Ok(applied) => return Ok(trimmed(&desired.kind, applied)),
+                    Ok(applied) => {
+                        record(&applied);
+                        return Ok(trimmed(&desired.kind, applied));
+                    }
                     Err(kube::Error::Api(s)) if s.code == 403 => s,
                     Err(e) => return Err(Error::kube("apply", key.to_string(), e)),
                 };
@@ -391,6 +429,11 @@ impl Applier {
     pub async fn delete(&self, kind: &Kind, namespace: Option<&str>, name: &str) -> Result<Deleted> {
         let api = self.api(kind, namespace);
         let what = || format!("{}/{} {name}", kind.group, kind.kind);
+        self.cache.forget_verified(&ObjectKey {
+            kind: format!("{}/{}", kind.group, kind.kind),
+            namespace: namespace.filter(|_| kind.namespaced).map(str::to_owned),
+            name: name.to_owned(),
+        });
         match api.delete(name, &DeleteParams::background()).await {
             Ok(_) => {
                 info!(object = %what(), "deleted");
@@ -447,6 +490,29 @@ impl Applier {
             .into_iter()
             .filter(|o| o.metadata.deletion_timestamp.is_none())
             .map(|o| (key_of(kind, &o), o))
+            .collect())
+    }
+
+    /// The keys of every object of a kind carrying the managed-by label and not being deleted,
+    /// in `namespace` for namespaced kinds: what the sweep compares with the claimed objects.
+    /// From the watch cache without parsing an object when it is synced, else from the API.
+    pub async fn managed_keys(&self, kind: &Kind, namespace: &str) -> Result<Vec<ObjectKey>> {
+        let Some(cached) = self.cache.keys(kind, &managed_selector(), Some(namespace)) else {
+            return Ok(self
+                .list_managed(kind, namespace)
+                .await?
+                .into_iter()
+                .map(|(key, _)| key)
+                .collect());
+        };
+        let kind_name = format!("{}/{}", kind.group, kind.kind);
+        Ok(cached
+            .into_iter()
+            .map(|(ns, name)| ObjectKey {
+                kind: kind_name.clone(),
+                namespace: kind.namespaced.then_some(ns),
+                name,
+            })
             .collect())
     }
 

@@ -12,7 +12,7 @@
 //! few fields of a PersistentVolume): on a cluster these are most of the bytes of a node, and
 //! the stores are most of the operator's heap.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -130,7 +130,11 @@ pub struct Cache {
     unlabelled: Arc<Mutex<BTreeSet<ObjectKey>>>,
     interner: Interner,
     derived: Arc<Mutex<Derived>>,
+    verified: Arc<Mutex<HashMap<ObjectKey, Verified>>>,
 }
+
+/// A desired object's hash and the live version it was last found (or written) to match.
+type Verified = (String, String);
 
 /// Values derived from one store, each with the store generation it was derived at.
 type Derived = BTreeMap<(Kind, String, &'static str), (u64, Arc<dyn std::any::Any + Send + Sync>)>;
@@ -226,6 +230,32 @@ impl Cache {
         Some(store.get_dynamic(namespace, name).map(Arc::new))
     }
 
+    /// Namespace and name of the cached objects of `kind` matching `selector` (in `namespace`
+    /// for namespaced kinds) that are not being deleted, without parsing them; `None` when there
+    /// is no synced store.
+    pub fn keys(&self, kind: &Kind, selector: &str, namespace: Option<&str>) -> Option<Vec<(String, String)>> {
+        let store = self.synced(kind, selector)?;
+        Some(store.keys(|ns| !kind.namespaced || namespace.is_none_or(|want| want == ns)))
+    }
+
+    /// The cached object's `resourceVersion`: `Some(Some(rv))` when held, `Some(None)` when a
+    /// synced store says it does not exist (or it has none), `None` without a synced store.
+    pub fn resource_version(
+        &self,
+        kind: &Kind,
+        selector: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<Option<String>> {
+        let store = self.synced(kind, selector)?;
+        let namespace = if kind.namespaced {
+            namespace.unwrap_or_default()
+        } else {
+            ""
+        };
+        Some(store.resource_version(namespace, name).flatten())
+    }
+
     /// What `derive` makes of the synced store of `kind` objects matching `selector`, worked out
     /// again only after the store changed: a pass that no PersistentVolume change triggered
     /// does not read 10,000 of them to sum the pools' usage. `what` names the derived value
@@ -256,6 +286,32 @@ impl Cache {
             derived.insert(key, (generation, value.clone()));
         }
         Some(value)
+    }
+
+    /// Whether the live version `resource_version` of `key` was already found to match the
+    /// desired object of hash `desired_hash` (so comparing them again would find the same): a
+    /// pass over 1,000 unchanged mounters compares none of them.
+    pub fn is_verified(&self, key: &ObjectKey, desired_hash: &str, resource_version: &str) -> bool {
+        self.verified.lock().is_ok_and(|v| {
+            v.get(key)
+                .is_some_and(|(hash, rv)| hash == desired_hash && rv == resource_version)
+        })
+    }
+
+    /// Records that the live version `resource_version` of `key` matches the desired object of
+    /// hash `desired_hash`.
+    pub fn record_verified(&self, key: &ObjectKey, desired_hash: &str, resource_version: &str) {
+        if let Ok(mut v) = self.verified.lock() {
+            v.insert(key.clone(), (desired_hash.to_owned(), resource_version.to_owned()));
+        }
+    }
+
+    /// Forgets what [`record_verified`](Self::record_verified) recorded of `key` (it was
+    /// deleted).
+    pub fn forget_verified(&self, key: &ObjectKey) {
+        if let Ok(mut v) = self.verified.lock() {
+            v.remove(key);
+        }
     }
 
     /// Objects and JSON bytes held, per watched kind and selector (for `/debug`-style

@@ -62,11 +62,32 @@ impl Interner {
     }
 }
 
+/// One object: its text, and what passes ask of every object without parsing it.
+#[derive(Clone)]
+struct Entry {
+    text: Arc<str>,
+    /// `metadata.resourceVersion`: a write answer or an earlier read of the same version is
+    /// known to hold the same content.
+    resource_version: Option<Box<str>>,
+    /// Whether `metadata.deletionTimestamp` is set (the sweep leaves such objects alone).
+    terminating: bool,
+}
+
+impl Entry {
+    fn of(obj: &DynamicObject, text: Arc<str>) -> Self {
+        Entry {
+            text,
+            resource_version: obj.metadata.resource_version.as_deref().map(Box::from),
+            terminating: obj.metadata.deletion_timestamp.is_some(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Inner {
-    objects: HashMap<Key, Arc<str>>,
+    objects: HashMap<Key, Entry>,
     /// Objects of a (re-)list in progress; they replace `objects` when it is done.
-    relisting: Option<HashMap<Key, Arc<str>>>,
+    relisting: Option<HashMap<Key, Entry>>,
     /// Whether a first list completed.
     ready: bool,
     /// Bumped by every change readers can see (an object set, removed, or a list swapped in).
@@ -103,7 +124,7 @@ impl CompactStore {
             Event::Init => inner.relisting = Some(HashMap::new()),
             Event::InitApply(obj) => {
                 if let (Some(set), Some(text)) = (inner.relisting.as_mut(), self.interner.text_of(obj)) {
-                    set.insert(key_of(obj), text);
+                    set.insert(key_of(obj), Entry::of(obj, text));
                 }
             }
             Event::InitDone => {
@@ -115,8 +136,13 @@ impl CompactStore {
             }
             Event::Apply(obj) => {
                 if let Some(text) = self.interner.text_of(obj) {
-                    inner.objects.insert(key_of(obj), text);
-                    inner.generation += 1;
+                    let entry = Entry::of(obj, text);
+                    let old = inner.objects.insert(key_of(obj), entry.clone());
+                    // A new version with nothing else new (a node heartbeat, its time trimmed
+                    // away) changes nothing derived from the store.
+                    if old.is_none_or(|old| !same_but_version(&old.text, &entry.text)) {
+                        inner.generation += 1;
+                    }
                 }
             }
             Event::Delete(obj) => {
@@ -140,16 +166,38 @@ impl CompactStore {
     /// The object `namespace`/`name` (empty namespace for cluster-scoped objects), parsed.
     pub fn get<K: DeserializeOwned>(&self, namespace: &str, name: &str) -> Option<K> {
         let inner = self.inner.read().ok()?;
-        let text = inner.objects.get(&(namespace.to_owned(), name.to_owned()))?;
-        decode(text)
+        let entry = inner.objects.get(&(namespace.to_owned(), name.to_owned()))?;
+        decode(&entry.text)
     }
 
     /// [`get`](Self::get) as a `DynamicObject`, parsed the fast way
     /// (`object::dynamic_from_str`).
     pub fn get_dynamic(&self, namespace: &str, name: &str) -> Option<DynamicObject> {
         let inner = self.inner.read().ok()?;
-        let text = inner.objects.get(&(namespace.to_owned(), name.to_owned()))?;
-        crate::object::dynamic_from_str(text).ok()
+        let entry = inner.objects.get(&(namespace.to_owned(), name.to_owned()))?;
+        crate::object::dynamic_from_str(&entry.text).ok()
+    }
+
+    /// Whether the object `namespace`/`name` is held, and its `resourceVersion` if so, without
+    /// parsing it.
+    pub fn resource_version(&self, namespace: &str, name: &str) -> Option<Option<String>> {
+        let inner = self.inner.read().ok()?;
+        let entry = inner.objects.get(&(namespace.to_owned(), name.to_owned()))?;
+        Some(entry.resource_version.as_deref().map(str::to_owned))
+    }
+
+    /// Namespace and name of every object `keep` accepts by namespace that is not being
+    /// deleted, without parsing any: the sweep needs only who is there.
+    pub fn keys(&self, keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
+        let Ok(inner) = self.inner.read() else {
+            return Vec::new();
+        };
+        inner
+            .objects
+            .iter()
+            .filter(|((ns, _), entry)| !entry.terminating && keep(ns))
+            .map(|(key, _)| key.clone())
+            .collect()
     }
 
     /// Every object `keep` accepts by namespace, each parsed into `K`; objects that do not
@@ -162,7 +210,7 @@ impl CompactStore {
             .objects
             .iter()
             .filter(|((ns, _), _)| keep(ns))
-            .filter_map(|(_, text)| decode(text))
+            .filter_map(|(_, entry)| decode(&entry.text))
             .collect()
     }
 
@@ -171,9 +219,25 @@ impl CompactStore {
     pub fn size(&self) -> (usize, usize) {
         self.inner
             .read()
-            .map(|i| (i.objects.len(), i.objects.values().map(|t| t.len()).sum()))
+            .map(|i| (i.objects.len(), i.objects.values().map(|e| e.text.len()).sum()))
             .unwrap_or_default()
     }
+}
+
+/// Whether two texts of one object differ at most in `metadata.resourceVersion`: the first
+/// `"resourceVersion":"…"` member, which in an object's text is its metadata's (metadata comes
+/// before the body).
+fn same_but_version(a: &str, b: &str) -> bool {
+    const FIELD: &str = "\"resourceVersion\":\"";
+    fn split(text: &str) -> (&str, &str) {
+        let Some(at) = text.find(FIELD) else {
+            return (text, "");
+        };
+        let value = at + FIELD.len();
+        let end = text[value..].find('"').map_or(text.len(), |i| value + i);
+        (&text[..at], &text[end..])
+    }
+    a.len().abs_diff(b.len()) < 32 && split(a) == split(b)
 }
 
 fn encode(obj: &DynamicObject) -> Option<Arc<str>> {
@@ -258,7 +322,7 @@ mod tests {
             store.apply(&Event::InitApply(obj.clone()));
             store.apply(&Event::InitDone);
         }
-        let text = |s: &CompactStore| s.inner.read().unwrap().objects.values().next().unwrap().clone();
+        let text = |s: &CompactStore| s.inner.read().unwrap().objects.values().next().unwrap().text.clone();
         assert!(Arc::ptr_eq(&text(&a), &text(&b)), "one copy");
         // A new version is a new text; the old one goes once no store holds it.
         obj.metadata.resource_version = Some("8".into());
@@ -278,5 +342,62 @@ mod tests {
         store.apply(&Event::InitDone);
         let typed: k8s_openapi::api::core::v1::ConfigMap = store.get("a", "one").unwrap();
         assert_eq!(typed.data.unwrap()["k"], "1");
+    }
+
+    #[test]
+    fn keys_and_versions_are_read_without_parsing_and_leave_terminating_objects_out() {
+        let store = CompactStore::new();
+        let mut live = cm("a", "live", "1");
+        live.metadata.resource_version = Some("41".into());
+        let mut going = cm("a", "going", "2");
+        going.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        store.apply(&Event::Init);
+        for obj in [live, going, cm("b", "elsewhere", "3")] {
+            store.apply(&Event::InitApply(obj));
+        }
+        store.apply(&Event::InitDone);
+        assert_eq!(store.keys(|ns| ns == "a"), vec![("a".to_owned(), "live".to_owned())]);
+        assert_eq!(store.resource_version("a", "live"), Some(Some("41".to_owned())));
+        assert_eq!(
+            store.resource_version("b", "elsewhere"),
+            Some(None),
+            "held, unversioned"
+        );
+        assert_eq!(store.resource_version("a", "absent"), None);
+    }
+
+    #[test]
+    fn a_new_version_with_nothing_else_new_keeps_the_generation() {
+        let store = CompactStore::new();
+        let versioned = |rv: &str, value: &str| {
+            let mut obj = cm("a", "one", value);
+            obj.metadata.resource_version = Some(rv.into());
+            obj
+        };
+        store.apply(&Event::Init);
+        store.apply(&Event::InitApply(versioned("1", "x")));
+        store.apply(&Event::InitDone);
+        let seen = store.generation();
+        store.apply(&Event::Apply(versioned("2", "x")));
+        assert_eq!(store.generation(), seen, "only the version changed");
+        assert_eq!(
+            store.resource_version("a", "one"),
+            Some(Some("2".to_owned())),
+            "the version is kept"
+        );
+        store.apply(&Event::Apply(versioned("3", "y")));
+        assert!(store.generation() > seen, "the content changed");
+        assert!(same_but_version(r#"{"a":1}"#, r#"{"a":1}"#));
+        assert!(!same_but_version(r#"{"a":1}"#, r#"{"a":2}"#));
+        assert!(same_but_version(
+            r#"{"metadata":{"resourceVersion":"9"},"b":1}"#,
+            r#"{"metadata":{"resourceVersion":"10"},"b":1}"#
+        ));
+        assert!(!same_but_version(
+            r#"{"metadata":{"resourceVersion":"9"},"b":1}"#,
+            r#"{"metadata":{"resourceVersion":"10"},"b":2}"#
+        ));
     }
 }

@@ -198,10 +198,34 @@ fn recorded(annotations: &BTreeMap<String, String>, action: &str) -> Option<(Str
     ))
 }
 
-/// Reads every fact for a pass in `namespace`.
-pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> {
-    let nodes = list::<Node>(applier, &node_source(), namespace)
-        .await?
+/// What `make` makes of the `K` objects of `source` in `namespace`: from the watch cache,
+/// worked out again only after the store changed (`Cache::derived`), so a pass that no node,
+/// mounter or claim change triggered parses none of them; else from the API. `what` names the
+/// derived value.
+async fn facts_of<K, T>(
+    applier: &Applier,
+    source: &Source,
+    namespace: &str,
+    what: &'static str,
+    make: fn(Vec<K>) -> T,
+) -> Result<T>
+where
+    K: DeserializeOwned,
+    T: Clone + Send + Sync + 'static,
+{
+    let (kind, selector) = source;
+    let namespaced = kind.namespaced;
+    let derived = applier.cache().derived(kind, selector, what, |store| {
+        make(store.list::<K>(|ns| !namespaced || ns == namespace))
+    });
+    match derived {
+        Some(value) => Ok((*value).clone()),
+        None => Ok(make(list::<K>(applier, source, namespace).await?)),
+    }
+}
+
+fn node_facts(nodes: Vec<Node>) -> Vec<NodeFact> {
+    nodes
         .into_iter()
         .map(|n| NodeFact {
             name: n.name_any(),
@@ -213,10 +237,15 @@ pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> 
                 .and_then(|s| s.conditions.as_ref())
                 .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
         })
-        .collect();
+        .collect()
+}
+
+/// Mounters with their recorded node and mount path, and the names of those without (an
+/// older operator's).
+fn mounter_facts(deployments: Vec<Deployment>) -> (Vec<MounterFact>, Vec<String>) {
     let mut unrecorded_mounters = Vec::new();
     let mut mounters = Vec::new();
-    for d in list::<Deployment>(applier, &mounter_source(), namespace).await? {
+    for d in deployments {
         let Some(pool_label) = d.labels().get(c::LABEL_HPP_POOL).cloned() else {
             continue;
         };
@@ -233,9 +262,11 @@ pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> 
             }
         }
     }
-    let cleanup_jobs = list::<Job>(applier, &job_source(), namespace)
-        .await?
-        .into_iter()
+    (mounters, unrecorded_mounters)
+}
+
+fn cleanup_job_facts(jobs: Vec<Job>) -> Vec<CleanupJobFact> {
+    jobs.into_iter()
         .filter_map(|j| {
             let (node, mount_path) = recorded(j.annotations(), names::POOL_ACTION_UNMOUNT)?;
             Some(CleanupJobFact {
@@ -246,9 +277,11 @@ pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> 
                 succeeded: j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0,
             })
         })
-        .collect();
-    let claims = list::<PersistentVolumeClaim>(applier, &claim_source(), namespace)
-        .await?
+        .collect()
+}
+
+fn claim_facts(claims: Vec<PersistentVolumeClaim>) -> Vec<ClaimFact> {
+    claims
         .into_iter()
         .filter_map(|p| {
             Some(ClaimFact {
@@ -256,20 +289,30 @@ pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> 
                 pool_label: p.labels().get(c::LABEL_STORAGE_POOL)?.clone(),
             })
         })
-        .collect();
+        .collect()
+}
+
+/// Reads every fact for a pass in `namespace`.
+pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> {
+    let nodes = facts_of(applier, &node_source(), namespace, "node facts", node_facts).await?;
+    let (mounters, unrecorded_mounters) =
+        facts_of(applier, &mounter_source(), namespace, "mounter facts", mounter_facts).await?;
+    let cleanup_jobs = facts_of(
+        applier,
+        &job_source(),
+        namespace,
+        "cleanup job facts",
+        cleanup_job_facts,
+    )
+    .await?;
+    let claims = facts_of(applier, &claim_source(), namespace, "claim facts", claim_facts).await?;
     // Every PV of the cluster is watched: summed again only after one changed.
-    let (kind, selector) = volume_source();
-    let volumes = match applier.cache().derived(&kind, &selector, "hpp volumes", |store| {
-        hpp_volumes(store.list::<PersistentVolume>(|_| true))
-    }) {
-        Some(volumes) => (*volumes).clone(),
-        None => hpp_volumes(list::<PersistentVolume>(applier, &volume_source(), namespace).await?),
-    };
-    let classes = hpp_classes(list::<StorageClass>(applier, &class_source(), namespace).await?);
+    let volumes = facts_of(applier, &volume_source(), namespace, "hpp volumes", hpp_volumes).await?;
+    let classes = facts_of(applier, &class_source(), namespace, "hpp classes", hpp_classes).await?;
     // Capacity objects only feed the pool status: a cluster without the API (or a read that
     // fails) leaves `available` out rather than failing the pass.
-    let capacities = match list::<CSIStorageCapacity>(applier, &capacity_source(), namespace).await {
-        Ok(objects) => capacities(objects),
+    let capacities = match facts_of(applier, &capacity_source(), namespace, "capacities", capacities).await {
+        Ok(capacities) => capacities,
         Err(e) => {
             warn!(error = %e, "cannot read CSIStorageCapacity objects; pool status shows no available bytes");
             Vec::new()

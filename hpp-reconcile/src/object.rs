@@ -1,8 +1,6 @@
 //! Type-erased desired objects: every sub-reconciler returns a list of these, so the pipeline can
 //! apply, compare, sweep and render any kind (including discovered ones such as SCCs) uniformly.
 
-use std::collections::BTreeSet;
-
 use kube::api::{ApiResource, DynamicObject};
 use kube::core::{ClusterResourceScope, GroupVersionKind, NamespaceResourceScope};
 use kube::{Resource, ResourceExt};
@@ -230,6 +228,15 @@ impl DesiredObject {
         })
     }
 
+    /// The desired-hash annotation [`stamped`](Self::stamped) sets, worked out without
+    /// converting the object.
+    pub fn content_hash(&self) -> Result<String> {
+        match object_hash(&self.object) {
+            Some(hash) => Ok(hash),
+            None => Ok(content_hash(&self.to_value()?)),
+        }
+    }
+
     /// The object with its desired-hash annotation set: what gets applied and compared.
     pub fn stamped(&self) -> Result<Value> {
         let mut value = self.to_value()?;
@@ -292,35 +299,88 @@ pub(crate) fn key_of(kind: &Kind, obj: &DynamicObject) -> ObjectKey {
 
 /// Stable hash of a JSON value (object keys sorted), as 16 hex digits (FNV-1a 64).
 pub(crate) fn content_hash(value: &Value) -> String {
-    let mut canonical = String::new();
-    canonicalize(value, &mut canonical);
-    hpp_api::names::fnv1a64_hex(&canonical)
+    let mut hasher = hpp_api::names::Fnv1a64::default();
+    canonicalize(value, &mut hasher);
+    hasher.hex()
 }
 
-fn canonicalize(value: &Value, out: &mut String) {
+/// [`content_hash`] of `obj` as JSON, without turning the whole object into a `Value` first:
+/// only its metadata is converted, its body is hashed where it is. `None` when the body is not
+/// a JSON object (the caller converts the object instead).
+pub(crate) fn object_hash(obj: &DynamicObject) -> Option<String> {
+    let Value::Object(body) = &obj.data else {
+        return None;
+    };
+    let mut top: Vec<(&str, std::borrow::Cow<'_, Value>)> = Vec::with_capacity(body.len() + 3);
+    if let Some(types) = &obj.types {
+        top.push((
+            "apiVersion",
+            std::borrow::Cow::Owned(Value::String(types.api_version.clone())),
+        ));
+        top.push(("kind", std::borrow::Cow::Owned(Value::String(types.kind.clone()))));
+    }
+    top.push((
+        "metadata",
+        std::borrow::Cow::Owned(serde_json::to_value(&obj.metadata).ok()?),
+    ));
+    for (k, v) in body {
+        if matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+            // Serialized, the flattened body would repeat these keys: let the caller convert.
+            return None;
+        }
+        top.push((k.as_str(), std::borrow::Cow::Borrowed(v)));
+    }
+    top.sort_by(|a, b| a.0.cmp(b.0));
+    let mut hasher = hpp_api::names::Fnv1a64::default();
+    hasher.update(b"{");
+    for (k, v) in top {
+        let _ = serde_json::to_writer(&mut hasher, k);
+        hasher.update(b":");
+        canonicalize(&v, &mut hasher);
+        hasher.update(b",");
+    }
+    hasher.update(b"}");
+    Some(hasher.hex())
+}
+
+/// Feeds `value` to the hasher as canonical JSON: object keys sorted, every member and element
+/// followed by a comma. Written piece by piece, so hashing a mounter Deployment allocates
+/// nothing (it ran for every desired object of every pass).
+fn canonicalize(value: &Value, out: &mut hpp_api::names::Fnv1a64) {
+    // Writing into the hasher cannot fail, and a JSON string or scalar always serializes.
     match value {
         Value::Object(map) => {
-            out.push('{');
-            let keys: BTreeSet<&String> = map.keys().collect();
-            for k in keys {
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                if let Some(v) = map.get(k) {
-                    canonicalize(v, out);
+            out.update(b"{");
+            let member = |k: &String, v: &Value, out: &mut hpp_api::names::Fnv1a64| {
+                let _ = serde_json::to_writer(&mut *out, k);
+                out.update(b":");
+                canonicalize(v, out);
+                out.update(b",");
+            };
+            if map.keys().is_sorted() {
+                for (k, v) in map {
+                    member(k, v, out);
                 }
-                out.push(',');
+            } else {
+                let mut members: Vec<(&String, &Value)> = map.iter().collect();
+                members.sort_by(|a, b| a.0.cmp(b.0));
+                for (k, v) in members {
+                    member(k, v, out);
+                }
             }
-            out.push('}');
+            out.update(b"}");
         }
         Value::Array(items) => {
-            out.push('[');
+            out.update(b"[");
             for v in items {
                 canonicalize(v, out);
-                out.push(',');
+                out.update(b",");
             }
-            out.push(']');
+            out.update(b"]");
         }
-        other => out.push_str(&other.to_string()),
+        other => {
+            let _ = serde_json::to_writer(&mut *out, other);
+        }
     }
 }
 
@@ -467,6 +527,34 @@ mod tests {
                 .starts_with("serialize /ConfigMap hpp/settings as ConfigMap: "),
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_object_hashed_in_place_hashes_as_its_json() {
+        use k8s_openapi::api::apps::v1::Deployment;
+        let deployment: Deployment = serde_json::from_value(json!({
+            "metadata": {"name": "hpp-pool-local-node01", "namespace": "hpp",
+                         "labels": {"b": "2", "a": "1"}, "annotations": {"x": "y\"z"}},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"hpp-pool": "local-hpp"}},
+                     "template": {"spec": {"containers": [{"name": "mounter", "image": "m:v1",
+                                                           "args": ["--a", "é"]}]}}},
+        }))
+        .unwrap();
+        for strategy in [ApplyStrategy::ServerSideApply, ApplyStrategy::CreateOnly] {
+            for d in [DesiredObject::typed(&deployment, strategy).unwrap(), config_map()] {
+                let whole = content_hash(&d.to_value().unwrap());
+                assert_eq!(d.content_hash().unwrap(), whole);
+                assert_eq!(
+                    d.stamped().unwrap()["metadata"]["annotations"][ANNOTATION_DESIRED_HASH],
+                    whole.as_str()
+                );
+            }
+        }
+        // A body repeating a top-level key is hashed through the converted object.
+        let mut odd = config_map();
+        odd.object.data["kind"] = json!("Shadow");
+        assert_eq!(object_hash(&odd.object), None);
+        assert!(odd.content_hash().is_ok());
     }
 
     #[test]

@@ -231,7 +231,7 @@ impl Pipeline {
             report.readiness.merge(step.readiness(hpp, facts, &live));
         }
         for kind in self.kinds(facts) {
-            for (key, _) in applier.list_managed(&kind, &cfg.namespace).await? {
+            for key in applier.managed_keys(&kind, &cfg.namespace).await? {
                 if !claimed.contains(&key) {
                     info!(object = %key, "sweeping leftover");
                     if applier.delete(&kind, key.namespace.as_deref(), &key.name).await? != Deleted::LeftForbidden {
