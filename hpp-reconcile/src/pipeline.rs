@@ -223,11 +223,38 @@ impl Pipeline {
         let mut report = PassReport::default();
         let mut claimed = BTreeSet::new();
         // Every step's objects first, so an object refused at render stops the pass before
-        // any write.
-        let all = self.desired(hpp, cfg, facts)?;
-        for (step, (_, desired)) in self.steps.iter().zip(all) {
-            claimed.extend(desired.iter().map(DesiredObject::key));
-            let live = step.apply(applier, &desired).await?;
+        // any write; a step in parts renders them as it goes (see `SubReconciler::parts`).
+        let mut all = Vec::with_capacity(self.steps.len());
+        for step in &self.steps {
+            all.push(match step.parts(hpp, cfg, facts) {
+                Some(parts) => Rendered::Parts(parts),
+                None => {
+                    let desired = step.desired(hpp, cfg, facts)?;
+                    check_namespaces(step.name(), &desired, &cfg.namespace)?;
+                    Rendered::Whole(desired)
+                }
+            });
+        }
+        for (step, rendered) in self.steps.iter().zip(all) {
+            let live = match rendered {
+                Rendered::Whole(desired) => {
+                    claimed.extend(desired.iter().map(DesiredObject::key));
+                    step.apply(applier, &desired).await?
+                }
+                Rendered::Parts(parts) => {
+                    let mut live = Vec::new();
+                    for batch in parts.chunks(PARTS_AT_ONCE) {
+                        let mut desired = Vec::new();
+                        for part in batch {
+                            desired.extend(step.desired_part(hpp, cfg, facts, part)?);
+                        }
+                        check_namespaces(step.name(), &desired, &cfg.namespace)?;
+                        claimed.extend(desired.iter().map(DesiredObject::key));
+                        live.extend(step.apply(applier, &desired).await?);
+                    }
+                    live
+                }
+            };
             report.readiness.merge(step.readiness(hpp, facts, &live));
         }
         for kind in self.kinds(facts) {
@@ -273,6 +300,18 @@ impl Pipeline {
         }
         Ok(())
     }
+}
+
+/// Parts of a step (see [`SubReconciler::parts`]) rendered and applied together: enough
+/// objects to keep [`APPLY_CONCURRENCY`](crate::apply::APPLY_CONCURRENCY) writes in flight
+/// during a first install, few enough that a pass holds a few dozen rendered objects, not
+/// thousands.
+pub const PARTS_AT_ONCE: usize = 16;
+
+/// A step's objects, rendered before any write or, for a step in parts, as the pass goes.
+enum Rendered {
+    Whole(Vec<DesiredObject>),
+    Parts(Vec<String>),
 }
 
 /// Refuses a namespaced object outside `namespace` or without a namespace.

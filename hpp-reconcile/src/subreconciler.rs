@@ -193,6 +193,27 @@ pub trait SubReconciler: Send + Sync {
         facts: &ClusterFacts,
     ) -> Result<Vec<DesiredObject>>;
 
+    /// The parts this step's objects split into (one per node for a step with objects per
+    /// node), each rendered by [`desired_part`](Self::desired_part): a pass renders and applies
+    /// a few parts at a time and never holds all of a thousand nodes' objects at once. `None`
+    /// (the default): the step is one part, [`desired`](Self::desired). Together the parts
+    /// must be exactly `desired`'s objects. A part refused at render (an object outside the
+    /// operator's namespace) stops the pass before that part's writes, not before the step's.
+    fn parts(&self, _hpp: &HostPathProvisioner, _cfg: &OperatorConfig, _facts: &ClusterFacts) -> Option<Vec<String>> {
+        None
+    }
+
+    /// The desired objects of one of [`parts`](Self::parts). The default: every object.
+    fn desired_part(
+        &self,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &ClusterFacts,
+        _part: &str,
+    ) -> Result<Vec<DesiredObject>> {
+        self.desired(hpp, cfg, facts)
+    }
+
     /// SSA field manager; one per sub-reconciler so each owns exactly the fields it sends.
     fn field_manager(&self) -> String {
         format!("hpp-operator/{}", self.name())
@@ -262,6 +283,12 @@ macro_rules! delegate {
             }
             fn desired(&self, hpp: &HostPathProvisioner, cfg: &OperatorConfig, facts: &ClusterFacts) -> Result<Vec<DesiredObject>> {
                 (**self).desired(hpp, cfg, facts)
+            }
+            fn parts(&self, hpp: &HostPathProvisioner, cfg: &OperatorConfig, facts: &ClusterFacts) -> Option<Vec<String>> {
+                (**self).parts(hpp, cfg, facts)
+            }
+            fn desired_part(&self, hpp: &HostPathProvisioner, cfg: &OperatorConfig, facts: &ClusterFacts, part: &str) -> Result<Vec<DesiredObject>> {
+                (**self).desired_part(hpp, cfg, facts, part)
             }
             fn field_manager(&self) -> String {
                 (**self).field_manager()
@@ -340,6 +367,10 @@ impl<S: SubReconciler, F: Edit> SubReconciler for Decorate<S, F> {
         let mut objects = self.inner.desired(hpp, cfg, facts)?;
         (self.edit)(hpp, cfg, facts, &mut objects)?;
         Ok(objects)
+    }
+    /// One part: the edit sees all of the wrapped step's objects at once, as it was written to.
+    fn parts(&self, _hpp: &HostPathProvisioner, _cfg: &OperatorConfig, _facts: &ClusterFacts) -> Option<Vec<String>> {
+        None
     }
     fn field_manager(&self) -> String {
         self.inner.field_manager()

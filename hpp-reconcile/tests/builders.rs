@@ -486,12 +486,35 @@ fn scc_and_prometheus_only_when_discovered() {
     );
 }
 
+/// The pool objects, after checking that the parts a pass renders them in are exactly them.
 fn pool_objs(hpp: &HostPathProvisioner, facts: &ClusterFacts) -> Vec<(String, String, ApplyStrategy)> {
-    storage_pools::desired_pool_objects(hpp, &cfg(), facts)
-        .unwrap()
+    let desired = storage_pools::desired_pool_objects(hpp, &cfg(), facts).unwrap();
+    assert_parts_are_the_whole(hpp, facts, &desired);
+    desired
         .into_iter()
         .map(|d| (d.kind.kind.clone(), d.key().name, d.strategy))
         .collect()
+}
+
+/// Rendered part by part (as a pass does), the pool objects are the same objects, each once.
+fn assert_parts_are_the_whole(hpp: &HostPathProvisioner, facts: &ClusterFacts, desired: &[DesiredObject]) {
+    let by_key = |objects: &[DesiredObject]| -> Vec<(String, Value, ApplyStrategy)> {
+        let mut all: Vec<_> = objects
+            .iter()
+            .map(|d| (d.key().to_string(), d.stamped().unwrap(), d.strategy))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    };
+    let parts = storage_pools::pool_parts(hpp, facts);
+    assert_eq!(parts[0], storage_pools::CLUSTER_PART);
+    let mut rendered = Vec::new();
+    for part in &parts {
+        rendered.extend(storage_pools::desired_pool_part(hpp, &cfg(), facts, part).unwrap());
+    }
+    let (whole, in_parts) = (by_key(desired), by_key(&rendered));
+    assert_eq!(in_parts.len(), whole.len(), "no object twice");
+    assert_eq!(in_parts, whole);
 }
 
 #[test]

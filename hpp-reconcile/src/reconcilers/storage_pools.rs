@@ -116,9 +116,99 @@ pub fn desired_pool_objects(
             wanted_mounters.insert((label.clone(), node.name.clone()));
         }
     }
-    // A mounter that is no longer wanted leaves a mount behind: unmount it with a Job, but only
-    // on a node that exists and is Ready (a Job elsewhere would never finish).
+    // A mounter that is no longer wanted leaves a mount behind: unmount it with a Job.
+    out.extend(cleanup_jobs(hpp, cfg, facts, &wanted_mounters)?);
+    Ok(out)
+}
+
+/// The part of [`pool_parts`] that holds what is not one node's: overlay StorageClasses,
+/// shared claims, claims of nodes that left, and cleanup Jobs. Node names are never empty.
+pub const CLUSTER_PART: &str = "";
+
+/// The parts the pool objects are rendered in: [`CLUSTER_PART`], then one per node the pools
+/// are prepared on (its claims and mounters). Together they are [`desired_pool_objects`].
+pub fn pool_parts(hpp: &HostPathProvisioner, facts: &ClusterFacts) -> Vec<String> {
+    std::iter::once(CLUSTER_PART.to_owned())
+        .chain(pool_nodes(hpp, facts).into_iter().map(|n| n.name.clone()))
+        .collect()
+}
+
+/// The pool objects of one of [`pool_parts`].
+pub fn desired_pool_part(
+    hpp: &HostPathProvisioner,
+    cfg: &OperatorConfig,
+    facts: &ClusterFacts,
+    part: &str,
+) -> Result<Vec<DesiredObject>> {
+    let pvc_pools = || {
+        hpp.spec
+            .storage_pools
+            .iter()
+            .flatten()
+            .filter(|p| p.pvc_template.is_some())
+    };
+    let mut out = Vec::new();
+    if part != CLUSTER_PART {
+        let Some(node) = facts.node(part).filter(|n| runs_on(hpp, n)) else {
+            return Ok(out);
+        };
+        for pool in pvc_pools() {
+            let claim = if pool.is_shared() {
+                names::pool_shared_claim_name(&pool.name)
+            } else {
+                let claim = names::pool_node_name(&pool.name, &node.name);
+                out.push(obj::pool_claim(pool, &claim, cfg)?);
+                claim
+            };
+            out.push(obj::mounter_deployment(hpp, pool, &node.name, &claim, cfg)?);
+        }
+        return Ok(out);
+    }
+    let nodes = pool_nodes(hpp, facts);
+    for pool in pvc_pools() {
+        if pool.is_shared() {
+            out.push(obj::overlay_storage_class(pool, cfg)?);
+            if !nodes.is_empty() {
+                out.push(obj::pool_claim(pool, &names::pool_shared_claim_name(&pool.name), cfg)?);
+            }
+            continue;
+        }
+        // Claims of nodes that left stay: their data is still there if the node comes back.
+        let label = names::pool_label_value(&pool.name);
+        let current: BTreeSet<String> = nodes
+            .iter()
+            .map(|n| names::pool_node_name(&pool.name, &n.name))
+            .collect();
+        let left: BTreeSet<&str> = facts
+            .claims
+            .iter()
+            .filter(|cl| cl.pool_label == label && !current.contains(&cl.name))
+            .map(|cl| cl.name.as_str())
+            .collect();
+        for claim in left {
+            out.push(obj::pool_claim(pool, claim, cfg)?);
+        }
+    }
+    let wanted_mounters: BTreeSet<(String, String)> = pvc_pools()
+        .flat_map(|pool| {
+            let label = names::pool_label_value(&pool.name);
+            nodes.iter().map(move |n| (label.clone(), n.name.clone()))
+        })
+        .collect();
+    out.extend(cleanup_jobs(hpp, cfg, facts, &wanted_mounters)?);
+    Ok(out)
+}
+
+/// The cleanup Jobs that should exist: one per mounter no longer wanted (and per unfinished
+/// Job of one), on a node that exists and is Ready (a Job elsewhere would never finish).
+fn cleanup_jobs(
+    hpp: &HostPathProvisioner,
+    cfg: &OperatorConfig,
+    facts: &ClusterFacts,
+    wanted_mounters: &BTreeSet<(String, String)>,
+) -> Result<Vec<DesiredObject>> {
     let node_ready = |name: &str| facts.node(name).is_some_and(|n| n.ready);
+    let mut out = Vec::new();
     let mut jobs = BTreeSet::new();
     for m in &facts.mounters {
         if wanted_mounters.contains(&(m.pool_label.clone(), m.node.clone())) || !node_ready(&m.node) {
@@ -307,11 +397,15 @@ pub fn pool_readiness(hpp: &HostPathProvisioner, facts: &ClusterFacts, live: &[D
             status.current_ready = Some(mounted as i32);
             let mut claims_bound = true;
             let mut claims = 0usize;
-            for pvc in live
+            // By name, whatever order the pass applied them in (a step in parts applies the
+            // claims of nodes that left before the others).
+            let mut pool_claims: Vec<&DynamicObject> = live
                 .iter()
                 .filter(of_pool)
                 .filter(|o| kind(o) == "PersistentVolumeClaim")
-            {
+                .collect();
+            pool_claims.sort_by_key(|pvc| pvc.metadata.name.as_deref());
+            for pvc in pool_claims {
                 let pvc_status: PersistentVolumeClaimStatus = pvc
                     .data
                     .get("status")
@@ -441,6 +535,21 @@ impl SubReconciler for StoragePools {
         facts: &ClusterFacts,
     ) -> Result<Vec<DesiredObject>> {
         desired_pool_objects(hpp, cfg, facts)
+    }
+
+    /// One part per node: a pass holds a few nodes' mounters at a time, not a thousand.
+    fn parts(&self, hpp: &HostPathProvisioner, _cfg: &OperatorConfig, facts: &ClusterFacts) -> Option<Vec<String>> {
+        Some(pool_parts(hpp, facts))
+    }
+
+    fn desired_part(
+        &self,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &ClusterFacts,
+        part: &str,
+    ) -> Result<Vec<DesiredObject>> {
+        desired_pool_part(hpp, cfg, facts, part)
     }
 
     /// Keeps of each live object what [`pool_readiness`] reads (metadata, `spec.replicas`,
