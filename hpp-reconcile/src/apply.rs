@@ -322,7 +322,11 @@ impl Applier {
                 let pp = PatchParams::apply(field_manager).force();
                 let refused = match api.patch(&key.name, &pp, &Patch::Apply(&stamped)).await {
                     Ok(applied) => {
-                        record(&applied);
+                        // Only an answer that matches: one an admission webhook changed is
+                        // compared (and applied) again next pass, as before.
+                        if live_matches(&stamped, &applied) {
+                            record(&applied);
+                        }
                         return Ok(trimmed(&desired.kind, applied));
                     }
                     Err(kube::Error::Api(s)) if s.code == 403 => s,

@@ -130,11 +130,28 @@ pub struct Cache {
     unlabelled: Arc<Mutex<BTreeSet<ObjectKey>>>,
     interner: Interner,
     derived: Arc<Mutex<Derived>>,
-    verified: Arc<Mutex<HashMap<ObjectKey, Verified>>>,
+    verified: Arc<Mutex<HashMap<u64, Verified>>>,
 }
 
-/// A desired object's hash and the live version it was last found (or written) to match.
-type Verified = (String, String);
+/// Hashes of a desired object and of the live version it was last found (or written) to
+/// match, by hash of the object's key: three numbers per object, in one table, so the memo of
+/// a thousand mounters is one allocation rather than thousands of small strings scattered over
+/// the heap a pass grew.
+type Verified = (u64, u64);
+
+fn fnv(text: &str) -> u64 {
+    hpp_api::names::fnv1a64(text.as_bytes())
+}
+
+fn key_hash(key: &ObjectKey) -> u64 {
+    let mut h = hpp_api::names::Fnv1a64::default();
+    h.update(key.kind.as_bytes());
+    h.update(b"\0");
+    h.update(key.namespace.as_deref().unwrap_or_default().as_bytes());
+    h.update(b"\0");
+    h.update(key.name.as_bytes());
+    h.finish()
+}
 
 /// Values derived from one store, each with the store generation it was derived at.
 type Derived = BTreeMap<(Kind, String, &'static str), (u64, Arc<dyn std::any::Any + Send + Sync>)>;
@@ -292,17 +309,17 @@ impl Cache {
     /// desired object of hash `desired_hash` (so comparing them again would find the same): a
     /// pass over 1,000 unchanged mounters compares none of them.
     pub fn is_verified(&self, key: &ObjectKey, desired_hash: &str, resource_version: &str) -> bool {
-        self.verified.lock().is_ok_and(|v| {
-            v.get(key)
-                .is_some_and(|(hash, rv)| hash == desired_hash && rv == resource_version)
-        })
+        let want = (fnv(desired_hash), fnv(resource_version));
+        self.verified
+            .lock()
+            .is_ok_and(|v| v.get(&key_hash(key)) == Some(&want))
     }
 
     /// Records that the live version `resource_version` of `key` matches the desired object of
     /// hash `desired_hash`.
     pub fn record_verified(&self, key: &ObjectKey, desired_hash: &str, resource_version: &str) {
         if let Ok(mut v) = self.verified.lock() {
-            v.insert(key.clone(), (desired_hash.to_owned(), resource_version.to_owned()));
+            v.insert(key_hash(key), (fnv(desired_hash), fnv(resource_version)));
         }
     }
 
@@ -310,7 +327,7 @@ impl Cache {
     /// deleted).
     pub fn forget_verified(&self, key: &ObjectKey) {
         if let Ok(mut v) = self.verified.lock() {
-            v.remove(key);
+            v.remove(&key_hash(key));
         }
     }
 

@@ -66,20 +66,30 @@ impl Interner {
 #[derive(Clone)]
 struct Entry {
     text: Arc<str>,
-    /// `metadata.resourceVersion`: a write answer or an earlier read of the same version is
-    /// known to hold the same content.
-    resource_version: Option<Box<str>>,
+    /// Where `metadata.resourceVersion` is in `text` (start, length), kept as offsets so an
+    /// entry adds no allocation of its own.
+    resource_version: Option<(u32, u32)>,
     /// Whether `metadata.deletionTimestamp` is set (the sweep leaves such objects alone).
     terminating: bool,
 }
 
 impl Entry {
     fn of(obj: &DynamicObject, text: Arc<str>) -> Self {
+        let resource_version = obj.metadata.resource_version.as_deref().and_then(|rv| {
+            let (start, end) = version_span(&text)?;
+            (&text[start..end] == rv).then_some((u32::try_from(start).ok()?, u32::try_from(end - start).ok()?))
+        });
         Entry {
             text,
-            resource_version: obj.metadata.resource_version.as_deref().map(Box::from),
+            resource_version,
             terminating: obj.metadata.deletion_timestamp.is_some(),
         }
+    }
+
+    fn resource_version(&self) -> Option<&str> {
+        let (start, len) = self.resource_version?;
+        let start = start as usize;
+        self.text.get(start..start + len as usize)
     }
 }
 
@@ -183,7 +193,7 @@ impl CompactStore {
     pub fn resource_version(&self, namespace: &str, name: &str) -> Option<Option<String>> {
         let inner = self.inner.read().ok()?;
         let entry = inner.objects.get(&(namespace.to_owned(), name.to_owned()))?;
-        Some(entry.resource_version.as_deref().map(str::to_owned))
+        Some(entry.resource_version().map(str::to_owned))
     }
 
     /// Namespace and name of every object `keep` accepts by namespace that is not being
@@ -224,18 +234,22 @@ impl CompactStore {
     }
 }
 
-/// Whether two texts of one object differ at most in `metadata.resourceVersion`: the first
-/// `"resourceVersion":"…"` member, which in an object's text is its metadata's (metadata comes
-/// before the body).
-fn same_but_version(a: &str, b: &str) -> bool {
+/// Where the value of the first `"resourceVersion":"…"` member is in an object's text (start
+/// and end): its metadata's, as metadata comes before the body.
+fn version_span(text: &str) -> Option<(usize, usize)> {
     const FIELD: &str = "\"resourceVersion\":\"";
+    let start = text.find(FIELD)? + FIELD.len();
+    let end = start + text[start..].find('"')?;
+    Some((start, end))
+}
+
+/// Whether two texts of one object differ at most in `metadata.resourceVersion`.
+fn same_but_version(a: &str, b: &str) -> bool {
     fn split(text: &str) -> (&str, &str) {
-        let Some(at) = text.find(FIELD) else {
-            return (text, "");
-        };
-        let value = at + FIELD.len();
-        let end = text[value..].find('"').map_or(text.len(), |i| value + i);
-        (&text[..at], &text[end..])
+        match version_span(text) {
+            Some((start, end)) => (&text[..start], &text[end..]),
+            None => (text, ""),
+        }
     }
     a.len().abs_diff(b.len()) < 32 && split(a) == split(b)
 }
