@@ -310,9 +310,7 @@ impl Cache {
     /// pass over 1,000 unchanged mounters compares none of them.
     pub fn is_verified(&self, key: &ObjectKey, desired_hash: &str, resource_version: &str) -> bool {
         let want = (fnv(desired_hash), fnv(resource_version));
-        self.verified
-            .lock()
-            .is_ok_and(|v| v.get(&key_hash(key)) == Some(&want))
+        self.verified.lock().is_ok_and(|v| v.get(&key_hash(key)) == Some(&want))
     }
 
     /// Records that the live version `resource_version` of `key` matches the desired object of
