@@ -49,13 +49,15 @@ pub fn temp_name(id: &str) -> String {
 /// directory that cannot be listed.
 pub fn sweep(dir: std::os::fd::BorrowedFd<'_>, backend: &dyn QuotaBackend) -> Result<usize> {
     let mut swept = 0;
-    for name in fsops::list_names(dir).map_err(|e| Error::io("listing for temporaries", e))? {
-        if name.starts_with(TEMP_PREFIX) || name.starts_with(DELETING_PREFIX) {
-            match backend.remove(dir, &name) {
-                Ok(()) => swept += 1,
-                Err(e) => {
-                    tracing::warn!(entry = %name, error = %e, "cannot remove a leftover of an interrupted operation; passing over it")
-                }
+    let leftovers = fsops::list_names_where(dir, |name, _| {
+        name.starts_with(TEMP_PREFIX) || name.starts_with(DELETING_PREFIX)
+    })
+    .map_err(|e| Error::io("listing for temporaries", e))?;
+    for name in leftovers {
+        match backend.remove(dir, &name) {
+            Ok(()) => swept += 1,
+            Err(e) => {
+                tracing::warn!(entry = %name, error = %e, "cannot remove a leftover of an interrupted operation; passing over it")
             }
         }
     }

@@ -65,6 +65,17 @@ fn classify(st: &Stat) -> Entry {
 /// Names in a directory, skipping `.` and `..`. Names that are not UTF-8 are skipped too: they
 /// can never be valid volume ids.
 pub fn list_names(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<String>> {
+    list_names_where(dir, |_, _| true)
+}
+
+/// The names of [`list_names`] that `keep` accepts, given each entry's type as the directory
+/// reports it (`FileType::Unknown` where the filesystem does not say). Only kept names are
+/// copied, so a start-up looking for a few leftovers among 100,000 volumes holds a few names,
+/// not 100,000.
+pub fn list_names_where(
+    dir: BorrowedFd<'_>,
+    mut keep: impl FnMut(&str, FileType) -> bool,
+) -> rustix::io::Result<Vec<String>> {
     let mut d = rustix::fs::Dir::read_from(dir)?;
     let mut names = Vec::new();
     while let Some(entry) = d.read() {
@@ -73,7 +84,9 @@ pub fn list_names(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<String>> {
         if bytes == b"." || bytes == b".." {
             continue;
         }
-        if let Ok(s) = std::str::from_utf8(bytes) {
+        if let Ok(s) = std::str::from_utf8(bytes)
+            && keep(s, entry.file_type())
+        {
             names.push(s.to_owned());
         }
     }

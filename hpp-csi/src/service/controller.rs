@@ -440,8 +440,8 @@ impl ControllerService {
         .await?;
         let pools = &self.state.pools;
         let page = pagination::page_of(
-            &all,
-            |e| pool_key(&e.id, &pools[e.pool].name),
+            all.slots(),
+            |e| pool_key(all.id(e), &pools[e.pool()].name),
             req.max_entries,
             &req.starting_token,
         )?;
@@ -451,16 +451,16 @@ impl ControllerService {
             .into_iter()
             .map(|e| csi::list_volumes_response::Entry {
                 volume: Some(caps::volume(
-                    &e.id,
-                    &pools[e.pool],
-                    e.size.unwrap_or_else(|| caps::listed_capacity(&health[e.pool])),
+                    all.id(&e),
+                    &pools[e.pool()],
+                    e.size().unwrap_or_else(|| caps::listed_capacity(&health[e.pool()])),
                     Default::default(),
                     None,
                     &topology,
                 )),
                 status: Some(csi::list_volumes_response::VolumeStatus {
                     published_node_ids: vec![self.state.node_id.clone()],
-                    volume_condition: Some(caps::condition(&health[e.pool], true)),
+                    volume_condition: Some(caps::condition(&health[e.pool()], true)),
                 }),
             })
             .collect();
