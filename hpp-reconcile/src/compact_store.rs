@@ -32,16 +32,22 @@ pub struct Interner {
     inner: Arc<Mutex<InternTable>>,
 }
 
+/// One version's text, shared by the stores holding it. The text sits in its own allocation
+/// behind the shared one, so the table's weak reference to a version no store holds any more
+/// keeps 32 bytes alive until the next sweep, not the whole text (a `Weak<str>` would keep the
+/// text's memory: with every node heartbeating, a second copy of every node's text).
+type Text = Arc<Box<str>>;
+
 #[derive(Default)]
 struct InternTable {
-    texts: HashMap<(String, String), Weak<str>>,
+    texts: HashMap<(String, String), Weak<Box<str>>>,
     /// Size at which dead entries are swept next.
     sweep_at: usize,
 }
 
 impl Interner {
     /// The shared text of `obj`'s current version, encoding it if no store holds it yet.
-    fn text_of(&self, obj: &DynamicObject) -> Option<Arc<str>> {
+    fn text_of(&self, obj: &DynamicObject) -> Option<Text> {
         let (Some(uid), Some(rv)) = (obj.metadata.uid.as_deref(), obj.metadata.resource_version.as_deref()) else {
             return encode(obj);
         };
@@ -65,7 +71,7 @@ impl Interner {
 /// One object: its text, and what passes ask of every object without parsing it.
 #[derive(Clone)]
 struct Entry {
-    text: Arc<str>,
+    text: Text,
     /// Where `metadata.resourceVersion` is in `text` (start, length), kept as offsets so an
     /// entry adds no allocation of its own.
     resource_version: Option<(u32, u32)>,
@@ -74,7 +80,7 @@ struct Entry {
 }
 
 impl Entry {
-    fn of(obj: &DynamicObject, text: Arc<str>) -> Self {
+    fn of(obj: &DynamicObject, text: Text) -> Self {
         let resource_version = obj.metadata.resource_version.as_deref().and_then(|rv| {
             let (start, end) = version_span(&text)?;
             (&text[start..end] == rv).then_some((u32::try_from(start).ok()?, u32::try_from(end - start).ok()?))
@@ -146,11 +152,18 @@ impl CompactStore {
             }
             Event::Apply(obj) => {
                 if let Some(text) = self.interner.text_of(obj) {
-                    let entry = Entry::of(obj, text);
-                    let old = inner.objects.insert(key_of(obj), entry.clone());
+                    let key = key_of(obj);
                     // A new version with nothing else new (a node heartbeat, its time trimmed
-                    // away) changes nothing derived from the store.
-                    if old.is_none_or(|old| !same_but_version(&old.text, &entry.text)) {
+                    // away) changes nothing a reader sees but the version: the text held stays,
+                    // so a quiet cluster's heartbeats leave no new allocation behind (it would
+                    // land wherever the heap had room and pin that page). Its older
+                    // resourceVersion is still a version of exactly this content.
+                    let unchanged = inner
+                        .objects
+                        .get(&key)
+                        .is_some_and(|old| same_but_version(&old.text, &text));
+                    if !unchanged {
+                        inner.objects.insert(key, Entry::of(obj, text));
                         inner.generation += 1;
                     }
                 }
@@ -254,9 +267,9 @@ fn same_but_version(a: &str, b: &str) -> bool {
     a.len().abs_diff(b.len()) < 32 && split(a) == split(b)
 }
 
-fn encode(obj: &DynamicObject) -> Option<Arc<str>> {
+fn encode(obj: &DynamicObject) -> Option<Text> {
     match serde_json::to_string(obj) {
-        Ok(text) => Some(Arc::from(text)),
+        Ok(text) => Some(Arc::new(text.into_boxed_str())),
         Err(e) => {
             tracing::warn!(object = %obj.name_any(), error = %e, "cannot cache a watched object");
             None
@@ -398,8 +411,8 @@ mod tests {
         assert_eq!(store.generation(), seen, "only the version changed");
         assert_eq!(
             store.resource_version("a", "one"),
-            Some(Some("2".to_owned())),
-            "the version is kept"
+            Some(Some("1".to_owned())),
+            "the text held stays (an older version of the same content)"
         );
         store.apply(&Event::Apply(versioned("3", "y")));
         assert!(store.generation() > seen, "the content changed");
