@@ -2,8 +2,6 @@
 //! garbage collection (background, foreground, orphan), the namespace controller emptying a
 //! deleted namespace, and CRDs registering and unregistering the kinds they define.
 
-use std::collections::HashSet;
-
 use kube::core::ApiResource;
 use serde_json::{Value, json};
 
@@ -15,17 +13,18 @@ const FOREGROUND: &str = "foregroundDeletion";
 
 impl State {
     fn key_of_uid(&self, uid: &str) -> Option<ObjKey> {
-        self.objects
-            .iter()
-            .find(|(_, o)| meta_str(o, "uid") == Some(uid))
-            .map(|(k, _)| k.clone())
+        self.uids.get(uid).cloned()
     }
 
     fn dependents_of(&self, uid: &str, blocking_only: bool) -> Vec<ObjKey> {
-        self.objects
-            .iter()
-            .filter(|(_, o)| {
-                o.pointer("/metadata/ownerReferences")
+        let Some(keys) = self.dependents.get(uid) else {
+            return Vec::new();
+        };
+        keys.iter()
+            .filter(|key| {
+                self.objects
+                    .get(key)
+                    .and_then(|o| o.pointer("/metadata/ownerReferences"))
                     .and_then(Value::as_array)
                     .is_some_and(|refs| {
                         refs.iter().any(|r| {
@@ -35,7 +34,7 @@ impl State {
                         })
                     })
             })
-            .map(|(k, _)| k.clone())
+            .cloned()
             .collect()
     }
 
@@ -103,11 +102,6 @@ impl State {
         if dependents.is_empty() {
             return;
         }
-        let live: HashSet<String> = self
-            .objects
-            .values()
-            .filter_map(|o| meta_str(o, "uid").map(str::to_string))
-            .collect();
         for key in dependents {
             let Some(obj) = self.objects.get(&key).cloned() else {
                 continue;
@@ -118,7 +112,7 @@ impl State {
                     refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid));
                 }
                 self.commit(&key, orphan);
-            } else if owner_uids(&obj).iter().all(|u| !live.contains(u)) {
+            } else if owner_uids(&obj).iter().all(|u| !self.uids.contains_key(u)) {
                 self.begin_delete(&key, Propagation::Background);
             }
         }

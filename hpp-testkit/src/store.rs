@@ -1,7 +1,7 @@
 //! The object store: objects keyed by group/plural/namespace/name, the global resourceVersion
 //! counter, the watch event history and owner-reference garbage collection.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -81,6 +81,13 @@ pub(crate) enum Propagation {
 pub(crate) struct State {
     pub kinds: Kinds,
     pub objects: BTreeMap<ObjKey, Value>,
+    /// Who is who, kept with `objects` (see `index`): the key of each uid, and the keys of
+    /// the objects naming each uid as an owner. A real API server's garbage collector keeps
+    /// such a graph; scanning every object per deletion made the fake's deletes O(objects)
+    /// (about 5 ms each at 4,000 objects in a debug build: a burst of 1,000 deletes measured
+    /// the fake, not the client).
+    pub uids: HashMap<String, ObjKey>,
+    pub dependents: HashMap<String, BTreeSet<ObjKey>>,
     pub rv: u64,
     pub counter: u64,
     pub history: VecDeque<Arc<StoredEvent>>,
@@ -166,6 +173,8 @@ impl State {
         Self {
             kinds: Kinds::builtin(),
             objects: BTreeMap::new(),
+            uids: HashMap::new(),
+            dependents: HashMap::new(),
             rv: 1,
             counter: 0,
             history: VecDeque::new(),
@@ -223,6 +232,43 @@ impl State {
         self.floor_rv = self.rv;
     }
 
+    /// Stores `obj` under `key`, keeping the uid and owner indexes in step.
+    fn put(&mut self, key: &ObjKey, obj: Value) {
+        if let Some(old) = self.objects.get(key).cloned() {
+            self.unindex(key, &old);
+        }
+        if let Some(uid) = meta_str(&obj, "uid") {
+            self.uids.insert(uid.to_owned(), key.clone());
+        }
+        for owner in owner_uids(&obj) {
+            self.dependents.entry(owner).or_default().insert(key.clone());
+        }
+        self.objects.insert(key.clone(), obj);
+    }
+
+    /// Removes the object under `key` from the store and the indexes.
+    fn take(&mut self, key: &ObjKey) -> Option<Value> {
+        let obj = self.objects.remove(key)?;
+        self.unindex(key, &obj);
+        Some(obj)
+    }
+
+    fn unindex(&mut self, key: &ObjKey, obj: &Value) {
+        if let Some(uid) = meta_str(obj, "uid")
+            && self.uids.get(uid) == Some(key)
+        {
+            self.uids.remove(uid);
+        }
+        for owner in owner_uids(obj) {
+            if let Some(set) = self.dependents.get_mut(&owner) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.dependents.remove(&owner);
+                }
+            }
+        }
+    }
+
     /// Stores `new` for `key` (bumping resourceVersion and emitting a watch event) unless it is
     /// identical to what is stored. An object being deleted whose finalizers are now empty is
     /// removed instead, which garbage-collects its dependents.
@@ -242,7 +288,7 @@ impl State {
         if meta_str(&new, "deletionTimestamp").is_some() && !has_finalizers(&new) {
             let uid = meta_str(&new, "uid").unwrap_or_default().to_string();
             let policy = self.pending_policy.remove(&uid).unwrap_or_default();
-            self.objects.insert(key.clone(), new);
+            self.put(key, new);
             return self.remove(key, policy).unwrap_or(Value::Null);
         }
         self.rv += 1;
@@ -250,7 +296,7 @@ impl State {
         if self.track_managed_fields {
             managed::stamp(old.as_ref(), &mut new, &self.writer, &now());
         }
-        self.objects.insert(key.clone(), new.clone());
+        self.put(key, new.clone());
         self.sync_crd(key, &new, true);
         self.record_event(StoredEvent {
             rv: self.rv,
@@ -269,7 +315,7 @@ impl State {
 
     /// Removes the object now (no finalizer check), emits DELETED and garbage-collects.
     pub(crate) fn remove(&mut self, key: &ObjKey, policy: Propagation) -> Option<Value> {
-        let mut obj = self.objects.remove(key)?;
+        let mut obj = self.take(key)?;
         self.rv += 1;
         set_meta(&mut obj, "resourceVersion", json!(self.rv.to_string()));
         self.applied.retain(|(k, _), _| k != key);

@@ -205,6 +205,32 @@ async fn deleting_an_owner_garbage_collects_dependents() {
 }
 
 #[tokio::test]
+async fn a_dependent_that_dropped_its_owner_reference_is_not_collected() {
+    let fake = FakeApiServer::new();
+    fake.register::<HostPathProvisioner>(false, true);
+    let owner = fake.seed(&HostPathProvisioner::new("hpp", HostPathProvisionerSpec::default()));
+    fake.seed(&owned_by(cm("freed"), &[&owner]));
+    fake.seed(&owned_by(cm("kept"), &[&owner]));
+    let cms: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+    let mut freed = cms.get("freed").await.unwrap();
+    freed.metadata.owner_references = None;
+    freed.metadata.managed_fields = None;
+    cms.replace("freed", &Default::default(), &freed).await.unwrap();
+
+    let api: Api<HostPathProvisioner> = Api::all(fake.client());
+    api.delete("hpp", &DeleteParams::background()).await.unwrap();
+
+    assert!(
+        fake.get::<ConfigMap>(Some("ns"), "kept").is_none(),
+        "still owned: collected"
+    );
+    assert!(
+        fake.get::<ConfigMap>(Some("ns"), "freed").is_some(),
+        "its owner reference was removed by a write: left alone"
+    );
+}
+
+#[tokio::test]
 async fn orphan_propagation_strips_the_owner_reference() {
     let fake = FakeApiServer::new();
     let mut ds = DaemonSet::default();
