@@ -103,6 +103,13 @@ type Stores = BTreeMap<(Kind, String), CompactStore>;
 /// most of an idle operator's requests (`GET /apis` per pass).
 pub const DISCOVERY_REFRESH: Duration = Duration::from_secs(300);
 
+/// How long the first pass waits for the watches' first lists ([`Cache::wait_settled`]);
+/// after that it reads what is missing from the API.
+pub const SETTLE_LIMIT: Duration = Duration::from_secs(30);
+
+/// How often [`Cache::wait_settled`] looks again.
+const SETTLE_POLL: Duration = Duration::from_millis(20);
+
 /// The optional APIs the API server serves, as discovery last said.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OptionalApis {
@@ -131,6 +138,8 @@ pub struct Cache {
     interner: Interner,
     derived: Arc<Mutex<Derived>>,
     verified: Arc<Mutex<HashMap<u64, Verified>>>,
+    /// Whether the first pass already waited for the stores (see `wait_settled`).
+    settle_awaited: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Hashes of a desired object and of the live version it was last found (or written) to
@@ -327,6 +336,39 @@ impl Cache {
         if let Ok(mut v) = self.verified.lock() {
             v.remove(&key_hash(key));
         }
+    }
+
+    /// Whether every registered store finished its first list or failed before it (see
+    /// [`CompactStore::is_settled`]); true without stores.
+    pub fn all_settled(&self) -> bool {
+        self.stores
+            .read()
+            .map(|stores| stores.values().all(CompactStore::is_settled))
+            .unwrap_or(true)
+    }
+
+    /// Waits, once per cache, until [`all_settled`](Self::all_settled) or `limit` passed,
+    /// whichever is first; later calls return at once. The first pass after start-up would
+    /// otherwise read from the API what the watches are still listing, the whole list in one
+    /// answer and untrimmed (1,000 kubelet-sized nodes: about 50 MiB of JSON trees, the
+    /// operator's high-water mark), as controller-runtime waits for its caches to sync before
+    /// the first reconcile. Returns whether every store settled.
+    pub async fn wait_settled(&self, limit: Duration) -> bool {
+        if self.settle_awaited.load(std::sync::atomic::Ordering::Acquire) {
+            return self.all_settled();
+        }
+        let started = Instant::now();
+        let settled = loop {
+            if self.all_settled() {
+                break true;
+            }
+            if started.elapsed() >= limit {
+                break false;
+            }
+            tokio::time::sleep(SETTLE_POLL).await;
+        };
+        self.settle_awaited.store(true, std::sync::atomic::Ordering::Release);
+        settled
     }
 
     /// Objects and JSON bytes held, per watched kind and selector (for `/debug`-style
@@ -569,5 +611,33 @@ mod tests {
         assert!(ds.metadata.managed_fields.is_none());
         assert_eq!(ds.data.pointer("/status/images"), Some(&json!("not a node's")));
         assert_eq!(ds.data.pointer("/status/numberReady"), Some(&json!(3)));
+    }
+
+    #[tokio::test]
+    async fn the_first_pass_waits_for_listing_watches_but_not_for_failed_ones_and_only_once() {
+        use kube::runtime::watcher::Event;
+        let cache = Cache::default();
+        assert!(cache.all_settled(), "no stores: nothing to wait for");
+        let listed = cache.new_store(Kind::of::<Node>(), "");
+        let failing = cache.new_store(Kind::of::<DaemonSet>(), "");
+        assert!(!cache.all_settled());
+        listed.apply(&Event::Init);
+        listed.apply(&Event::InitDone);
+        failing.note_failure();
+        assert!(cache.all_settled(), "a failed watch is not waited for");
+
+        let cache = Cache::default();
+        let listing = cache.new_store(Kind::of::<Node>(), "");
+        assert!(
+            !cache.wait_settled(Duration::from_millis(50)).await,
+            "still listing at the limit"
+        );
+        listing.apply(&Event::Init);
+        assert!(
+            !cache.wait_settled(Duration::from_secs(3600)).await,
+            "waited once: later passes do not wait"
+        );
+        listing.apply(&Event::InitDone);
+        assert!(cache.wait_settled(Duration::from_secs(3600)).await);
     }
 }

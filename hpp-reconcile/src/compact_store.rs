@@ -106,6 +106,9 @@ struct Inner {
     relisting: Option<HashMap<Key, Entry>>,
     /// Whether a first list completed.
     ready: bool,
+    /// Whether the watch failed before its first list completed (the kind not served, the
+    /// list forbidden): readers ask the API, and nobody should wait for this store.
+    failed: bool,
     /// Bumped by every change readers can see (an object set, removed, or a list swapped in).
     generation: u64,
 }
@@ -184,6 +187,20 @@ impl CompactStore {
     /// Whether a first list completed (before that, readers ask the API).
     pub fn is_ready(&self) -> bool {
         self.inner.read().is_ok_and(|i| i.ready)
+    }
+
+    /// Records that the watch failed (an error event). Before the first list completed, the
+    /// store counts as settled: waiting for it would wait for a kind the cluster may not serve.
+    pub fn note_failure(&self) {
+        if let Ok(mut inner) = self.inner.write() {
+            inner.failed = true;
+        }
+    }
+
+    /// Whether the first list completed or the watch failed before it did: there is nothing
+    /// worth waiting for.
+    pub fn is_settled(&self) -> bool {
+        self.inner.read().is_ok_and(|i| i.ready || i.failed)
     }
 
     /// The object `namespace`/`name` (empty namespace for cluster-scoped objects), parsed.

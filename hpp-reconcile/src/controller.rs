@@ -108,13 +108,14 @@ fn cached_watch(
     // Triggers the fingerprint filter would swallow, sent beside the filtered stream.
     let (extra_tx, extra_rx) = futures::channel::mpsc::unbounded::<()>();
     let filtered = fingerprint.is_some();
-    let events = trimmed.inspect(move |event| {
-        if let Ok(event) = event {
+    let events = trimmed.inspect(move |event| match event {
+        Ok(event) => {
             store.apply(event);
             if must_trigger(filtered, event, &indexes) {
                 let _ = extra_tx.unbounded_send(());
             }
         }
+        Err(_) => store.note_failure(),
     });
     let objects = events.touched_objects();
     let triggers = match fingerprint {

@@ -273,6 +273,12 @@ pub fn error_policy(hpp: Arc<HostPathProvisioner>, err: &Error, ctx: Arc<Context
 }
 
 async fn reconcile_inner(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
+    if !ctx.cache.wait_settled(crate::cache::SETTLE_LIMIT).await {
+        warn!(
+            limit_seconds = crate::cache::SETTLE_LIMIT.as_secs(),
+            "watches still listing after the limit; this pass reads what they miss from the API"
+        );
+    }
     let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
     let all = gather::provisioners(&ctx.client, &ctx.cache).await?;
     let active = all
