@@ -2,6 +2,7 @@
 //! watch caches when the controller keeps them, else from the API. Reads only.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use hpp_api::HostPathProvisioner;
 use hpp_api::constants as c;
@@ -333,24 +334,26 @@ pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> 
 }
 
 /// Every HostPathProvisioner, oldest first (then by name): the first one is served.
-pub async fn provisioners(client: &Client, cache: &Cache) -> Result<Vec<HostPathProvisioner>> {
+pub async fn provisioners(client: &Client, cache: &Cache) -> Result<Vec<Arc<HostPathProvisioner>>> {
     let mut all = match cache.provisioners() {
         Some(all) => all,
-        None => {
-            Api::<HostPathProvisioner>::all(client.clone())
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| Error::kube("list", "hostpathprovisioners", e))?
-                .items
-        }
+        None => Api::<HostPathProvisioner>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| Error::kube("list", "hostpathprovisioners", e))?
+            .items
+            .into_iter()
+            .map(Arc::new)
+            .collect(),
     };
     sort_provisioners(&mut all);
     Ok(all)
 }
 
 /// Orders CRs oldest first, then by name, skipping none.
-pub fn sort_provisioners(all: &mut [HostPathProvisioner]) {
+pub fn sort_provisioners<H: std::borrow::Borrow<HostPathProvisioner>>(all: &mut [H]) {
     all.sort_by(|a, b| {
+        let (a, b) = (a.borrow(), b.borrow());
         let ts = |h: &HostPathProvisioner| h.metadata.creation_timestamp.as_ref().map(|t| t.0);
         ts(a).cmp(&ts(b)).then_with(|| a.name_any().cmp(&b.name_any()))
     });
