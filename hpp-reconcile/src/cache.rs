@@ -248,12 +248,7 @@ impl Cache {
         name: &str,
     ) -> Option<Option<Arc<DynamicObject>>> {
         let store = self.synced(kind, selector)?;
-        let namespace = if kind.namespaced {
-            namespace.unwrap_or_default()
-        } else {
-            ""
-        };
-        Some(store.get_dynamic(namespace, name).map(Arc::new))
+        Some(store.get_dynamic(store_namespace(kind, namespace), name).map(Arc::new))
     }
 
     /// Namespace and name of the cached objects of `kind` matching `selector` (in `namespace`
@@ -274,12 +269,7 @@ impl Cache {
         name: &str,
     ) -> Option<Option<String>> {
         let store = self.synced(kind, selector)?;
-        let namespace = if kind.namespaced {
-            namespace.unwrap_or_default()
-        } else {
-            ""
-        };
-        Some(store.resource_version(namespace, name).flatten())
+        Some(store.resource_version(store_namespace(kind, namespace), name).flatten())
     }
 
     /// What `derive` makes of the synced store of `kind` objects matching `selector`, worked out
@@ -454,6 +444,14 @@ impl Cache {
         // Shared, not copied: a CR's status lists every node's claim (2.6 MiB at 1,000 nodes),
         // and every pass reads it.
         Some(store.state())
+    }
+}
+
+/// The namespace a store keys an object of `kind` under: empty for cluster-scoped kinds.
+fn store_namespace<'a>(kind: &Kind, namespace: Option<&'a str>) -> &'a str {
+    match kind.namespaced {
+        true => namespace.unwrap_or_default(),
+        false => "",
     }
 }
 
