@@ -796,7 +796,7 @@ impl OperatorProcess {
             .env("OPERATOR_VERSION", "v0.26.0")
             .env("VERBOSITY", "1")
             .env("HPP_LOG_FORMAT", "json")
-            .envs(std::env::vars().filter(|(k, _)| k == "GLIBC_TUNABLES"))
+            .envs(std::env::vars().filter(|(k, _)| k == "GLIBC_TUNABLES" || k == "_RJEM_MALLOC_CONF"))
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
             .stderr(log_file)
