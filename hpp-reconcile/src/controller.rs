@@ -20,6 +20,7 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::cache::Cache;
+use crate::changes::ChangeLog;
 use crate::gather;
 use crate::index::WatchIndex;
 use crate::names::managed_selector;
@@ -76,13 +77,17 @@ fn usage_fingerprint(obj: &DynamicObject) -> Option<u64> {
 /// would also swallow a deletion (the deleted object looks like the last one seen): deletions
 /// of those kinds always trigger, and so does every event an index reports as one its step must
 /// act on.
+///
+/// Every trigger is recorded in `changes`: the key of an object of a kind the steps render
+/// (`rendered`), "everything" for any other kind, a relist, or a trigger the filter would swallow.
 fn cached_watch(
     client: &Client,
     namespace: &str,
     cache: &Cache,
-    kind: &Kind,
-    selector: &str,
+    (kind, selector): (&Kind, &str),
     indexes: Vec<Arc<dyn WatchIndex>>,
+    changes: Arc<ChangeLog>,
+    rendered: bool,
 ) -> BoxStream<'static, ()> {
     let ar = kind.api_resource();
     let api = if kind.namespaced {
@@ -108,22 +113,46 @@ fn cached_watch(
     // Triggers the fingerprint filter would swallow, sent beside the filtered stream.
     let (extra_tx, extra_rx) = futures::channel::mpsc::unbounded::<()>();
     let filtered = fingerprint.is_some();
+    let relisted = changes.clone();
     let events = trimmed.inspect(move |event| match event {
         Ok(event) => {
             store.apply(event);
+            // A relist: objects deleted meanwhile are dropped without an event of their own.
+            if matches!(event, watcher::Event::Init | watcher::Event::InitDone) {
+                relisted.everything();
+            }
             if must_trigger(filtered, event, &indexes) {
+                relisted.everything();
                 let _ = extra_tx.unbounded_send(());
             }
         }
         Err(_) => store.note_failure(),
     });
     let objects = events.touched_objects();
+    let record = {
+        let kind = kind.clone();
+        move |obj: DynamicObject| {
+            if rendered {
+                changes.object(crate::object::key_of(&kind, &obj));
+            } else {
+                changes.everything();
+            }
+        }
+    };
     let triggers = match fingerprint {
         Some(f) => objects
             .predicate_filter(f, Default::default())
-            .filter_map(|r| async move { r.ok().map(|_| ()) })
+            .filter_map(move |r| {
+                let out = r.ok().map(&record);
+                async move { out }
+            })
             .boxed(),
-        None => objects.filter_map(|r| async move { r.ok().map(|_| ()) }).boxed(),
+        None => objects
+            .filter_map(move |r| {
+                let out = r.ok().map(&record);
+                async move { out }
+            })
+            .boxed(),
     };
     // Ends with the watch: the sender lives in the watch stream's `inspect`.
     futures::stream::select(triggers, extra_rx).boxed()
@@ -184,6 +213,7 @@ pub async fn controller(
     );
     ctx.cache.set_provisioners(c.store());
     let indexes = ctx.pipeline.indexes();
+    let rendered_kinds: BTreeSet<Kind> = ctx.pipeline.kinds(&facts).into_iter().collect();
     let triggers: Vec<BoxStream<'static, ()>> = watched(&ctx, &facts)
         .iter()
         .map(|(kind, selector)| {
@@ -192,9 +222,21 @@ pub async fn controller(
                 .filter(|(k, sel, _)| k == kind && sel == selector)
                 .map(|(_, _, index)| index.clone())
                 .collect();
-            cached_watch(&client, &ns, &ctx.cache, kind, selector, fed)
+            let rendered = rendered_kinds.contains(kind);
+            cached_watch(
+                &client,
+                &ns,
+                &ctx.cache,
+                (kind, selector),
+                fed,
+                ctx.changes.clone(),
+                rendered,
+            )
         })
         .collect();
+    let changes = ctx.changes.clone();
+    changes.watching(true);
+    let stopped = changes.clone();
     c.reconcile_all_on(futures::stream::select_all(triggers))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
@@ -203,6 +245,8 @@ pub async fn controller(
                 warn!(error = %e, "controller");
             }
         })
+        // Reconciles called after the controller stopped see no changes: full passes.
+        .chain(futures::stream::once(async move { stopped.watching(false) }))
 }
 
 /// Runs the controller until `shutdown` resolves.

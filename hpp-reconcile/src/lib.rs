@@ -47,6 +47,7 @@ pub mod leader;
 pub mod operator;
 
 mod cache;
+mod changes;
 mod compact_store;
 mod error;
 mod gather;

@@ -56,6 +56,18 @@ pub struct AuditResultLabels {
     pub result: &'static str,
 }
 
+/// Label of a pass's scope.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScopeLabels {
+    /// [`SCOPE_FULL`] or [`SCOPE_CHANGED`].
+    pub scope: &'static str,
+}
+
+/// A pass over every step and part.
+pub const SCOPE_FULL: &str = "full";
+/// A pass over the parts whose objects changed (and every step not in parts).
+pub const SCOPE_CHANGED: &str = "changed_parts";
+
 /// Labels of a watch cache's series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CacheLabels {
@@ -77,6 +89,9 @@ pub struct Metrics {
     pub errors: Family<CategoryLabels, Counter>,
     /// Pass duration in seconds.
     pub duration: Histogram,
+    /// Successful passes by scope: `full`, or `changed_parts` (only the parts whose objects
+    /// changed were rendered).
+    pub passes: Family<ScopeLabels, Counter>,
     /// 1 for every StorageClass of the driver whose `storagePool` names no configured pool
     /// (no series for classes that are fine).
     pub storageclass_unknown_pool: Family<StorageClassLabels, Gauge>,
@@ -106,6 +121,7 @@ impl Default for Metrics {
             reconciles: Family::default(),
             errors: Family::default(),
             duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            passes: Family::default(),
             storageclass_unknown_pool: Family::default(),
             node_loss_claims_released: Family::default(),
             orphaned_volumes: Family::default(),
@@ -169,6 +185,11 @@ impl Metrics {
             "reconcile_duration_seconds",
             "Reconcile pass duration",
             m.duration.clone(),
+        );
+        r.register(
+            "passes",
+            "Successful pipeline passes by scope: full, or changed_parts (only the parts whose objects changed)",
+            m.passes.clone(),
         );
         r.register(
             "cache_objects",
@@ -251,6 +272,11 @@ impl Metrics {
                     .set(n);
             }
         }
+    }
+
+    /// Records the scope of a successful pipeline pass.
+    pub fn observe_scope(&self, scope: &'static str) {
+        self.passes.get_or_create(&ScopeLabels { scope }).inc();
     }
 
     /// Records one pass.

@@ -19,6 +19,7 @@ use tracing::{debug, info, instrument, warn};
 
 use crate::apply::Applier;
 use crate::cache::Cache;
+use crate::changes::{ChangeLog, Scope, pass_inputs};
 use crate::config::OperatorConfig;
 use crate::error::{Error, Result};
 use crate::events::EventRecorder;
@@ -79,6 +80,8 @@ pub struct Context {
     clock: Clock,
     /// Whether status goes through `/status` or the whole object (KubeVirt's CRD).
     pub status_path: StatusPath,
+    /// What the watches saw change since the last pass (see [`ChangeLog`]).
+    pub(crate) changes: Arc<ChangeLog>,
 }
 
 /// The operator's clock: heartbeat times in status and the deadlines steps wait for (node
@@ -114,6 +117,7 @@ impl Context {
             held: Mutex::new(HashMap::new()),
             clock: Arc::new(Timestamp::now),
             status_path: StatusPath::default(),
+            changes: Arc::default(),
         }
     }
 
@@ -219,6 +223,47 @@ impl Context {
     pub fn without_events(mut self) -> Self {
         self.recorder = None;
         self
+    }
+
+    /// The pipeline's pass: over the parts whose objects changed when only rendered objects
+    /// changed since a successful pass over the same inputs, else over everything.
+    async fn pass(
+        &self,
+        applier: &Applier,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &crate::ClusterFacts,
+    ) -> Result<crate::PassReport> {
+        let inputs = pass_inputs(hpp, cfg, facts);
+        let mut index = match self.changes.take(hpp, inputs) {
+            Scope::Changed(changed, mut index) => {
+                match self
+                    .pipeline
+                    .apply_changed(applier, hpp, cfg, facts, &mut index, &changed)
+                    .await?
+                {
+                    Some(report) => {
+                        debug!(
+                            objects = changed.len(),
+                            indexed = index.len(),
+                            "pass over the changed parts"
+                        );
+                        self.metrics.observe_scope(crate::metrics::SCOPE_CHANGED);
+                        self.changes.keep(hpp, inputs, index);
+                        return Ok(report);
+                    }
+                    None => index,
+                }
+            }
+            Scope::Full => Default::default(),
+        };
+        let report = self
+            .pipeline
+            .apply_indexed(applier, hpp, cfg, facts, &mut index)
+            .await?;
+        self.metrics.observe_scope(crate::metrics::SCOPE_FULL);
+        self.changes.keep(hpp, inputs, index);
+        Ok(report)
     }
 
     fn applier(&self) -> Applier {
@@ -365,7 +410,7 @@ async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
         let mut facts = gather::gather(&applier, &cfg.namespace).await?;
         facts.now = Some(ctx.now());
         ctx.pipeline.gather(&applier, cfg, &mut facts).await?;
-        ctx.pipeline.apply(&applier, &hpp, cfg, &facts).await
+        ctx.pass(&applier, &hpp, cfg, &facts).await
     };
     match pass.await {
         Ok(report) => {
@@ -400,6 +445,7 @@ async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
 
 async fn cleanup(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
     info!(hpp = %hpp.name_any(), "cleaning up");
+    ctx.changes.forget();
     let cfg = &ctx.pass_config();
     let applier = ctx.applier();
     let mut facts = gather::gather(&applier, &cfg.namespace).await?;

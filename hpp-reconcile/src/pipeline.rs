@@ -71,7 +71,7 @@ impl Pipeline {
             Box::new(reconcilers::Scc),
             Box::new(reconcilers::CsiDaemonSet),
             Box::new(reconcilers::LegacyDaemonSet),
-            Box::new(reconcilers::StoragePools),
+            Box::new(reconcilers::StoragePools::default()),
             Box::new(reconcilers::Prometheus),
             Box::new(reconcilers::StorageClassPools),
             Box::new(reconcilers::PoolMounts),
@@ -212,7 +212,6 @@ impl Pipeline {
 
     /// One pass: apply every step in order, delete labelled objects nobody claimed, then let
     /// every step [act](SubReconciler::act) on objects it does not own.
-    #[instrument(skip_all, fields(hpp = %hpp.metadata.name.as_deref().unwrap_or_default()))]
     pub async fn apply(
         &self,
         applier: &Applier,
@@ -220,46 +219,131 @@ impl Pipeline {
         cfg: &OperatorConfig,
         facts: &ClusterFacts,
     ) -> Result<PassReport> {
+        self.apply_indexed(applier, hpp, cfg, facts, &mut PartIndex::default())
+            .await
+    }
+
+    /// A full pass ([`apply`](Self::apply)) that records which part of which step each object
+    /// came from in `index`, for [`apply_changed`](Self::apply_changed) after it.
+    pub(crate) async fn apply_indexed(
+        &self,
+        applier: &Applier,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &ClusterFacts,
+        index: &mut PartIndex,
+    ) -> Result<PassReport> {
+        let report = self.pass(applier, hpp, cfg, facts, index, None).await?;
+        // A full pass always has a plan.
+        report.ok_or_else(|| Error::other("pipeline", "a full pass found nothing to apply"))
+    }
+
+    /// A pass after only the objects `changed` changed since the pass that left `index`: steps
+    /// in parts render and apply only the parts those objects came from (their readiness from
+    /// [`SubReconciler::readiness_of_parts`]), every other step runs as in a full pass.
+    /// `Ok(None)`, before any write, when such a pass cannot stand for a full one: an object
+    /// no pass rendered, parts that are no longer the same, or a step without
+    /// `readiness_of_parts`.
+    pub(crate) async fn apply_changed(
+        &self,
+        applier: &Applier,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &ClusterFacts,
+        index: &mut PartIndex,
+        changed: &BTreeSet<ObjectKey>,
+    ) -> Result<Option<PassReport>> {
+        self.pass(applier, hpp, cfg, facts, index, Some(changed)).await
+    }
+
+    #[instrument(skip_all, fields(hpp = %hpp.metadata.name.as_deref().unwrap_or_default(), scope = if changed.is_some() { "changed parts" } else { "full" }))]
+    async fn pass(
+        &self,
+        applier: &Applier,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &ClusterFacts,
+        index: &mut PartIndex,
+        changed: Option<&BTreeSet<ObjectKey>>,
+    ) -> Result<Option<PassReport>> {
         let mut report = PassReport::default();
-        let mut claimed = BTreeSet::new();
-        // Every step's objects first, so an object refused at render stops the pass before
-        // any write; a step in parts renders them as it goes (see `SubReconciler::parts`).
-        let mut all = Vec::with_capacity(self.steps.len());
-        for step in &self.steps {
-            all.push(match step.parts(hpp, cfg, facts) {
-                Some(parts) => Rendered::Parts(parts),
-                None => {
-                    let desired = step.desired(hpp, cfg, facts)?;
-                    check_namespaces(step.name(), &desired, &cfg.namespace)?;
-                    Rendered::Whole(desired)
-                }
-            });
+        let Some(plan) = self.plan(hpp, cfg, facts, index, changed)? else {
+            return Ok(None);
+        };
+        // From here on the pass writes: the index is rebuilt as it goes (what a re-rendered
+        // part or step held before is forgotten first), and a failure leaves it to the caller
+        // to discard.
+        let mut next = match changed {
+            None => PartIndex::default(),
+            Some(_) => std::mem::take(index),
+        };
+        next.parts = plan.iter().map(|p| p.all_parts.clone()).collect();
+        if changed.is_some() {
+            // What the re-rendered parts and steps held before: forgotten once, re-learnt below.
+            let again: std::collections::HashSet<Owner> = plan
+                .iter()
+                .enumerate()
+                .flat_map(|(i, p)| {
+                    let step = u16::try_from(i).unwrap_or(u16::MAX);
+                    match &p.rendered {
+                        Rendered::Whole(_) => vec![Owner::Whole(step)],
+                        Rendered::Parts(parts) => parts
+                            .iter()
+                            .map(|n| Owner::Part(step, u32::try_from(*n).unwrap_or(u32::MAX)))
+                            .collect(),
+                    }
+                })
+                .collect();
+            next.forget(|o| again.contains(&o));
         }
-        for (step, rendered) in self.steps.iter().zip(all) {
-            let live = match rendered {
+        let mut pending_readiness = Vec::with_capacity(plan.len());
+        for (i, (step, planned)) in self.steps.iter().zip(plan).enumerate() {
+            let step_no = u16::try_from(i).unwrap_or(u16::MAX);
+            match planned.rendered {
                 Rendered::Whole(desired) => {
-                    claimed.extend(desired.iter().map(DesiredObject::key));
-                    step.apply(applier, &desired).await?
+                    next.own(&desired, Owner::Whole(step_no));
+                    let live = step.apply(applier, &desired).await?;
+                    pending_readiness.push(step.readiness(hpp, facts, &live));
                 }
-                Rendered::Parts(parts) => {
+                Rendered::Parts(chosen) => {
+                    let all = planned.all_parts.unwrap_or_default();
                     let mut live = Vec::new();
-                    for batch in parts.chunks(PARTS_AT_ONCE) {
+                    for batch in chosen.chunks(PARTS_AT_ONCE) {
                         let mut desired = Vec::new();
-                        for part in batch {
-                            desired.extend(step.desired_part(hpp, cfg, facts, part)?);
+                        for &n in batch {
+                            let Some(part) = all.get(n) else { continue };
+                            let objects = step.desired_part(hpp, cfg, facts, part)?;
+                            next.own(&objects, Owner::Part(step_no, u32::try_from(n).unwrap_or(u32::MAX)));
+                            desired.extend(objects);
                         }
                         check_namespaces(step.name(), &desired, &cfg.namespace)?;
-                        claimed.extend(desired.iter().map(DesiredObject::key));
                         live.extend(step.apply(applier, &desired).await?);
                     }
-                    live
+                    let readiness = match changed {
+                        None => step.readiness(hpp, facts, &live),
+                        Some(_) => {
+                            let applied: Vec<String> = chosen.iter().filter_map(|&n| all.get(n).cloned()).collect();
+                            step.readiness_of_parts(hpp, facts, &applied, &live).ok_or_else(|| {
+                                Error::other(
+                                    step.name(),
+                                    "readiness_of_parts answered before the pass but not after it",
+                                )
+                            })?
+                        }
+                    };
+                    pending_readiness.push(readiness);
                 }
-            };
-            report.readiness.merge(step.readiness(hpp, facts, &live));
+            }
         }
+        for readiness in pending_readiness {
+            report.readiness.merge(readiness);
+        }
+        *index = next;
+        // Labelled objects of the steps' kinds that no step renders (as of this pass for what
+        // it rendered, as of the pass before for the parts it left alone).
         for kind in self.kinds(facts) {
             for key in applier.managed_keys(&kind, &cfg.namespace).await? {
-                if !claimed.contains(&key) {
+                if !index.owns(&key) {
                     info!(object = %key, "sweeping leftover");
                     if applier.delete(&kind, key.namespace.as_deref(), &key.name).await? != Deleted::LeftForbidden {
                         report.swept.push(key);
@@ -277,7 +361,79 @@ impl Pipeline {
             report.readiness.merge(step.act(applier, hpp, cfg, facts).await?);
         }
         report.readiness.pool_statuses.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(report)
+        Ok(Some(report))
+    }
+
+    /// What each step renders in this pass: every object of a whole step (rendered now, so an
+    /// object refused at render stops the pass before any write), and the parts of a step in
+    /// parts to render as the pass goes (all of them, or for `changed` those its objects came
+    /// from). `None` when `changed` cannot be handled by a pass over parts.
+    fn plan(
+        &self,
+        hpp: &HostPathProvisioner,
+        cfg: &OperatorConfig,
+        facts: &ClusterFacts,
+        index: &PartIndex,
+        changed: Option<&BTreeSet<ObjectKey>>,
+    ) -> Result<Option<Vec<Planned>>> {
+        let mut dirty: BTreeSet<(u16, u32)> = BTreeSet::new();
+        if let Some(changed) = changed {
+            if index.parts.len() != self.steps.len() {
+                return Ok(None);
+            }
+            for key in changed {
+                match index.owner(key) {
+                    Some(Owner::Part(step, part)) => {
+                        dirty.insert((step, part));
+                    }
+                    Some(Owner::Whole(_)) => {}
+                    // Not rendered by the last pass: a leftover, or someone else's object.
+                    None => return Ok(None),
+                }
+            }
+        }
+        let mut plan = Vec::with_capacity(self.steps.len());
+        for (i, step) in self.steps.iter().enumerate() {
+            let step_no = u16::try_from(i).unwrap_or(u16::MAX);
+            let planned = match step.parts(hpp, cfg, facts) {
+                Some(parts) => {
+                    let chosen = match changed {
+                        None => (0..parts.len()).collect(),
+                        Some(_) => {
+                            // The parts come from the CR and the facts; other parts than the
+                            // last pass's mean something besides these objects changed.
+                            if index.parts[i].as_ref() != Some(&parts)
+                                || step.readiness_of_parts(hpp, facts, &[], &[]).is_none()
+                            {
+                                return Ok(None);
+                            }
+                            dirty
+                                .range((step_no, 0)..=(step_no, u32::MAX))
+                                .map(|(_, part)| *part as usize)
+                                .filter(|n| *n < parts.len())
+                                .collect()
+                        }
+                    };
+                    Planned {
+                        all_parts: Some(parts),
+                        rendered: Rendered::Parts(chosen),
+                    }
+                }
+                None => {
+                    if changed.is_some() && index.parts[i].is_some() {
+                        return Ok(None);
+                    }
+                    let desired = step.desired(hpp, cfg, facts)?;
+                    check_namespaces(step.name(), &desired, &cfg.namespace)?;
+                    Planned {
+                        all_parts: None,
+                        rendered: Rendered::Whole(desired),
+                    }
+                }
+            };
+            plan.push(planned);
+        }
+        Ok(Some(plan))
     }
 
     /// Deletion: every step's cleanup in reverse order. Stops at the first step still pending.
@@ -308,10 +464,68 @@ impl Pipeline {
 /// thousands.
 pub const PARTS_AT_ONCE: usize = 16;
 
-/// A step's objects, rendered before any write or, for a step in parts, as the pass goes.
+/// A step's objects, rendered before any write or, for a step in parts, the parts to render
+/// as the pass goes (positions in [`Planned::all_parts`]).
 enum Rendered {
     Whole(Vec<DesiredObject>),
-    Parts(Vec<String>),
+    Parts(Vec<usize>),
+}
+
+/// One step's share of a pass.
+struct Planned {
+    /// Every part of a step in parts (`None` for a whole step).
+    all_parts: Option<Vec<String>>,
+    rendered: Rendered,
+}
+
+/// Where an object of the last pass came from: a whole step (by position) or one part of a
+/// step in parts (by positions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Owner {
+    Whole(u16),
+    Part(u16, u32),
+}
+
+/// Which step and part rendered each object in the passes so far: lets a pass after a change
+/// to a few objects render only their parts, and the sweep tell leftovers from the objects of
+/// parts it did not render. Keyed by a hash of the object's key (16 bytes an object, not its
+/// name), with each step's parts as of the last pass.
+#[derive(Debug, Default)]
+pub(crate) struct PartIndex {
+    owners: std::collections::HashMap<u64, Owner>,
+    parts: Vec<Option<Vec<String>>>,
+}
+
+impl PartIndex {
+    fn hash(key: &ObjectKey) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        key.hash(&mut h);
+        h.finish()
+    }
+
+    fn owner(&self, key: &ObjectKey) -> Option<Owner> {
+        self.owners.get(&Self::hash(key)).copied()
+    }
+
+    fn owns(&self, key: &ObjectKey) -> bool {
+        self.owners.contains_key(&Self::hash(key))
+    }
+
+    fn own(&mut self, desired: &[DesiredObject], owner: Owner) {
+        for d in desired {
+            self.owners.insert(Self::hash(&d.key()), owner);
+        }
+    }
+
+    fn forget(&mut self, which: impl Fn(Owner) -> bool) {
+        self.owners.retain(|_, o| !which(*o));
+    }
+
+    /// Objects the index holds.
+    pub(crate) fn len(&self) -> usize {
+        self.owners.len()
+    }
 }
 
 /// Refuses a namespaced object outside `namespace` or without a namespace.

@@ -199,6 +199,11 @@ pub trait SubReconciler: Send + Sync {
     /// (the default): the step is one part, [`desired`](Self::desired). Together the parts
     /// must be exactly `desired`'s objects. A part refused at render (an object outside the
     /// operator's namespace) stops the pass before that part's writes, not before the step's.
+    ///
+    /// With [`readiness_of_parts`](Self::readiness_of_parts), a pass after a change to some
+    /// parts' objects only renders those parts again: a part's objects must then not depend
+    /// on the live state of other parts' objects (they may depend on the CR, the configuration
+    /// and facts of any other object: a change to those runs a full pass).
     fn parts(&self, _hpp: &HostPathProvisioner, _cfg: &OperatorConfig, _facts: &ClusterFacts) -> Option<Vec<String>> {
         None
     }
@@ -227,6 +232,25 @@ pub trait SubReconciler: Send + Sync {
     /// Readiness, conditions and status from the live objects `apply` returned.
     fn readiness(&self, _hpp: &HostPathProvisioner, _facts: &ClusterFacts, _live: &[DynamicObject]) -> Readiness {
         Readiness::ready()
+    }
+
+    /// For a step in [`parts`](Self::parts): its readiness after a pass that rendered and
+    /// applied again only the parts in `applied` (their live objects in `live`, in part order),
+    /// every other part unchanged since the pass before. The operator runs such a pass after a
+    /// change to the objects of some parts only (a deleted mounter, a claim that became Bound),
+    /// so a change to one node's objects costs a pass over that node; `applied` is empty when
+    /// only other steps' objects changed. A step that answers keeps what its readiness needs of
+    /// each part from the previous [`readiness`](Self::readiness) (called with every part's live
+    /// objects in a full pass) or `readiness_of_parts` call. `None` (the default): the operator
+    /// runs a full pass instead.
+    fn readiness_of_parts(
+        &self,
+        _hpp: &HostPathProvisioner,
+        _facts: &ClusterFacts,
+        _applied: &[String],
+        _live: &[DynamicObject],
+    ) -> Option<Readiness> {
+        None
     }
 
     /// Changes to objects the step does not own (deleting or patching them), after every step
@@ -298,6 +322,9 @@ macro_rules! delegate {
             }
             fn readiness(&self, hpp: &HostPathProvisioner, facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
                 (**self).readiness(hpp, facts, live)
+            }
+            fn readiness_of_parts(&self, hpp: &HostPathProvisioner, facts: &ClusterFacts, applied: &[String], live: &[DynamicObject]) -> Option<Readiness> {
+                (**self).readiness_of_parts(hpp, facts, applied, live)
             }
             async fn act(&self, applier: &Applier, hpp: &HostPathProvisioner, cfg: &OperatorConfig, facts: &ClusterFacts) -> Result<Readiness> {
                 (**self).act(applier, hpp, cfg, facts).await

@@ -365,3 +365,148 @@ async fn a_quiet_cluster_runs_no_passes_and_discovery_is_remembered() {
     assert_eq!(discovery_requests(&env.fake), 0, "{:#?}", env.fake.requests());
     controller.stop().await;
 }
+
+/// Passes so far by scope (`hpp_operator_passes_total{scope}`): (full, changed parts).
+fn passes_by_scope(env: &support::Env) -> (u64, u64) {
+    use hpp_reconcile::metrics::{SCOPE_CHANGED, SCOPE_FULL, ScopeLabels};
+    let count = |scope| env.ctx.metrics.passes.get_or_create(&ScopeLabels { scope }).get();
+    (count(SCOPE_FULL), count(SCOPE_CHANGED))
+}
+
+/// Waits until no pass ran for half a second.
+async fn settle(env: &support::Env) {
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let before = passes(env);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if passes(env) == before {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the operator settles");
+}
+
+/// Scale (issue 31): a change to one node's objects costs a pass over that node. A deleted
+/// mounter and a claim that changed are repaired by passes over their parts only, whose status
+/// is the one a full pass derives; an object no pass rendered (a labelled leftover) and a
+/// change of anything else (a node) still run full passes.
+#[tokio::test]
+async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
+    let nodes = ["node01", "node02", "node03", "node04"];
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &nodes);
+    let controller = Running::start(&env);
+    wait_for_claims(&env, nodes.len()).await;
+    finish_install(&env, nodes.len()).await;
+    settle(&env).await;
+    let cr = |f: &FakeApiServer| f.get::<HostPathProvisioner>(None, CR).unwrap();
+    let settled_status = cr(&env.fake).status.unwrap();
+
+    // One mounter deleted: recreated by passes over its node's part; no full pass.
+    let (full_before, _) = passes_by_scope(&env);
+    let gone = mounter_names(&env.fake).remove(1);
+    env.fake.clear_requests();
+    assert!(
+        env.fake
+            .remove::<k8s_openapi::api::apps::v1::Deployment>(Some(NS), &gone)
+    );
+    tokio::time::timeout(PATIENCE, env.fake.wait_until(|f| mounter_names(f).contains(&gone)))
+        .await
+        .expect("the deleted mounter is repaired");
+    env.mounters_ready();
+    settle(&env).await;
+    let (full_after, changed_after) = passes_by_scope(&env);
+    assert_eq!(full_after, full_before, "no full pass for one node's mounter");
+    assert!(changed_after > 0, "passes over the changed part ran");
+    let writes: Vec<String> = env
+        .fake
+        .write_requests()
+        .iter()
+        .map(|r| format!("{} {}", r.method, r.path))
+        .filter(|w| !w.contains("/events") && !w.contains("/leases/"))
+        .collect();
+    assert!(
+        writes
+            .iter()
+            .all(|w| w.contains(&gone) || w.contains("hostpathprovisioners")),
+        "only the repaired node's mounter and the CR's status are written: {writes:#?}"
+    );
+    let repaired = cr(&env.fake).status.unwrap();
+    assert_eq!(repaired.storage_pool_statuses, settled_status.storage_pool_statuses);
+
+    // A claim that changes phase: its pool's status follows, through a pass over its node.
+    let claim = env
+        .fake
+        .list::<PersistentVolumeClaim>()
+        .into_iter()
+        .find_map(|c| c.metadata.name)
+        .unwrap();
+    assert!(
+        env.fake
+            .set_status::<PersistentVolumeClaim>(Some(NS), &claim, serde_json::json!({ "phase": "Lost" }))
+    );
+    tokio::time::timeout(
+        PATIENCE,
+        env.fake.wait_until(|f| {
+            cr(f).status.is_some_and(|s| {
+                s.storage_pool_statuses
+                    .iter()
+                    .flat_map(|p| &p.claim_statuses)
+                    .any(|c| c.name == claim && c.status.phase.as_deref() == Some("Lost"))
+            })
+        }),
+    )
+    .await
+    .expect("the claim's new phase reaches the CR's status");
+    settle(&env).await;
+    assert_eq!(passes_by_scope(&env).0, full_before, "still no full pass");
+    env.bind_claims();
+    settle(&env).await;
+
+    // A labelled object no step renders: a full pass sweeps it.
+    let mut leftover = k8s_openapi::api::apps::v1::Deployment {
+        metadata: support::meta("hpp-pool-leftover"),
+        ..Default::default()
+    };
+    leftover.metadata.namespace = Some(NS.into());
+    let (key, value) = hpp_reconcile::names::managed_selector()
+        .split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .unwrap();
+    leftover.metadata.labels = Some([(key, value)].into());
+    env.fake.seed(&leftover);
+    tokio::time::timeout(
+        PATIENCE,
+        env.fake.wait_until(|f| {
+            f.get::<k8s_openapi::api::apps::v1::Deployment>(Some(NS), "hpp-pool-leftover")
+                .is_none()
+        }),
+    )
+    .await
+    .expect("the leftover is swept");
+    assert!(
+        passes_by_scope(&env).0 > full_before,
+        "an unknown object runs a full pass"
+    );
+    settle(&env).await;
+    let status_after_parts = cr(&env.fake).status.unwrap();
+    controller.stop().await;
+
+    // Without the controller every pass is a full one; it finds nothing to write: the passes
+    // over parts left the objects and the status a full pass wants.
+    env.fake.clear_requests();
+    env.pass().await.unwrap();
+    let writes: Vec<String> = env
+        .fake
+        .write_requests()
+        .iter()
+        .map(|r| format!("{} {}", r.method, r.path))
+        .filter(|w| !w.contains("/events"))
+        .collect();
+    assert_eq!(writes, Vec::<String>::new());
+    assert_eq!(
+        cr(&env.fake).status.unwrap().storage_pool_statuses,
+        status_after_parts.storage_pool_statuses
+    );
+}

@@ -194,7 +194,7 @@ async fn measure(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (count, seconds) = pass_figures(admin).await?;
+    let (count, seconds, _) = pass_figures(admin).await?;
     row.converge_passes = count;
     row.mean_pass = Duration::from_secs_f64(seconds / count.max(1) as f64);
     println!(
@@ -288,7 +288,7 @@ async fn measure(
         .filter_map(|d| d.metadata.name.clone())
         .find(|n| n.contains("node-0"))
     {
-        let (before, seconds_before) = pass_figures(admin).await?;
+        let (before, seconds_before, full_before) = pass_figures(admin).await?;
         fake.clear_requests();
         let t = Instant::now();
         fake.remove::<Deployment>(Some(NAMESPACE), &name);
@@ -297,12 +297,13 @@ async fn measure(
         }
         let took = t.elapsed();
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let (after, seconds_after) = pass_figures(admin).await?;
+        let (after, seconds_after, full_after) = pass_figures(admin).await?;
         let repair = (took, after.saturating_sub(before), fake.requests().len());
         println!(
-            "repair of one deleted mounter Deployment: {:.0} ms, {} passes of {:.1} ms each on average, {} requests (1 s after)",
+            "repair of one deleted mounter Deployment: {:.0} ms, {} passes ({} of them full) of {:.1} ms each on average, {} requests (1 s after)",
             repair.0.as_secs_f64() * 1000.0,
             repair.1,
+            full_after.saturating_sub(full_before),
             (seconds_after - seconds_before) * 1000.0 / repair.1.max(1) as f64,
             repair.2
         );
@@ -455,7 +456,7 @@ async fn passes(admin: SocketAddr) -> anyhow::Result<u64> {
 }
 
 /// The operator's reconcile pass count and the seconds they took in all.
-async fn pass_figures(admin: SocketAddr) -> anyhow::Result<(u64, f64)> {
+async fn pass_figures(admin: SocketAddr) -> anyhow::Result<(u64, f64, u64)> {
     let body = scrape(admin).await?;
     let sum = |prefix: &str| {
         body.lines()
@@ -466,6 +467,7 @@ async fn pass_figures(admin: SocketAddr) -> anyhow::Result<(u64, f64)> {
     Ok((
         sum("hpp_operator_reconcile_total{") as u64,
         sum("hpp_operator_reconcile_duration_seconds_sum"),
+        sum("hpp_operator_passes_total{scope=\"full\"}") as u64,
     ))
 }
 

@@ -1,7 +1,8 @@
 //! pvcTemplate storage pools: which PVCs, mounter Deployments, overlay StorageClasses and
 //! cleanup Jobs should exist given the nodes, and the deletion sequence that unmounts them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
 
 use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
@@ -331,8 +332,77 @@ fn with_usage(
     status
 }
 
+/// What [`pool_readiness`] reads of the live pool objects: each mounter's node and rollout and
+/// each claim's status, by pool label and object name. Small (no object is kept), so the step
+/// keeps it between passes and a pass over a few nodes updates only their entries.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolLive {
+    /// Mounter Deployments: (pool label, name) -> (node, rollout).
+    mounters: BTreeMap<(String, String), (String, super::rollout::Rollout)>,
+    /// Pool claims: (pool label, name) -> status.
+    claims: BTreeMap<(String, String), PersistentVolumeClaimStatus>,
+}
+
+impl PoolLive {
+    /// What the readiness reads of `live` (objects that are not pool claims or mounters are
+    /// skipped).
+    pub fn of(live: &[DynamicObject]) -> Self {
+        let mut out = PoolLive::default();
+        out.record(live);
+        out
+    }
+
+    /// Records (or replaces) what the readiness reads of each of `live`.
+    pub fn record(&mut self, live: &[DynamicObject]) {
+        for o in live {
+            let Some(label) = label_of(o, c::LABEL_STORAGE_POOL) else {
+                continue;
+            };
+            match o.types.as_ref().map(|t| t.kind.as_str()) {
+                Some("Deployment") => {
+                    let node = o
+                        .annotations()
+                        .get(names::ANNOTATION_POOL_NODE)
+                        .cloned()
+                        .unwrap_or_else(|| o.name_any());
+                    self.mounters
+                        .insert((label, o.name_any()), (node, super::rollout::deployment(o)));
+                }
+                Some("PersistentVolumeClaim") => {
+                    let status: PersistentVolumeClaimStatus = o
+                        .data
+                        .get("status")
+                        .cloned()
+                        .and_then(|s| serde_json::from_value(s).ok())
+                        .unwrap_or_default();
+                    self.claims.insert((label, o.name_any()), status);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Forgets the mounters and per-node claims of `node` (before its part's live objects are
+    /// recorded again: whatever the part holds now is in them).
+    fn forget_node(&mut self, hpp: &HostPathProvisioner, node: &str) {
+        self.mounters.retain(|_, (n, _)| n != node);
+        for pool in hpp.spec.storage_pools.iter().flatten() {
+            let key = (
+                names::pool_label_value(&pool.name),
+                names::pool_node_name(&pool.name, node),
+            );
+            self.claims.remove(&key);
+        }
+    }
+}
+
 /// `storagePoolStatuses` and PVC problems from the live pool objects and the facts.
 pub fn pool_readiness(hpp: &HostPathProvisioner, facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
+    pool_readiness_of(hpp, facts, &PoolLive::of(live))
+}
+
+/// [`pool_readiness`] from what it reads of the live objects.
+pub fn pool_readiness_of(hpp: &HostPathProvisioner, facts: &ClusterFacts, live: &PoolLive) -> Readiness {
     let mut r = Readiness::ready();
     if hpp.spec.path_config.is_some() {
         let status = StoragePoolStatus {
@@ -365,69 +435,53 @@ pub fn pool_readiness(hpp: &HostPathProvisioner, facts: &ClusterFacts, live: &[D
         );
         if pool.pvc_template.is_some() {
             let label = names::pool_label_value(&pool.name);
-            let of_pool = |o: &&DynamicObject| label_of(o, c::LABEL_STORAGE_POOL).as_deref() == Some(label.as_str());
-            let kind = |o: &DynamicObject| o.types.as_ref().map(|t| t.kind.clone()).unwrap_or_default();
-            let deployments: Vec<&DynamicObject> = live
-                .iter()
-                .filter(of_pool)
-                .filter(|o| kind(o) == "Deployment")
+            // By node, as the pass applies them (the parts are the nodes in name order).
+            let mut mounters: Vec<&(String, super::rollout::Rollout)> = live
+                .mounters
+                .range((label.clone(), String::new())..)
+                .take_while(|((l, _), _)| *l == label)
+                .map(|(_, m)| m)
                 .collect();
+            mounters.sort_by(|a, b| a.0.cmp(&b.0));
             // A mounter rolling out is reported like a DaemonSet rollout (Progressing); one that
             // is not ready makes its pool unusable on that node (Degraded, naming pool and node).
             let mut not_mounted: Vec<(String, String)> = Vec::new();
             let mut rolling_out: Vec<String> = Vec::new();
-            for d in &deployments {
-                let node = || {
-                    d.annotations()
-                        .get(names::ANNOTATION_POOL_NODE)
-                        .cloned()
-                        .unwrap_or_else(|| d.name_any())
-                };
-                match super::rollout::deployment(d) {
+            for (node, rollout) in &mounters {
+                match rollout {
                     super::rollout::Rollout::Done => {}
                     super::rollout::Rollout::InProgress(why) => {
-                        not_mounted.push((node(), why.clone()));
-                        rolling_out.push(why);
+                        not_mounted.push((node.clone(), why.clone()));
+                        rolling_out.push(why.clone());
                     }
-                    super::rollout::Rollout::NotReady(why) => not_mounted.push((node(), why)),
+                    super::rollout::Rollout::NotReady(why) => not_mounted.push((node.clone(), why.clone())),
                 }
             }
-            let mounted = deployments.len() - not_mounted.len();
-            status.desired_ready = Some(deployments.len() as i32);
+            let mounted = mounters.len() - not_mounted.len();
+            status.desired_ready = Some(mounters.len() as i32);
             status.current_ready = Some(mounted as i32);
             let mut claims_bound = true;
             let mut claims = 0usize;
-            // By name, whatever order the pass applied them in (a step in parts applies the
-            // claims of nodes that left before the others).
-            let mut pool_claims: Vec<&DynamicObject> = live
-                .iter()
-                .filter(of_pool)
-                .filter(|o| kind(o) == "PersistentVolumeClaim")
-                .collect();
-            pool_claims.sort_by_key(|pvc| pvc.metadata.name.as_deref());
-            for pvc in pool_claims {
-                let pvc_status: PersistentVolumeClaimStatus = pvc
-                    .data
-                    .get("status")
-                    .cloned()
-                    .and_then(|s| serde_json::from_value(s).ok())
-                    .unwrap_or_default();
+            // By name, whatever order the pass applied them in.
+            for ((_, name), pvc_status) in live
+                .claims
+                .range((label.clone(), String::new())..)
+                .take_while(|((l, _), _)| *l == label)
+            {
                 let phase = pvc_status.phase.clone().unwrap_or_else(|| "Pending".into());
                 claims += 1;
                 if phase != "Bound" {
                     claims_bound = false;
-                    r.pools_not_ready.push(format!(
-                        "error: Pool PVC {} is {phase} instead of Bound",
-                        pvc.name_any()
-                    ));
+                    r.pools_not_ready
+                        .push(format!("error: Pool PVC {name} is {phase} instead of Bound"));
                 }
                 status.claim_statuses.push(ClaimStatus {
-                    name: pvc.name_any(),
-                    status: pvc_status,
+                    name: name.clone(),
+                    status: pvc_status.clone(),
                 });
             }
             let prepared = claims_bound && claims > 0;
-            status.phase = Some(pool_phase(prepared, mounted, deployments.len()).into());
+            status.phase = Some(pool_phase(prepared, mounted, mounters.len()).into());
             if prepared {
                 let rolling = !rolling_out.is_empty();
                 r.workloads_rolling_out.extend(rolling_out);
@@ -490,8 +544,12 @@ fn mounters_not_ready(pool: &str, not_mounted: &[(String, String)]) -> Option<St
     ))
 }
 
-/// Sub-reconciler for pvcTemplate pools.
-pub struct StoragePools;
+/// Sub-reconciler for pvcTemplate pools. Keeps what its readiness read of the live objects
+/// ([`PoolLive`]) for a pass over a few nodes ([`SubReconciler::readiness_of_parts`]).
+#[derive(Debug, Default)]
+pub struct StoragePools {
+    live: Mutex<PoolLive>,
+}
 
 #[async_trait]
 impl SubReconciler for StoragePools {
@@ -562,7 +620,29 @@ impl SubReconciler for StoragePools {
     }
 
     fn readiness(&self, hpp: &HostPathProvisioner, facts: &ClusterFacts, live: &[DynamicObject]) -> Readiness {
-        pool_readiness(hpp, facts, live)
+        let live = PoolLive::of(live);
+        let r = pool_readiness_of(hpp, facts, &live);
+        if let Ok(mut kept) = self.live.lock() {
+            *kept = live;
+        }
+        r
+    }
+
+    /// The node parts' mounters and claims replace what was kept of them; the rest is as the
+    /// previous pass left it.
+    fn readiness_of_parts(
+        &self,
+        hpp: &HostPathProvisioner,
+        facts: &ClusterFacts,
+        applied: &[String],
+        live: &[DynamicObject],
+    ) -> Option<Readiness> {
+        let mut kept = self.live.lock().ok()?;
+        for part in applied.iter().filter(|p| p.as_str() != CLUSTER_PART) {
+            kept.forget_node(hpp, part);
+        }
+        kept.record(live);
+        Some(pool_readiness_of(hpp, facts, &kept))
     }
 
     /// Unmount on every Ready node first (Jobs), then delete Jobs, PVCs and overlay classes.
