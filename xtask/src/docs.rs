@@ -295,6 +295,7 @@ fn exercised_registry(which: &str) -> anyhow::Result<Registry> {
         "hpp-operator" => {
             let m = hpp_reconcile::metrics::Metrics::register(&mut registry);
             m.observe(0.01, Some("conflict"));
+            m.observe_scope(hpp_reconcile::metrics::SCOPE_FULL);
             m.set_unknown_pool_classes(&["hostpath-csi".to_owned()]);
             m.node_loss_claim_released("hostpath-csi");
             let node = hpp_reconcile::Kind::of::<k8s_openapi::api::core::v1::Node>();

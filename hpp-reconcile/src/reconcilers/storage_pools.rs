@@ -2,7 +2,7 @@
 //! cleanup Jobs should exist given the nodes, and the deletion sequence that unmounts them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use hpp_api::HostPathProvisioner;
@@ -245,10 +245,6 @@ fn cleanup_jobs(
     Ok(out)
 }
 
-fn label_of(o: &DynamicObject, key: &str) -> Option<String> {
-    o.labels().get(key).cloned()
-}
-
 /// Phase of a pvcTemplate pool from facts: `Preparing` while it has no claim or a claim is not
 /// Bound,
 /// `Mounting` while a mounter Deployment is not rolled out and available (or none exists yet),
@@ -332,15 +328,18 @@ fn with_usage(
     status
 }
 
-/// What [`pool_readiness`] reads of the live pool objects: each mounter's node and rollout and
-/// each claim's status, by pool label and object name. Small (no object is kept), so the step
-/// keeps it between passes and a pass over a few nodes updates only their entries.
+/// What [`pool_readiness`] reads of the live pool objects: each mounter's rollout and each
+/// claim's status, by pool label. Small, so the step keeps it between passes and a pass over a
+/// few nodes updates only their entries: labels and claim statuses are shared texts (a
+/// thousand Bound claims of one size hold one copy of their status), about 150 bytes a node.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PoolLive {
-    /// Mounter Deployments: (pool label, name) -> (node, rollout).
-    mounters: BTreeMap<(String, String), (String, super::rollout::Rollout)>,
-    /// Pool claims: (pool label, name) -> status.
-    claims: BTreeMap<(String, String), PersistentVolumeClaimStatus>,
+    /// Mounter Deployments: (pool label, node) -> rollout.
+    mounters: BTreeMap<(Arc<str>, String), super::rollout::Rollout>,
+    /// Pool claims: (pool label, name) -> `status` as JSON.
+    claims: BTreeMap<(Arc<str>, String), Arc<str>>,
+    /// The distinct labels and status texts held.
+    texts: std::collections::HashSet<Arc<str>>,
 }
 
 impl PoolLive {
@@ -352,10 +351,19 @@ impl PoolLive {
         out
     }
 
+    fn shared(&mut self, text: &str) -> Arc<str> {
+        if let Some(held) = self.texts.get(text) {
+            return held.clone();
+        }
+        let held: Arc<str> = Arc::from(text);
+        self.texts.insert(held.clone());
+        held
+    }
+
     /// Records (or replaces) what the readiness reads of each of `live`.
     pub fn record(&mut self, live: &[DynamicObject]) {
         for o in live {
-            let Some(label) = label_of(o, c::LABEL_STORAGE_POOL) else {
+            let Some(label) = o.labels().get(c::LABEL_STORAGE_POOL) else {
                 continue;
             };
             match o.types.as_ref().map(|t| t.kind.as_str()) {
@@ -365,34 +373,47 @@ impl PoolLive {
                         .get(names::ANNOTATION_POOL_NODE)
                         .cloned()
                         .unwrap_or_else(|| o.name_any());
-                    self.mounters
-                        .insert((label, o.name_any()), (node, super::rollout::deployment(o)));
+                    let label = self.shared(label);
+                    self.mounters.insert((label, node), super::rollout::deployment(o));
                 }
                 Some("PersistentVolumeClaim") => {
-                    let status: PersistentVolumeClaimStatus = o
-                        .data
-                        .get("status")
-                        .cloned()
-                        .and_then(|s| serde_json::from_value(s).ok())
-                        .unwrap_or_default();
+                    let status = o.data.get("status").map(|s| s.to_string()).unwrap_or_default();
+                    let (label, status) = (self.shared(label), self.shared(&status));
                     self.claims.insert((label, o.name_any()), status);
                 }
                 _ => {}
             }
+        }
+        // Texts nothing holds any more (a claim's old status) go once there are a few hundred.
+        if self.texts.len() > 256 {
+            self.texts.retain(|t| Arc::strong_count(t) > 1);
         }
     }
 
     /// Forgets the mounters and per-node claims of `node` (before its part's live objects are
     /// recorded again: whatever the part holds now is in them).
     fn forget_node(&mut self, hpp: &HostPathProvisioner, node: &str) {
-        self.mounters.retain(|_, (n, _)| n != node);
+        self.mounters.retain(|(_, n), _| n != node);
         for pool in hpp.spec.storage_pools.iter().flatten() {
-            let key = (
-                names::pool_label_value(&pool.name),
-                names::pool_node_name(&pool.name, node),
-            );
-            self.claims.remove(&key);
+            let label: Arc<str> = Arc::from(names::pool_label_value(&pool.name));
+            self.claims.remove(&(label, names::pool_node_name(&pool.name, node)));
         }
+    }
+
+    /// The mounters of the pool labelled `label`, by node.
+    fn mounters_of<'a>(&'a self, label: &'a str) -> impl Iterator<Item = (&'a String, &'a super::rollout::Rollout)> {
+        self.mounters
+            .range((Arc::from(label), String::new())..)
+            .take_while(move |((l, _), _)| &**l == label)
+            .map(|((_, node), rollout)| (node, rollout))
+    }
+
+    /// The claims of the pool labelled `label`, by name, with their status.
+    fn claims_of<'a>(&'a self, label: &'a str) -> impl Iterator<Item = (&'a String, PersistentVolumeClaimStatus)> {
+        self.claims
+            .range((Arc::from(label), String::new())..)
+            .take_while(move |((l, _), _)| &**l == label)
+            .map(|((_, name), status)| (name, serde_json::from_str(status).unwrap_or_default()))
     }
 }
 
@@ -436,13 +457,7 @@ pub fn pool_readiness_of(hpp: &HostPathProvisioner, facts: &ClusterFacts, live: 
         if pool.pvc_template.is_some() {
             let label = names::pool_label_value(&pool.name);
             // By node, as the pass applies them (the parts are the nodes in name order).
-            let mut mounters: Vec<&(String, super::rollout::Rollout)> = live
-                .mounters
-                .range((label.clone(), String::new())..)
-                .take_while(|((l, _), _)| *l == label)
-                .map(|(_, m)| m)
-                .collect();
-            mounters.sort_by(|a, b| a.0.cmp(&b.0));
+            let mounters: Vec<(&String, &super::rollout::Rollout)> = live.mounters_of(&label).collect();
             // A mounter rolling out is reported like a DaemonSet rollout (Progressing); one that
             // is not ready makes its pool unusable on that node (Degraded, naming pool and node).
             let mut not_mounted: Vec<(String, String)> = Vec::new();
@@ -451,10 +466,10 @@ pub fn pool_readiness_of(hpp: &HostPathProvisioner, facts: &ClusterFacts, live: 
                 match rollout {
                     super::rollout::Rollout::Done => {}
                     super::rollout::Rollout::InProgress(why) => {
-                        not_mounted.push((node.clone(), why.clone()));
+                        not_mounted.push(((*node).clone(), why.clone()));
                         rolling_out.push(why.clone());
                     }
-                    super::rollout::Rollout::NotReady(why) => not_mounted.push((node.clone(), why.clone())),
+                    super::rollout::Rollout::NotReady(why) => not_mounted.push(((*node).clone(), why.clone())),
                 }
             }
             let mounted = mounters.len() - not_mounted.len();
@@ -463,11 +478,7 @@ pub fn pool_readiness_of(hpp: &HostPathProvisioner, facts: &ClusterFacts, live: 
             let mut claims_bound = true;
             let mut claims = 0usize;
             // By name, whatever order the pass applied them in.
-            for ((_, name), pvc_status) in live
-                .claims
-                .range((label.clone(), String::new())..)
-                .take_while(|((l, _), _)| *l == label)
-            {
+            for (name, pvc_status) in live.claims_of(&label) {
                 let phase = pvc_status.phase.clone().unwrap_or_else(|| "Pending".into());
                 claims += 1;
                 if phase != "Bound" {
@@ -477,7 +488,7 @@ pub fn pool_readiness_of(hpp: &HostPathProvisioner, facts: &ClusterFacts, live: 
                 }
                 status.claim_statuses.push(ClaimStatus {
                     name: name.clone(),
-                    status: pvc_status.clone(),
+                    status: pvc_status,
                 });
             }
             let prepared = claims_bound && claims > 0;
