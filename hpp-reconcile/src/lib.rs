@@ -13,6 +13,9 @@
 //! - [`SubReconciler::act`]: a step's changes to objects it does not own (decided purely, then
 //!   done), and [`WatchIndex`] ([`SubReconciler::indexes`]): an index a step keeps over watched
 //!   objects, fed per watch event, so a pass stays O(changes) on large clusters.
+//! - [`SubReconciler::parts`] and [`SubReconciler::readiness_of_parts`]: a step whose objects
+//!   grow with the cluster (one set per node) renders in parts, and a change to one part's
+//!   objects costs a pass over that part (the controller records what its watches saw change).
 //! - [`Pipeline`]: the ordered steps of a distribution; applies them, sweeps labelled leftovers,
 //!   cleans up in reverse order on deletion. Its edits name steps by the [`names`] `STEP_*`
 //!   constants and fail with a [`PipelineError`] on a missing step or a second step of a name.
