@@ -328,18 +328,7 @@ async fn a_quiet_cluster_runs_no_passes_and_discovery_is_remembered() {
         .collect();
     assert_eq!(claim_reads, Vec::<String>::new());
     finish_install(&env, 3).await;
-    // Settled: no pass for half a second.
-    tokio::time::timeout(PATIENCE, async {
-        loop {
-            let before = passes(&env);
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            if passes(&env) == before {
-                return;
-            }
-        }
-    })
-    .await
-    .expect("the operator settles");
+    settle(&env).await;
 
     let before = passes(&env);
     env.fake.clear_requests();
@@ -353,7 +342,16 @@ async fn a_quiet_cluster_runs_no_passes_and_discovery_is_remembered() {
     assert_eq!(passes(&env), before, "heartbeats are not a change");
     assert!(env.fake.requests().is_empty(), "{:#?}", env.fake.requests());
 
-    let gone = mounter_names(&env.fake).remove(0);
+    delete_mounter_and_wait(&env, 0).await;
+    assert!(passes(&env) > before, "the deletion ran a pass");
+    assert_eq!(discovery_requests(&env.fake), 0, "{:#?}", env.fake.requests());
+    controller.stop().await;
+}
+
+/// Deletes a mounter Deployment (the `nth` by name) and waits until the operator recreated
+/// it; returns its name.
+async fn delete_mounter_and_wait(env: &support::Env, nth: usize) -> String {
+    let gone = mounter_names(&env.fake).remove(nth);
     assert!(
         env.fake
             .remove::<k8s_openapi::api::apps::v1::Deployment>(Some(NS), &gone)
@@ -361,9 +359,7 @@ async fn a_quiet_cluster_runs_no_passes_and_discovery_is_remembered() {
     tokio::time::timeout(PATIENCE, env.fake.wait_until(|f| mounter_names(f).contains(&gone)))
         .await
         .expect("the deleted mounter is repaired");
-    assert!(passes(&env) > before, "the deletion ran a pass");
-    assert_eq!(discovery_requests(&env.fake), 0, "{:#?}", env.fake.requests());
-    controller.stop().await;
+    gone
 }
 
 /// Passes so far by scope (`hpp_operator_passes_total{scope}`): (full, changed parts).
@@ -405,15 +401,8 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
 
     // One mounter deleted: recreated by passes over its node's part; no full pass.
     let (full_before, _) = passes_by_scope(&env);
-    let gone = mounter_names(&env.fake).remove(1);
     env.fake.clear_requests();
-    assert!(
-        env.fake
-            .remove::<k8s_openapi::api::apps::v1::Deployment>(Some(NS), &gone)
-    );
-    tokio::time::timeout(PATIENCE, env.fake.wait_until(|f| mounter_names(f).contains(&gone)))
-        .await
-        .expect("the deleted mounter is repaired");
+    let gone = delete_mounter_and_wait(&env, 1).await;
     env.mounters_ready();
     settle(&env).await;
     let (full_after, changed_after) = passes_by_scope(&env);
