@@ -28,7 +28,7 @@ use anyhow::Context as _;
 use hpp_api::HostPathProvisioner;
 use hpp_testkit::FakeApiServer;
 
-use crate::bench_proc::{mib, print_smaps};
+use crate::bench_proc::{ProcStatus, mib, print_smaps, threads_cpu_time};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -225,7 +225,7 @@ async fn measure(
     let sampling = Instant::now();
     let mut beat = 0usize;
     while sampling.elapsed() < window {
-        samples.push(Status::read(pid)?);
+        samples.push(ProcStatus::of(pid).with_context(|| format!("the operator (pid {pid}) exited"))?);
         // Spread the heartbeats evenly: every node once per HEARTBEAT.
         let due = ((sampling.elapsed().as_secs_f64() / HEARTBEAT.as_secs_f64()) * nodes as f64) as usize;
         while beat < due {
@@ -248,10 +248,10 @@ async fn measure(
             row.quiet_reads += 1;
         }
     }
-    let last = Status::read(pid)?;
-    row.rss_kib = samples.iter().map(|s| s.rss).max().unwrap_or(last.rss);
-    row.hwm_kib = last.hwm;
-    row.anon_kib = last.anon;
+    let last = ProcStatus::of(pid).with_context(|| format!("the operator (pid {pid}) exited"))?;
+    row.rss_kib = samples.iter().map(|s| s.rss_kib).max().unwrap_or(last.rss_kib);
+    row.hwm_kib = last.hwm_kib;
+    row.anon_kib = last.anon_kib;
     println!(
         "quiet {}s ({} node heartbeats): {} passes; requests: {} discovery, {} other reads, {} writes",
         window.as_secs(),
@@ -278,9 +278,9 @@ async fn measure(
     println!(
         "  VmRSS max {}  RssAnon {}  RssFile {}  VmHWM {}  Threads {}",
         mib(row.rss_kib),
-        mib(last.anon),
-        mib(last.file),
-        mib(last.hwm),
+        mib(last.anon_kib),
+        mib(last.file_kib),
+        mib(last.hwm_kib),
         last.threads
     );
 
@@ -292,11 +292,11 @@ async fn measure(
         .find(|n| n.contains("node-0"))
     {
         // The CPU a second of heartbeats costs without a pass, to tell the passes' own share.
-        let idle_start = cpu_time(pid);
+        let idle_start = threads_cpu_time(pid);
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let idle = cpu_time(pid).saturating_sub(idle_start);
+        let idle = threads_cpu_time(pid).saturating_sub(idle_start);
         let (before, seconds_before, full_before) = pass_figures(admin).await?;
-        let cpu_before = cpu_time(pid);
+        let cpu_before = threads_cpu_time(pid);
         let window = Instant::now();
         fake.clear_requests();
         let t = Instant::now();
@@ -307,7 +307,7 @@ async fn measure(
         let took = t.elapsed();
         tokio::time::sleep(Duration::from_secs(1)).await;
         let (after, seconds_after, full_after) = pass_figures(admin).await?;
-        let spent = cpu_time(pid).saturating_sub(cpu_before);
+        let spent = threads_cpu_time(pid).saturating_sub(cpu_before);
         row.repair_cpu = spent.saturating_sub(idle.mul_f64(window.elapsed().as_secs_f64()));
         let repair = (took, after.saturating_sub(before), fake.requests().len());
         println!(
@@ -498,20 +498,6 @@ async fn pass_figures(admin: SocketAddr) -> anyhow::Result<(u64, f64, u64)> {
         sum("hpp_operator_reconcile_duration_seconds_sum"),
         sum("hpp_operator_passes_total{scope=\"full\"}") as u64,
     ))
-}
-
-/// CPU time `pid` has run so far, all its threads (`/proc/<pid>/task/*/schedstat`, in
-/// nanoseconds: finer than the 10 ms ticks of `stat`); zero when it cannot be read.
-fn cpu_time(pid: u32) -> Duration {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Duration::ZERO;
-    };
-    let ns: u64 = tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
-    Duration::from_nanos(ns)
 }
 
 /// The operator's metrics, as its admin port serves them.
@@ -865,35 +851,5 @@ impl Drop for OperatorProcess {
         }
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-/// The `/proc/PID/status` figures, in KiB.
-#[derive(Debug, Default)]
-struct Status {
-    rss: u64,
-    anon: u64,
-    file: u64,
-    hwm: u64,
-    threads: u64,
-}
-
-impl Status {
-    fn read(pid: u32) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .with_context(|| format!("the operator (pid {pid}) exited"))?;
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                .unwrap_or(0)
-        };
-        Ok(Self {
-            rss: field("VmRSS"),
-            anon: field("RssAnon"),
-            file: field("RssFile"),
-            hwm: field("VmHWM"),
-            threads: field("Threads"),
-        })
     }
 }

@@ -20,6 +20,7 @@ use crate::pool::lane::{Reply, blocking_replying};
 use crate::pool::lane::{blocking, blocking_locked};
 use crate::pool::validate::check_id;
 use crate::pool::{Pool, PoolHealth};
+use crate::service::listing;
 use crate::service::pagination::{self, pool_key};
 use crate::service::state::DriverState;
 
@@ -432,12 +433,23 @@ impl ControllerService {
         let state = self.state.clone();
         // The sorted view of every pool, reused by the next pages while no pool changed
         // (`listing`); entries are built for the requested page alone.
-        let (all, health) = blocking(move || {
+        let (all, built, health) = blocking(move || {
             let mounts = state.mount_table().unwrap_or_default();
             let health: Vec<PoolHealth> = state.pools.iter().map(|p| p.health(&mounts)).collect();
-            Ok((state.listings.current(&state.pools), health))
+            let (view, built) = state.listings.current(&state.pools);
+            Ok((view, built, health))
         })
         .await?;
+        if built {
+            // A walk that stops before its last page leaves the view to this timer.
+            let state = self.state.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(listing::MAX_AGE).await;
+                if state.listings.expire() {
+                    hpp_sys::malloc::release_free_memory();
+                }
+            });
+        }
         let pools = &self.state.pools;
         let page = pagination::page_of(
             all.slots(),
@@ -464,6 +476,11 @@ impl ControllerService {
                 }),
             })
             .collect();
+        // The walk is over: the view goes now, not at the next walk (at 100,000 volumes it
+        // is a few MiB, and glibc keeps freed pages until asked).
+        if page.next_token.is_empty() && self.state.listings.finished(all) {
+            hpp_sys::malloc::release_free_memory();
+        }
         Ok(csi::ListVolumesResponse {
             entries,
             next_token: page.next_token,
