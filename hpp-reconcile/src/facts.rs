@@ -118,12 +118,14 @@ impl PartialEq for FactMap {
     }
 }
 
-/// A Bound PersistentVolume of the hpp CSI driver, for the pool status's `committed`.
+/// Bound PersistentVolumes of the hpp CSI driver with one `storagePool` volume attribute, for
+/// the pool status's `committed`. Gathered facts hold one per pool (the PVs' capacities
+/// summed); hand-built facts may hold one per PV: readers sum them either way.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VolumeFact {
-    /// Its `storagePool` volume attribute (`None`: absent, the driver's default pool).
+    /// The `storagePool` volume attribute (`None`: absent, the driver's default pool).
     pub pool: Option<String>,
-    /// Its capacity in bytes.
+    /// Their capacity in bytes.
     pub bytes: u64,
 }
 
@@ -169,7 +171,7 @@ pub struct ClusterFacts {
     pub claims: Vec<ClaimFact>,
     /// Names of the other HostPathProvisioner objects (a second one is reported, not served).
     pub other_provisioners: Vec<String>,
-    /// Bound PersistentVolumes of the hpp CSI driver.
+    /// Bound PersistentVolumes of the hpp CSI driver, summed per pool (see [`VolumeFact`]).
     pub volumes: Vec<VolumeFact>,
     /// StorageClasses of the hpp CSI driver.
     pub classes: Vec<ClassFact>,

@@ -33,7 +33,7 @@ use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Taint};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_json::json;
@@ -106,6 +106,8 @@ struct Row {
     /// CPU time the operator spent from the deletion to 1 s after the repair, less what the
     /// same time costs it without a pass (node heartbeats).
     repair_cpu: Duration,
+    /// One node lost while the cluster holds `--operator-pvs` PVs (see [`node_loss`]).
+    node_loss: Option<NodeLossFigures>,
     /// JSON bytes in the operator's watch caches (its `hpp_operator_cache_bytes`).
     cache_bytes: f64,
     rss_kib: u64,
@@ -135,6 +137,9 @@ async fn measure(
     print_where: bool,
 ) -> anyhow::Result<Row> {
     let fake = seeded_fake(nodes)?;
+    if args.operator_pvs > 0 {
+        fake.seed(&recreate_class()?);
+    }
     for i in 0..args.operator_pvs {
         fake.seed(&bound_volume(i, nodes)?);
     }
@@ -327,12 +332,111 @@ async fn measure(
         );
         row.repair = Some(repair);
     }
+    if args.operator_pvs > 0 {
+        row.node_loss = Some(node_loss(&fake, admin, pid, nodes, args.operator_pvs).await?);
+    }
     if print_where {
         print_smaps(pid, bin)?;
     }
     drop(child);
     server.abort();
     Ok(row)
+}
+
+/// What noticing one lost node cost the operator.
+#[derive(Debug, Clone, Copy, Default)]
+struct NodeLossFigures {
+    /// From the taint to the node in `status.nodeLoss`.
+    seen_after: Duration,
+    passes: u64,
+    full_passes: u64,
+    requests: usize,
+    /// CPU from the taint to 1 s after the status, less what the same time costs idle.
+    cpu: Duration,
+}
+
+/// Taints node-0 out-of-service while the cluster holds `pvs` PVs of a `Recreate` class
+/// spread over the nodes, and waits until the CR's `status.nodeLoss` lists it (the grace
+/// period is an hour: nothing is released). The node-loss step asks its PV index for the PVs
+/// of lost nodes only, so what this costs should not grow with the PVs of the other nodes:
+/// compare runs with `--operator-pvs 1000` and `10000`.
+async fn node_loss(
+    fake: &FakeApiServer,
+    admin: SocketAddr,
+    pid: u32,
+    nodes: usize,
+    pvs: usize,
+) -> anyhow::Result<NodeLossFigures> {
+    let idle_start = threads_cpu_time(pid);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = threads_cpu_time(pid).saturating_sub(idle_start);
+    let (before, _, full_before) = pass_figures(admin).await?;
+    let cpu_before = threads_cpu_time(pid);
+    fake.clear_requests();
+    let t = Instant::now();
+    let mut node = fake.get::<Node>(None, "node-0").context("node-0 is gone")?;
+    node.spec
+        .get_or_insert_default()
+        .taints
+        .get_or_insert_default()
+        .push(Taint {
+            key: hpp_api::constants::TAINT_OUT_OF_SERVICE.into(),
+            effect: "NoExecute".into(),
+            value: Some("nodeshutdown".into()),
+            ..Default::default()
+        });
+    fake.seed(&node);
+    let listed = |fake: &FakeApiServer| {
+        fake.list::<HostPathProvisioner>().iter().any(|cr| {
+            cr.status
+                .as_ref()
+                .and_then(|s| s.node_loss.as_ref())
+                .is_some_and(|l| l.lost_nodes.iter().any(|n| n.name == "node-0"))
+        })
+    };
+    while !listed(fake) {
+        anyhow::ensure!(
+            t.elapsed() < RECONCILE_TIMEOUT,
+            "node-0 was not in status.nodeLoss after {}s",
+            RECONCILE_TIMEOUT.as_secs()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let seen_after = t.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (after, _, full_after) = pass_figures(admin).await?;
+    let spent = threads_cpu_time(pid).saturating_sub(cpu_before);
+    let figures = NodeLossFigures {
+        seen_after,
+        passes: after.saturating_sub(before),
+        full_passes: full_after.saturating_sub(full_before),
+        requests: fake.requests().len(),
+        cpu: spent.saturating_sub(idle.mul_f64(t.elapsed().as_secs_f64())),
+    };
+    println!(
+        "node-0 lost (out-of-service taint; {} of {pvs} PVs on it): in status.nodeLoss after {:.0} ms, {} passes ({} full), \
+         {} requests, operator CPU beyond idle {:.1} ms (1 s after)",
+        pvs.div_ceil(nodes.max(1)),
+        seen_after.as_secs_f64() * 1000.0,
+        figures.passes,
+        figures.full_passes,
+        figures.requests,
+        figures.cpu.as_secs_f64() * 1000.0
+    );
+    Ok(figures)
+}
+
+/// The StorageClass of [`bound_volume`]'s PVs, with `nodeLossPolicy: Recreate` and an hour's
+/// grace period.
+fn recreate_class() -> anyhow::Result<k8s_openapi::api::storage::v1::StorageClass> {
+    use hpp_api::constants as c;
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": "hostpath-csi"},
+        "provisioner": c::DRIVER_NAME,
+        "parameters": {"storagePool": "local", (c::PARAM_NODE_LOSS_POLICY): "Recreate", (c::PARAM_NODE_LOSS_GRACE_PERIOD): "1h"},
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "WaitForFirstConsumer",
+    }))?)
 }
 
 /// Prints each figure at the first and last size with its growth, and memory per node.
@@ -351,7 +455,7 @@ fn print_growth(rows: &[Row]) {
     );
     let ratio = |x: f64, y: f64| if x > 0.0 { format!("{:.2}x", y / x) } else { "-".into() };
     let secs = |d: Option<Duration>| d.map_or(0.0, |d| d.as_secs_f64());
-    let lines: Vec<(&str, f64, f64, String)> = vec![
+    let mut lines: Vec<(&str, f64, f64, String)> = vec![
         (
             "per-node objects written (s)",
             secs(a.objects_after),
@@ -425,6 +529,31 @@ fn print_growth(rows: &[Row]) {
             String::new(),
         ),
     ];
+    if let (Some(x), Some(y)) = (a.node_loss, b.node_loss) {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        lines.extend([
+            (
+                "node loss: in status after (ms)",
+                ms(x.seen_after),
+                ms(y.seen_after),
+                String::new(),
+            ),
+            ("node loss: passes", x.passes as f64, y.passes as f64, String::new()),
+            (
+                "node loss: full passes",
+                x.full_passes as f64,
+                y.full_passes as f64,
+                String::new(),
+            ),
+            (
+                "node loss: requests",
+                x.requests as f64,
+                y.requests as f64,
+                String::new(),
+            ),
+            ("node loss: operator CPU (ms)", ms(x.cpu), ms(y.cpu), String::new()),
+        ]);
+    }
     println!("{:<42} {:>10} {:>10} {:>8}", "figure", a.nodes, b.nodes, "growth");
     for (name, x, y, _) in lines {
         println!("{name:<42} {x:>10.2} {y:>10.2} {:>8}", ratio(x, y));
