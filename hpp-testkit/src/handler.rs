@@ -305,22 +305,23 @@ fn list(state: &State, kind: &KindInfo, ns: Option<&str>, query: &BTreeMap<Strin
             Some((ns, name)) => (ns.to_string(), name.to_string()),
             None => (String::new(), c.clone()),
         });
+    // Only the page's objects are copied: a paged list of 10,000 objects copied every
+    // object after each page too (quadratic in the list).
     let mut items = state
         .objects_of(&kind.ar.group, &kind.ar.plural, ns)
         .filter(|(k, _)| {
             after
                 .as_ref()
-                .is_none_or(|a| (k.namespace.clone(), k.name.clone()) > *a)
+                .is_none_or(|(ns, name)| (k.namespace.as_str(), k.name.as_str()) > (ns.as_str(), name.as_str()))
         })
-        .filter(|(_, o)| labels.matches(o) && fields.matches(o))
-        .map(|(k, o)| (k.clone(), present(kind, o)));
+        .filter(|(_, o)| labels.matches(o) && fields.matches(o));
     let limit = query
         .get("limit")
         .and_then(|l| l.parse::<usize>().ok())
         .filter(|l| *l > 0);
     let mut page: Vec<_> = match limit {
-        Some(limit) => items.by_ref().take(limit).collect(),
-        None => items.by_ref().collect(),
+        Some(limit) => items.by_ref().take(limit).map(|(k, o)| (k.clone(), present(kind, o))).collect(),
+        None => items.by_ref().map(|(k, o)| (k.clone(), present(kind, o))).collect(),
     };
     let remaining = items.count();
     let mut metadata = json!({"resourceVersion": state.rv.to_string()});

@@ -378,7 +378,15 @@ impl State {
         plural: &'a str,
         namespace: Option<&'a str>,
     ) -> impl Iterator<Item = (&'a ObjKey, &'a Value)> + 'a {
-        self.objects.iter().filter(move |(k, _)| {
+        // Keys sort by group, plural, namespace, name: the kind's objects (in one namespace)
+        // are one range, found without scanning every other kind's.
+        let start = ObjKey {
+            group: group.to_owned(),
+            plural: plural.to_owned(),
+            namespace: namespace.unwrap_or_default().to_owned(),
+            name: String::new(),
+        };
+        self.objects.range(start..).take_while(move |(k, _)| {
             k.group == group && k.plural == plural && namespace.is_none_or(|ns| k.namespace == ns)
         })
     }
