@@ -320,7 +320,11 @@ fn list(state: &State, kind: &KindInfo, ns: Option<&str>, query: &BTreeMap<Strin
         .and_then(|l| l.parse::<usize>().ok())
         .filter(|l| *l > 0);
     let mut page: Vec<_> = match limit {
-        Some(limit) => items.by_ref().take(limit).map(|(k, o)| (k.clone(), present(kind, o))).collect(),
+        Some(limit) => items
+            .by_ref()
+            .take(limit)
+            .map(|(k, o)| (k.clone(), present(kind, o)))
+            .collect(),
         None => items.by_ref().map(|(k, o)| (k.clone(), present(kind, o))).collect(),
     };
     let remaining = items.count();

@@ -445,7 +445,7 @@ impl ControllerService {
             let state = self.state.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(listing::MAX_AGE).await;
-                if state.listings.expire() {
+                if state.listings.expire() >= listing::RELEASE_AFTER_BYTES {
                     hpp_sys::malloc::release_free_memory();
                 }
             });
@@ -478,7 +478,7 @@ impl ControllerService {
             .collect();
         // The walk is over: the view goes now, not at the next walk (at 100,000 volumes it
         // is a few MiB, and glibc keeps freed pages until asked).
-        if page.next_token.is_empty() && self.state.listings.finished(all) {
+        if page.next_token.is_empty() && self.state.listings.finished(all) >= listing::RELEASE_AFTER_BYTES {
             hpp_sys::malloc::release_free_memory();
         }
         Ok(csi::ListVolumesResponse {

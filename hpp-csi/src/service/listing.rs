@@ -16,6 +16,12 @@ use crate::pool::{DirStamp, Pool};
 /// The longest a view is reused.
 pub const MAX_AGE: Duration = Duration::from_secs(5);
 
+/// A freed view at least this large is worth asking the allocator to hand pages back for
+/// (about 8,000 volumes, whose listing left twice that in freed buffers); a smaller one's
+/// room is reused by the next requests, and the executables release memory every few seconds
+/// anyway.
+pub const RELEASE_AFTER_BYTES: usize = 256 * 1024;
+
 /// Every volume of the pools, sorted by `(id, pool name)`. The ids are kept in one buffer and
 /// each volume is 16 bytes besides its id: at 100,000 volumes the view is about a third of the
 /// size of one `String` per id, and it is held while a CO walks the pages.
@@ -57,6 +63,11 @@ impl View {
     /// The id of a volume of this view.
     pub fn id(&self, slot: &Slot) -> &str {
         id_in(&self.ids, slot)
+    }
+
+    /// The heap bytes the view holds.
+    pub fn bytes(&self) -> usize {
+        self.ids.capacity() + self.slots.capacity() * std::mem::size_of::<Slot>()
     }
 
     /// Forgets the volumes from the `len`th on (their ids too).
@@ -141,26 +152,28 @@ impl Listings {
 
     /// Forgets `view` (if it is still the last one): its last page was served, and the walk
     /// that follows starts with a fresh listing anyway. A walk still going on elsewhere keeps
-    /// its own handle and lists again for its next page. Returns whether the view was freed
-    /// here (no other walk held it).
-    pub fn finished(&self, view: Arc<View>) -> bool {
+    /// its own handle and lists again for its next page. Returns the bytes freed here: the
+    /// view's, or 0 when another walk still holds it.
+    pub fn finished(&self, view: Arc<View>) -> usize {
         let mut memo = self.memo.lock().unwrap_or_else(PoisonError::into_inner);
         if memo.as_ref().is_some_and(|m| Arc::ptr_eq(&m.view, &view)) {
             *memo = None;
         }
         drop(memo);
-        Arc::into_inner(view).is_some()
+        Arc::into_inner(view).map_or(0, |v| v.bytes())
     }
 
     /// Forgets the last view once it is too old to be reused ([`MAX_AGE`]), for the walks
-    /// that stop before their last page. Returns whether one was forgotten.
-    pub fn expire(&self) -> bool {
+    /// that stop before their last page. Returns the bytes freed (0 when nothing was
+    /// forgotten, or a walk still holds the view).
+    pub fn expire(&self) -> usize {
         let mut memo = self.memo.lock().unwrap_or_else(PoisonError::into_inner);
-        let stale = memo.as_ref().is_some_and(|m| m.built.elapsed() >= MAX_AGE);
-        if stale {
-            *memo = None;
+        if !memo.as_ref().is_some_and(|m| m.built.elapsed() >= MAX_AGE) {
+            return 0;
         }
-        stale
+        let view = memo.take().map(|m| m.view);
+        drop(memo);
+        view.and_then(Arc::into_inner).map_or(0, |v| v.bytes())
     }
 
     /// Whether a view is held (for tests).
@@ -350,18 +363,20 @@ mod tests {
         let listings = Listings::default();
         let walk = listings.current(&pools).0;
         let other_walk = listings.current(&pools).0;
-        assert!(!listings.finished(walk), "another walk still holds the view");
+        let size = walk.bytes();
+        assert_eq!(size, 4 + 2 * std::mem::size_of::<Slot>(), "ids v1 v2 and their slots");
+        assert_eq!(listings.finished(walk), 0, "another walk still holds the view");
         assert!(!listings.holds_a_view());
-        assert!(listings.finished(other_walk), "the last holder frees it");
+        assert_eq!(listings.finished(other_walk), size, "the last holder frees it");
 
         let abandoned = listings.current(&pools).0;
         drop(abandoned);
-        assert!(!listings.expire(), "a young view is kept for the next page");
+        assert_eq!(listings.expire(), 0, "a young view is kept for the next page");
         assert!(listings.holds_a_view());
         if let Some(m) = listings.memo.lock().unwrap().as_mut() {
             m.built -= MAX_AGE;
         }
-        assert!(listings.expire());
+        assert_eq!(listings.expire(), size);
         assert!(!listings.holds_a_view());
     }
 }
