@@ -168,7 +168,7 @@ impl Listings {
     /// forgotten, or a walk still holds the view).
     pub fn expire(&self) -> usize {
         let mut memo = self.memo.lock().unwrap_or_else(PoisonError::into_inner);
-        if !memo.as_ref().is_some_and(|m| m.built.elapsed() >= MAX_AGE) {
+        if memo.as_ref().is_none_or(|m| m.built.elapsed() < MAX_AGE) {
             return 0;
         }
         let view = memo.take().map(|m| m.view);
