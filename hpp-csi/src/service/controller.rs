@@ -441,11 +441,14 @@ impl ControllerService {
         })
         .await?;
         if built {
-            // A walk that stops before its last page leaves the view to this timer.
-            let state = self.state.clone();
+            // A walk that stops before its last page leaves the view to this timer (which
+            // does not keep a stopped driver's state alive).
+            let state = Arc::downgrade(&self.state);
             tokio::spawn(async move {
                 tokio::time::sleep(listing::MAX_AGE).await;
-                if state.listings.expire() >= listing::RELEASE_AFTER_BYTES {
+                if let Some(state) = state.upgrade()
+                    && state.listings.expire() >= listing::RELEASE_AFTER_BYTES
+                {
                     hpp_sys::malloc::release_free_memory();
                 }
             });
