@@ -212,6 +212,8 @@ fn flags_and_env_names_in_prose_exist() {
         "--timeout",
         "--ignore-not-found",
         "--platform",
+        // kubectl get --watch, where the user guide finds a watched object that keeps changing.
+        "--watch",
     ]
     .into_iter()
     .collect();
