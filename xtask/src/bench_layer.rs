@@ -20,7 +20,7 @@ use hpp_bin::telemetry::{LogFormat, local_subscriber};
 use hpp_csi::DriverMetrics;
 use hpp_csi::RpcLayer;
 
-use crate::bench_stats::per_call;
+use crate::bench_stats::{median, per_call};
 use tower::{Layer as _, Service, ServiceExt as _};
 
 /// Rounds per variant, alternating; each variant's figure is its median round.
@@ -113,11 +113,6 @@ fn time_info_lines(n: usize) -> Duration {
         );
     }
     per_call(start.elapsed(), n)
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v.get(v.len() / 2).copied().unwrap_or_default()
 }
 
 /// Measures [`LayerCost`] with `n` calls per round. Blocks: call it from a blocking thread.

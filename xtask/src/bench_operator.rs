@@ -296,10 +296,7 @@ async fn measure(
         .filter_map(|d| d.metadata.name.clone())
         .find(|n| n.contains("node-0"))
     {
-        // The CPU a second of heartbeats costs without a pass, to tell the passes' own share.
-        let idle_start = threads_cpu_time(pid);
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let idle = threads_cpu_time(pid).saturating_sub(idle_start);
+        let idle = idle_cpu_per_second(pid).await;
         let (before, seconds_before, full_before) = pass_figures(admin).await?;
         let cpu_before = threads_cpu_time(pid);
         let window = Instant::now();
@@ -367,9 +364,7 @@ async fn node_loss(
     nodes: usize,
     pvs: usize,
 ) -> anyhow::Result<NodeLossFigures> {
-    let idle_start = threads_cpu_time(pid);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let idle = threads_cpu_time(pid).saturating_sub(idle_start);
+    let idle = idle_cpu_per_second(pid).await;
     let (before, _, full_before) = pass_figures(admin).await?;
     let cpu_before = threads_cpu_time(pid);
     fake.clear_requests();
@@ -424,6 +419,14 @@ async fn node_loss(
         figures.cpu.as_secs_f64() * 1000.0
     );
     Ok(figures)
+}
+
+/// The CPU one second of node heartbeats costs the operator without a pass: subtracted from
+/// a measured window to tell the passes' own share.
+async fn idle_cpu_per_second(pid: u32) -> Duration {
+    let start = threads_cpu_time(pid);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    threads_cpu_time(pid).saturating_sub(start)
 }
 
 /// The StorageClass of [`bound_volume`]'s PVs, with `nodeLossPolicy: Recreate` and an hour's

@@ -14,16 +14,10 @@ use hpp_csi::csi::{self, controller_client::ControllerClient, identity_client::I
 use crate::bench::{Args, create_request};
 use crate::bench_proc::{ProcStatus, threads_cpu_time};
 use crate::bench_serve::{Kind, Server, driver_pools};
-use crate::bench_stats::{Stats, Table, fmt_d, ratio, ratio_d};
+use crate::bench_stats::{Stats, Table, fmt_d, median, ratio, ratio_d};
 
 /// Walks of every ListVolumes page at each size; the median is reported.
 const LIST_WALKS: usize = 5;
-
-/// The middle value (the upper of the two middle ones for an even count).
-fn median(mut values: Vec<Duration>) -> Duration {
-    values.sort_unstable();
-    values.get(values.len() / 2).copied().unwrap_or_default()
-}
 
 /// What was measured at one size.
 #[derive(Debug, Clone)]

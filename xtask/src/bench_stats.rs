@@ -29,6 +29,12 @@ pub fn stats(mut lat: Vec<Duration>, wall: Duration) -> Stats {
     }
 }
 
+/// The middle of `values` (the upper of the two middle ones for an even count); zero for none.
+pub fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort_unstable();
+    values.get(values.len() / 2).copied().unwrap_or_default()
+}
+
 /// A duration the way the tables show it: µs below a millisecond, ms above.
 pub fn fmt_d(d: Duration) -> String {
     let us = d.as_secs_f64() * 1e6;

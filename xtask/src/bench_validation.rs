@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::bench_proc::peak_rss_kib;
-use crate::bench_stats::fmt_d;
+use crate::bench_stats::{fmt_d, median};
 
 /// Median time of `runs` calls of `f` (at least one), and what the last call returned.
 fn median_of<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
@@ -16,8 +16,7 @@ fn median_of<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
         last = f();
         times.push(start.elapsed());
     }
-    times.sort();
-    (times[times.len() / 2], last)
+    (median(times), last)
 }
 
 /// `--validation`: validation time of the largest admitted CR and of adversarial floods.

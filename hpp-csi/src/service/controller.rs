@@ -20,7 +20,7 @@ use crate::pool::lane::{Reply, blocking_replying};
 use crate::pool::lane::{blocking, blocking_locked};
 use crate::pool::validate::check_id;
 use crate::pool::{Pool, PoolHealth};
-use crate::service::listing;
+use crate::service::listing::{self, Listings};
 use crate::service::pagination::{self, pool_key};
 use crate::service::state::DriverState;
 
@@ -446,10 +446,8 @@ impl ControllerService {
             let state = Arc::downgrade(&self.state);
             tokio::spawn(async move {
                 tokio::time::sleep(listing::MAX_AGE).await;
-                if let Some(state) = state.upgrade()
-                    && state.listings.expire() >= listing::RELEASE_AFTER_BYTES
-                {
-                    hpp_sys::malloc::release_free_memory();
+                if let Some(state) = state.upgrade() {
+                    Listings::release_after(state.listings.expire());
                 }
             });
         }
@@ -481,8 +479,8 @@ impl ControllerService {
             .collect();
         // The walk is over: the view goes now, not at the next walk (at 100,000 volumes it
         // is a few MiB, and glibc keeps freed pages until asked).
-        if page.next_token.is_empty() && self.state.listings.finished(all) >= listing::RELEASE_AFTER_BYTES {
-            hpp_sys::malloc::release_free_memory();
+        if page.next_token.is_empty() {
+            Listings::release_after(self.state.listings.finished(all));
         }
         Ok(csi::ListVolumesResponse {
             entries,

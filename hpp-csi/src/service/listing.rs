@@ -176,6 +176,14 @@ impl Listings {
         view.and_then(Arc::into_inner).map_or(0, |v| v.bytes())
     }
 
+    /// Hands freed pages back to the kernel after a view of `freed` bytes went, when that is
+    /// worth it ([`RELEASE_AFTER_BYTES`]).
+    pub fn release_after(freed: usize) {
+        if freed >= RELEASE_AFTER_BYTES {
+            hpp_sys::malloc::release_free_memory();
+        }
+    }
+
     /// Whether a view is held (for tests).
     #[cfg(test)]
     fn holds_a_view(&self) -> bool {
