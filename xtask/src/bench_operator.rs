@@ -49,6 +49,12 @@ const SETTLE: Duration = Duration::from_secs(5);
 /// How often each node's kubelet rewrites its status in the quiet window (a heartbeat: only
 /// `lastHeartbeatTime` changes), as kubelets did before node leases and still do on change.
 const HEARTBEAT: Duration = Duration::from_secs(10);
+/// Status rewrites of mounter Deployments a second in the churn stage: controller-manager's
+/// pace when pods come and go across the cluster (its default client allows 20 a second per
+/// controller; several controllers write at once).
+const CHURN_RATE: usize = 50;
+/// How long the churn stage writes.
+const CHURN: Duration = Duration::from_secs(10);
 
 /// Options of `cargo xtask bench --operator`.
 #[derive(Debug, Clone, clap::Args)]
@@ -108,6 +114,8 @@ struct Row {
     repair_cpu: Duration,
     /// One node lost while the cluster holds `--operator-pvs` PVs (see [`node_loss`]).
     node_loss: Option<NodeLossFigures>,
+    /// Status churn of the mounter Deployments (see [`churn`]).
+    churn: Option<ChurnFigures>,
     /// JSON bytes in the operator's watch caches (its `hpp_operator_cache_bytes`).
     cache_bytes: f64,
     rss_kib: u64,
@@ -329,6 +337,7 @@ async fn measure(
         );
         row.repair = Some(repair);
     }
+    row.churn = churn(&fake, admin, pid).await?;
     if args.operator_pvs > 0 {
         row.node_loss = Some(node_loss(&fake, admin, pid, nodes, args.operator_pvs).await?);
     }
@@ -338,6 +347,81 @@ async fn measure(
     drop(child);
     server.abort();
     Ok(row)
+}
+
+/// What a stretch of status churn on the operator's per-node objects cost it.
+#[derive(Debug, Clone, Copy, Default)]
+struct ChurnFigures {
+    /// Status rewrites made.
+    changes: usize,
+    passes: u64,
+    full_passes: u64,
+    /// Requests the operator made meanwhile (status writes of the CR included).
+    requests: usize,
+    /// CPU from the first rewrite to 1 s after the last, less what the same time costs idle.
+    cpu: Duration,
+}
+
+/// Rewrites mounter Deployments' status at [`CHURN_RATE`] a second for [`CHURN`], as the
+/// deployment controller does while pods come and go (a new `lastUpdateTime` on
+/// `Progressing`; the Deployments stay available, so the CR's status need not change). Each
+/// rewrite is a change to one node's object: what it costs should not grow with the nodes.
+async fn churn(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::Result<Option<ChurnFigures>> {
+    let mounters: Vec<Deployment> = fake
+        .list::<Deployment>()
+        .into_iter()
+        .filter(|d| d.metadata.name.as_deref().is_some_and(|n| n.contains("node-")))
+        .collect();
+    if mounters.is_empty() {
+        return Ok(None);
+    }
+    let idle = idle_cpu_per_second(pid).await;
+    let (before, _, full_before) = pass_figures(admin).await?;
+    let cpu_before = threads_cpu_time(pid);
+    fake.clear_requests();
+    let t = Instant::now();
+    let mut changes = 0usize;
+    while t.elapsed() < CHURN {
+        let due = (t.elapsed().as_secs_f64() * CHURN_RATE as f64) as usize;
+        while changes < due {
+            let d = &mounters[changes % mounters.len()];
+            let mut status = serde_json::to_value(d.status.clone().unwrap_or_default())?;
+            let now = k8s_openapi::jiff::Timestamp::now().to_string();
+            if let Some(conditions) = status.get_mut("conditions").and_then(serde_json::Value::as_array_mut) {
+                for c in conditions.iter_mut().filter(|c| c["type"] == "Progressing") {
+                    c["lastUpdateTime"] = json!(now);
+                }
+            }
+            fake.set_status::<Deployment>(
+                d.metadata.namespace.as_deref(),
+                d.metadata.name.as_deref().unwrap_or_default(),
+                status,
+            );
+            changes += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (after, _, full_after) = pass_figures(admin).await?;
+    let spent = threads_cpu_time(pid).saturating_sub(cpu_before);
+    let figures = ChurnFigures {
+        changes,
+        passes: after.saturating_sub(before),
+        full_passes: full_after.saturating_sub(full_before),
+        requests: fake.requests().len(),
+        cpu: spent.saturating_sub(idle.mul_f64(t.elapsed().as_secs_f64())),
+    };
+    println!(
+        "status churn: {changes} mounter Deployment status rewrites in {}s: {} passes ({} full), {} requests, \
+         operator CPU beyond idle {:.1} ms ({:.2} ms a rewrite)",
+        CHURN.as_secs(),
+        figures.passes,
+        figures.full_passes,
+        figures.requests,
+        figures.cpu.as_secs_f64() * 1000.0,
+        figures.cpu.as_secs_f64() * 1000.0 / changes.max(1) as f64
+    );
+    Ok(Some(figures))
 }
 
 /// What noticing one lost node cost the operator.
@@ -532,6 +616,25 @@ fn print_growth(rows: &[Row]) {
             String::new(),
         ),
     ];
+    if let (Some(x), Some(y)) = (a.churn, b.churn) {
+        let per_change = |c: ChurnFigures| c.cpu.as_secs_f64() * 1000.0 / c.changes.max(1) as f64;
+        lines.extend([
+            ("churn: passes", x.passes as f64, y.passes as f64, String::new()),
+            (
+                "churn: full passes",
+                x.full_passes as f64,
+                y.full_passes as f64,
+                String::new(),
+            ),
+            ("churn: requests", x.requests as f64, y.requests as f64, String::new()),
+            (
+                "churn: operator CPU a rewrite (ms)",
+                per_change(x),
+                per_change(y),
+                String::new(),
+            ),
+        ]);
+    }
     if let (Some(x), Some(y)) = (a.node_loss, b.node_loss) {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         lines.extend([
@@ -958,6 +1061,11 @@ impl OperatorProcess {
             .env("POD_NAME", "hpp-operator-bench")
             .env("OPERATOR_VERSION", "v0.26.0")
             .env("VERBOSITY", "1")
+            .env(
+                "RUST_LOG",
+                std::env::var("HPP_BENCH_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .envs(std::env::var("HPP_PASS_INTERVAL").map(|v| ("HPP_PASS_INTERVAL", v)))
             .env("HPP_LOG_FORMAT", "json")
             .envs(std::env::vars().filter(|(k, _)| k == "GLIBC_TUNABLES" || k == "_RJEM_MALLOC_CONF"))
             .stdin(Stdio::null())
