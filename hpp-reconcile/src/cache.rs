@@ -137,6 +137,8 @@ pub struct Cache {
     unlabelled: Arc<Mutex<BTreeSet<ObjectKey>>>,
     interner: Interner,
     derived: Arc<Mutex<Derived>>,
+    /// What [`derived_each`](Self::derived_each) made of each object, per derived value.
+    memos: Arc<Mutex<Memos>>,
     verified: Arc<Mutex<HashMap<u64, Verified>>>,
     /// Whether the first pass already waited for the stores (see `wait_settled`).
     settle_awaited: Arc<std::sync::atomic::AtomicBool>,
@@ -164,6 +166,9 @@ fn key_hash(key: &ObjectKey) -> u64 {
 
 /// Values derived from one store, each with the store generation it was derived at.
 type Derived = BTreeMap<(Kind, String, &'static str), (u64, Arc<dyn std::any::Any + Send + Sync>)>;
+
+/// Per-object memos of derived values (`compact_store::Memo<F>` for each value's `F`).
+type Memos = BTreeMap<(Kind, String, &'static str), Box<dyn std::any::Any + Send>>;
 
 impl std::fmt::Debug for Cache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -302,6 +307,45 @@ impl Cache {
             derived.insert(key, (generation, value.clone()));
         }
         Some(value)
+    }
+
+    /// [`derived`](Self::derived) from one `F` per object (`each` of the object parsed into
+    /// `K`; objects `keep` refuses by namespace are left out) that `make` combines. A store
+    /// that changed is read again, but only the object versions not seen before are parsed:
+    /// the store's [`Memo`](crate::compact_store::Memo) of `what` keeps what `each` made of
+    /// the others.
+    pub fn derived_each<K, F, T>(
+        &self,
+        kind: &Kind,
+        selector: &str,
+        what: &'static str,
+        keep: impl Fn(&str) -> bool,
+        each: impl Fn(K) -> Option<F>,
+        make: impl FnOnce(Vec<F>) -> T,
+    ) -> Option<Arc<T>>
+    where
+        K: DeserializeOwned,
+        F: Clone + Send + 'static,
+        T: Send + Sync + 'static,
+    {
+        self.derived(kind, selector, what, |store| {
+            let slot = (kind.clone(), selector.to_owned(), what);
+            // Taken out while in use: a concurrent read starts from an empty memo instead of
+            // waiting.
+            let mut memo = self
+                .memos
+                .lock()
+                .ok()
+                .and_then(|mut m| m.remove(&slot))
+                .and_then(|m| m.downcast::<crate::compact_store::Memo<F>>().ok())
+                .map(|m| *m)
+                .unwrap_or_default();
+            let made = store.list_each(keep, &mut memo, each);
+            if let Ok(mut memos) = self.memos.lock() {
+                memos.insert(slot, Box::new(memo));
+            }
+            make(made)
+        })
     }
 
     /// Whether the live version `resource_version` of `key` was already found to match the

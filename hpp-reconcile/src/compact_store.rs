@@ -99,6 +99,21 @@ impl Entry {
     }
 }
 
+/// What [`CompactStore::list_each`] made of each object version it parsed, keyed by the
+/// address of the version's text. The weak reference keeps that address from being reused
+/// while the memo holds it (a weak `Arc` keeps its allocation, though not the text), so an
+/// address the memo knows is the same version; the text itself is freed with the store's last
+/// copy. Versions not seen by a read are forgotten by it.
+pub struct Memo<F> {
+    seen: HashMap<usize, (Weak<Box<str>>, Option<F>)>,
+}
+
+impl<F> Default for Memo<F> {
+    fn default() -> Self {
+        Memo { seen: HashMap::new() }
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     objects: HashMap<Key, Entry>,
@@ -254,6 +269,37 @@ impl CompactStore {
             .collect()
     }
 
+    /// [`list`](Self::list), each object parsed into `K` and made into an `F` by `each`, but
+    /// only the versions `memo` has not seen: after one of 1,000 mounters changed, a pass
+    /// parses that one and reuses what it made of the other 999.
+    pub fn list_each<K: DeserializeOwned, F: Clone>(
+        &self,
+        keep: impl Fn(&str) -> bool,
+        memo: &mut Memo<F>,
+        each: impl Fn(K) -> Option<F>,
+    ) -> Vec<F> {
+        let Ok(inner) = self.inner.read() else {
+            return Vec::new();
+        };
+        let mut seen = HashMap::with_capacity(memo.seen.len().max(16));
+        let mut made = Vec::with_capacity(inner.objects.len());
+        for ((ns, _), entry) in &inner.objects {
+            if !keep(ns) {
+                continue;
+            }
+            let at = Arc::as_ptr(&entry.text) as usize;
+            let (version, fact) = memo
+                .seen
+                .remove(&at)
+                .unwrap_or_else(|| (Arc::downgrade(&entry.text), decode(&entry.text).and_then(&each)));
+            made.extend(fact.iter().cloned());
+            seen.insert(at, (version, fact));
+        }
+        // What the old memo still holds are versions no longer here: dropped with it.
+        memo.seen = seen;
+        made
+    }
+
     /// How many objects the store holds and their JSON bytes (text shared with another store
     /// counted in each).
     pub fn size(&self) -> (usize, usize) {
@@ -376,6 +422,50 @@ mod tests {
         b.apply(&Event::Apply(obj));
         assert!(Arc::ptr_eq(&text(&a), &text(&b)));
         assert_eq!(value(&b, "ns", "one").as_deref(), Some("2"));
+    }
+
+    #[test]
+    fn list_each_parses_only_the_versions_its_memo_has_not_seen() {
+        use std::cell::Cell;
+        let store = CompactStore::new();
+        store.apply(&Event::Init);
+        for (name, v) in [("one", "1"), ("two", "2"), ("three", "3")] {
+            store.apply(&Event::InitApply(cm("a", name, v)));
+        }
+        store.apply(&Event::InitApply(cm("b", "elsewhere", "9")));
+        store.apply(&Event::InitDone);
+        let parsed = Cell::new(0);
+        let mut memo = Memo::default();
+        let read = |memo: &mut Memo<String>| {
+            let mut values = store.list_each(
+                |ns| ns == "a",
+                memo,
+                |obj: DynamicObject| {
+                    parsed.set(parsed.get() + 1);
+                    // An object `each` makes nothing of is remembered as nothing.
+                    let v = obj.data["data"]["k"].as_str()?.to_owned();
+                    (v != "3").then_some(v)
+                },
+            );
+            values.sort();
+            values
+        };
+        assert_eq!(read(&mut memo), ["1", "2"]);
+        assert_eq!(parsed.get(), 3, "every object of the namespace, once");
+        assert_eq!(read(&mut memo), ["1", "2"]);
+        assert_eq!(parsed.get(), 3, "nothing new: nothing parsed");
+        store.apply(&Event::Apply(cm("a", "two", "22")));
+        store.apply(&Event::Delete(cm("a", "one", "1")));
+        assert_eq!(read(&mut memo), ["22"]);
+        assert_eq!(parsed.get(), 4, "only the new version");
+        assert_eq!(
+            memo.seen.len(),
+            2,
+            "the deleted object and the old version are forgotten"
+        );
+        // A fresh memo (another reader) parses everything again.
+        assert_eq!(read(&mut Memo::default()), ["22"]);
+        assert_eq!(parsed.get(), 6);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
@@ -237,7 +238,7 @@ pub async fn controller(
     let changes = ctx.changes.clone();
     changes.watching(true);
     let stopped = changes.clone();
-    c.reconcile_all_on(futures::stream::select_all(triggers))
+    c.reconcile_all_on(throttle(futures::stream::select_all(triggers), ctx.pass_interval))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .map(|res| {
@@ -247,6 +248,46 @@ pub async fn controller(
         })
         // Reconciles called after the controller stopped see no changes: full passes.
         .chain(futures::stream::once(async move { stopped.watching(false) }))
+}
+
+/// Passes `triggers` on at most once per `interval`: the first at once, those that arrive
+/// within `interval` of the last one passed on as one trigger at the end of it. Every trigger
+/// means "reconcile", and what changed is in the [`ChangeLog`], so one pass takes them all.
+///
+/// The triggers are read all the time by a task of their own, not only when a pass is due:
+/// reading them is what applies the watch events to the caches and the change log, and a
+/// watch's connection reads its next event only after the last one was taken.
+fn throttle(triggers: impl Stream<Item = ()> + Send + 'static, interval: Duration) -> BoxStream<'static, ()> {
+    if interval.is_zero() {
+        return triggers.boxed();
+    }
+    // Room for one: a trigger that finds one waiting goes with it.
+    let (tx, rx) = tokio::sync::mpsc::channel::<()>(1);
+    tokio::spawn(async move {
+        let mut triggers = std::pin::pin!(triggers);
+        loop {
+            tokio::select! {
+                // The controller stopped: the watches stop with this task.
+                () = tx.closed() => break,
+                next = triggers.next() => match next {
+                    Some(()) => {
+                        let _ = tx.try_send(());
+                    }
+                    None => break,
+                },
+            }
+        }
+    });
+    futures::stream::unfold((rx, None::<tokio::time::Instant>), move |(mut rx, last)| async move {
+        rx.recv().await?;
+        if let Some(due) = last.map(|l| l + interval) {
+            tokio::time::sleep_until(due).await;
+            // What came meanwhile goes with this one.
+            while rx.try_recv().is_ok() {}
+        }
+        Some(((), (rx, Some(tokio::time::Instant::now()))))
+    })
+    .boxed()
 }
 
 /// Runs the controller until `shutdown` resolves.
@@ -276,6 +317,47 @@ mod tests {
         fn is_ready(&self) -> bool {
             true
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn triggers_closer_than_the_interval_are_passed_on_as_one() {
+        // No room in the channel: a send completes only once the throttle took the trigger.
+        let (mut tx, rx) = futures::channel::mpsc::channel::<()>(0);
+        let mut out = throttle(rx, Duration::from_millis(100));
+        let start = tokio::time::Instant::now();
+        tx.try_send(()).unwrap();
+        assert_eq!(out.next().await, Some(()));
+        assert_eq!(start.elapsed(), Duration::ZERO, "a lone trigger goes at once");
+        // Ten triggers 10 ms apart, then two more.
+        let mut sender = tx.clone();
+        let ten_sent = tokio::spawn(async move {
+            let mut ten_sent = None;
+            for (i, ms) in (5..100).step_by(10).chain([150, 160]).enumerate() {
+                tokio::time::sleep_until(start + Duration::from_millis(ms)).await;
+                futures::SinkExt::send(&mut sender, ()).await.unwrap();
+                if i == 9 {
+                    ten_sent = Some(start.elapsed());
+                }
+            }
+            ten_sent
+        });
+        // The ten: one trigger, at the end of the interval.
+        assert_eq!(out.next().await, Some(()));
+        assert_eq!(start.elapsed(), Duration::from_millis(100));
+        // The two: one more, an interval later.
+        assert_eq!(out.next().await, Some(()));
+        assert_eq!(start.elapsed(), Duration::from_millis(200));
+        // Each trigger was taken as it came, while the throttle waited (a watch whose events
+        // are not taken stops reading them).
+        assert_eq!(ten_sent.await.unwrap(), Some(Duration::from_millis(95)));
+        // Quiet: the next trigger goes at once.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let quiet = tokio::time::Instant::now();
+        futures::SinkExt::send(&mut tx, ()).await.unwrap();
+        assert_eq!(out.next().await, Some(()));
+        assert_eq!(quiet.elapsed(), Duration::ZERO);
+        drop(tx);
+        assert_eq!(out.next().await, None, "ends with its triggers");
     }
 
     #[test]

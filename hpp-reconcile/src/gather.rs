@@ -160,27 +160,32 @@ struct VolumeUsageAttributes {
     storage_pool: Option<String>,
 }
 
-/// Bound PersistentVolumes of the hpp CSI driver, their capacities summed per pool (in the
+/// A bound PersistentVolume of the hpp CSI driver: its pool and capacity.
+fn hpp_volume(pv: VolumeUsageView) -> Option<VolumeFact> {
+    if pv.status.and_then(|s| s.phase).as_deref() != Some("Bound") {
+        return None;
+    }
+    let spec = pv.spec?;
+    let csi = spec.csi.filter(|csi| csi.driver == c::DRIVER_NAME)?;
+    let bytes = spec
+        .capacity
+        .and_then(|cap| cap.storage)
+        .and_then(|q| parse_bytes(&q))
+        .unwrap_or(0);
+    Some(VolumeFact {
+        pool: csi.volume_attributes.and_then(|attrs| attrs.storage_pool),
+        bytes,
+    })
+}
+
+/// The capacities of the hpp CSI driver's bound PersistentVolumes summed per pool (in the
 /// order of the pools' names, the attribute-less first): a pass copies one sum per pool,
 /// not one fact per PV.
-fn hpp_volumes(pvs: Vec<VolumeUsageView>) -> Vec<VolumeFact> {
+fn hpp_volumes(pvs: Vec<VolumeFact>) -> Vec<VolumeFact> {
     let mut per_pool: BTreeMap<Option<String>, u64> = BTreeMap::new();
     for pv in pvs {
-        if pv.status.and_then(|s| s.phase).as_deref() != Some("Bound") {
-            continue;
-        }
-        let Some(spec) = pv.spec else { continue };
-        let Some(csi) = spec.csi.filter(|csi| csi.driver == c::DRIVER_NAME) else {
-            continue;
-        };
-        let bytes = spec
-            .capacity
-            .and_then(|cap| cap.storage)
-            .and_then(|q| parse_bytes(&q))
-            .unwrap_or(0);
-        let pool = csi.volume_attributes.and_then(|attrs| attrs.storage_pool);
-        let sum = per_pool.entry(pool).or_default();
-        *sum = sum.saturating_add(bytes);
+        let sum = per_pool.entry(pv.pool).or_default();
+        *sum = sum.saturating_add(pv.bytes);
     }
     per_pool
         .into_iter()
@@ -188,40 +193,31 @@ fn hpp_volumes(pvs: Vec<VolumeUsageView>) -> Vec<VolumeFact> {
         .collect()
 }
 
-/// StorageClasses of the hpp CSI driver, with the pool each selects.
-fn hpp_classes(classes: Vec<StorageClass>) -> Vec<ClassFact> {
-    classes
-        .into_iter()
-        .filter(|sc| sc.provisioner == c::DRIVER_NAME)
-        .map(|sc| ClassFact {
-            pool: sc
-                .parameters
-                .as_ref()
-                .and_then(|p| p.get(c::PARAM_STORAGE_POOL).cloned()),
-            name: sc.name_any(),
-        })
-        .collect()
+/// A StorageClass of the hpp CSI driver, with the pool it selects.
+fn hpp_class(sc: StorageClass) -> Option<ClassFact> {
+    (sc.provisioner == c::DRIVER_NAME).then(|| ClassFact {
+        pool: sc
+            .parameters
+            .as_ref()
+            .and_then(|p| p.get(c::PARAM_STORAGE_POOL).cloned()),
+        name: sc.name_any(),
+    })
 }
 
-/// CSIStorageCapacity objects with a capacity.
-fn capacities(objects: Vec<CSIStorageCapacity>) -> Vec<CapacityFact> {
-    objects
-        .into_iter()
-        .filter_map(|o| {
-            let bytes = parse_bytes(&o.capacity.as_ref()?.0)?;
-            let node = o
-                .node_topology
-                .as_ref()
-                .and_then(|t| t.match_labels.as_ref())
-                .and_then(|l| l.get(c::TOPOLOGY_KEY).cloned())
-                .unwrap_or_default();
-            Some(CapacityFact {
-                storage_class: o.storage_class_name,
-                node,
-                bytes,
-            })
-        })
-        .collect()
+/// A CSIStorageCapacity object with a capacity.
+fn capacity(o: CSIStorageCapacity) -> Option<CapacityFact> {
+    let bytes = parse_bytes(&o.capacity.as_ref()?.0)?;
+    let node = o
+        .node_topology
+        .as_ref()
+        .and_then(|t| t.match_labels.as_ref())
+        .and_then(|l| l.get(c::TOPOLOGY_KEY).cloned())
+        .unwrap_or_default();
+    Some(CapacityFact {
+        storage_class: o.storage_class_name,
+        node,
+        bytes,
+    })
 }
 
 /// A watched object as its typed k8s-openapi struct.
@@ -255,46 +251,55 @@ fn recorded(annotations: &BTreeMap<String, String>, action: &str) -> Option<(Str
     ))
 }
 
-/// What `make` makes of the `K` objects of `source` in `namespace`: from the watch cache,
-/// worked out again only after the store changed (`Cache::derived`), so a pass that no node,
-/// mounter or claim change triggered parses none of them; else from the API. `what` names the
+/// What `make` makes of what `each` makes of every `K` object of `source` in `namespace`:
+/// from the watch cache, worked out again only after the store changed and then parsing only
+/// the object versions not seen before (`Cache::derived_each`), so a pass after one node,
+/// mounter or claim changed parses that one object; else from the API. `what` names the
 /// derived value.
-async fn facts_of<K, T>(
+async fn facts_of<K, F, T>(
     applier: &Applier,
     source: &Source,
     namespace: &str,
     what: &'static str,
-    make: fn(Vec<K>) -> T,
+    each: fn(K) -> Option<F>,
+    make: fn(Vec<F>) -> T,
 ) -> Result<T>
 where
     K: DeserializeOwned,
+    F: Clone + Send + 'static,
     T: Clone + Send + Sync + 'static,
 {
     let (kind, selector) = source;
     let namespaced = kind.namespaced;
-    let derived = applier.cache().derived(kind, selector, what, |store| {
-        make(store.list::<K>(|ns| !namespaced || ns == namespace))
-    });
-    match derived {
+    let keep = |ns: &str| !namespaced || ns == namespace;
+    match applier.cache().derived_each(kind, selector, what, keep, each, make) {
         Some(value) => Ok((*value).clone()),
-        None => Ok(make(list::<K>(applier, source, namespace).await?)),
+        None => Ok(make(
+            list::<K>(applier, source, namespace)
+                .await?
+                .into_iter()
+                .filter_map(each)
+                .collect(),
+        )),
     }
 }
 
-fn node_facts(nodes: Vec<Node>) -> Vec<NodeFact> {
-    nodes
-        .into_iter()
-        .map(|n| NodeFact {
-            name: n.name_any(),
-            labels: n.labels().clone(),
-            taints: n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default(),
-            ready: n
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
-        })
-        .collect()
+/// The facts as they are: what `each` made of every object.
+fn all<F>(facts: Vec<F>) -> Vec<F> {
+    facts
+}
+
+fn node_fact(n: Node) -> Option<NodeFact> {
+    Some(NodeFact {
+        name: n.name_any(),
+        labels: n.labels().clone(),
+        taints: n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default(),
+        ready: n
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+    })
 }
 
 /// What the facts read of a pool workload (a mounter Deployment, a cleanup Job): its metadata
@@ -330,78 +335,92 @@ impl WorkloadMeta {
     }
 }
 
-/// Mounters with their recorded node and mount path, and the names of those without (an
-/// older operator's).
-fn mounter_facts(deployments: Vec<WorkloadMeta>) -> (Vec<MounterFact>, Vec<String>) {
+/// A mounter with its recorded node and mount path, or the name of one without (an older
+/// operator's).
+fn mounter_fact(d: WorkloadMeta) -> Option<Result<MounterFact, String>> {
+    let pool_label = d.label(c::LABEL_HPP_POOL).cloned()?;
+    Some(match d.recorded(names::POOL_ACTION_MOUNT) {
+        Some((node, mount_path)) => Ok(MounterFact {
+            name: d.name(),
+            pool_label,
+            node,
+            mount_path,
+        }),
+        None => {
+            warn!(deployment = %d.name(), "mounter without recorded node and mount path (older operator)");
+            Err(d.name())
+        }
+    })
+}
+
+/// Mounters with their recorded node and mount path, and the names of those without.
+fn mounter_facts(deployments: Vec<Result<MounterFact, String>>) -> (Vec<MounterFact>, Vec<String>) {
     let mut unrecorded_mounters = Vec::new();
     let mut mounters = Vec::new();
     for d in deployments {
-        let Some(pool_label) = d.label(c::LABEL_HPP_POOL).cloned() else {
-            continue;
-        };
-        match d.recorded(names::POOL_ACTION_MOUNT) {
-            Some((node, mount_path)) => mounters.push(MounterFact {
-                name: d.name(),
-                pool_label,
-                node,
-                mount_path,
-            }),
-            None => {
-                warn!(deployment = %d.name(), "mounter without recorded node and mount path (older operator)");
-                unrecorded_mounters.push(d.name());
-            }
+        match d {
+            Ok(m) => mounters.push(m),
+            Err(name) => unrecorded_mounters.push(name),
         }
     }
     (mounters, unrecorded_mounters)
 }
 
-fn cleanup_job_facts(jobs: Vec<WorkloadMeta>) -> Vec<CleanupJobFact> {
-    jobs.into_iter()
-        .filter_map(|j| {
-            let (node, mount_path) = j.recorded(names::POOL_ACTION_UNMOUNT)?;
-            Some(CleanupJobFact {
-                name: j.name(),
-                node,
-                pool_label: j.label(c::LABEL_STORAGE_POOL).cloned().unwrap_or_default(),
-                mount_path,
-                succeeded: j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0,
-            })
-        })
-        .collect()
+fn cleanup_job_fact(j: WorkloadMeta) -> Option<CleanupJobFact> {
+    let (node, mount_path) = j.recorded(names::POOL_ACTION_UNMOUNT)?;
+    Some(CleanupJobFact {
+        name: j.name(),
+        node,
+        pool_label: j.label(c::LABEL_STORAGE_POOL).cloned().unwrap_or_default(),
+        mount_path,
+        succeeded: j.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0,
+    })
 }
 
-fn claim_facts(claims: Vec<PersistentVolumeClaim>) -> Vec<ClaimFact> {
-    claims
-        .into_iter()
-        .filter_map(|p| {
-            Some(ClaimFact {
-                name: p.name_any(),
-                pool_label: p.labels().get(c::LABEL_STORAGE_POOL)?.clone(),
-            })
-        })
-        .collect()
+fn claim_fact(p: PersistentVolumeClaim) -> Option<ClaimFact> {
+    Some(ClaimFact {
+        name: p.name_any(),
+        pool_label: p.labels().get(c::LABEL_STORAGE_POOL)?.clone(),
+    })
 }
 
 /// Reads every fact for a pass in `namespace`.
 pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> {
-    let nodes = facts_of(applier, &node_source(), namespace, "node facts", node_facts).await?;
-    let (mounters, unrecorded_mounters) =
-        facts_of(applier, &mounter_source(), namespace, "mounter facts", mounter_facts).await?;
+    let nodes = facts_of(applier, &node_source(), namespace, "node facts", node_fact, all).await?;
+    let (mounters, unrecorded_mounters) = facts_of(
+        applier,
+        &mounter_source(),
+        namespace,
+        "mounter facts",
+        mounter_fact,
+        mounter_facts,
+    )
+    .await?;
     let cleanup_jobs = facts_of(
         applier,
         &job_source(),
         namespace,
         "cleanup job facts",
-        cleanup_job_facts,
+        cleanup_job_fact,
+        all,
     )
     .await?;
-    let claims = facts_of(applier, &claim_source(), namespace, "claim facts", claim_facts).await?;
-    // Every PV of the cluster is watched: summed again only after one changed.
-    let volumes = facts_of(applier, &volume_source(), namespace, "hpp volumes", hpp_volumes).await?;
-    let classes = facts_of(applier, &class_source(), namespace, "hpp classes", hpp_classes).await?;
+    let claims = facts_of(applier, &claim_source(), namespace, "claim facts", claim_fact, all).await?;
+    // Every PV of the cluster is watched: summed again only after one changed, parsing only
+    // the PVs that changed.
+    let volumes = facts_of(
+        applier,
+        &volume_source(),
+        namespace,
+        "hpp volumes",
+        hpp_volume,
+        hpp_volumes,
+    )
+    .await?;
+    let classes = facts_of(applier, &class_source(), namespace, "hpp classes", hpp_class, all).await?;
     // Capacity objects only feed the pool status: a cluster without the API (or a read that
     // fails) leaves `available` out rather than failing the pass.
-    let capacities = match facts_of(applier, &capacity_source(), namespace, "capacities", capacities).await {
+    let capacities = match facts_of(applier, &capacity_source(), namespace, "capacities", capacity, all).await {
         Ok(capacities) => capacities,
         Err(e) => {
             warn!(error = %e, "cannot read CSIStorageCapacity objects; pool status shows no available bytes");
@@ -471,15 +490,20 @@ mod tests {
     #[test]
     fn the_drivers_bound_volumes_are_summed_per_pool() {
         let ours = c::DRIVER_NAME;
-        let facts = hpp_volumes(vec![
-            pv(ours, "Bound", "1Gi", Some("fast")),
-            pv(ours, "Bound", "2Gi", Some("fast")),
-            pv(ours, "Bound", "1Mi", None),
-            pv(ours, "Released", "5Gi", Some("fast")),
-            pv("other.csi.example.com", "Bound", "7Gi", Some("fast")),
-            pv(ours, "Bound", "4Gi", Some("slow")),
-            VolumeUsageView::default(),
-        ]);
+        let facts = hpp_volumes(
+            vec![
+                pv(ours, "Bound", "1Gi", Some("fast")),
+                pv(ours, "Bound", "2Gi", Some("fast")),
+                pv(ours, "Bound", "1Mi", None),
+                pv(ours, "Released", "5Gi", Some("fast")),
+                pv("other.csi.example.com", "Bound", "7Gi", Some("fast")),
+                pv(ours, "Bound", "4Gi", Some("slow")),
+                VolumeUsageView::default(),
+            ]
+            .into_iter()
+            .filter_map(hpp_volume)
+            .collect(),
+        );
         let gib = 1u64 << 30;
         assert_eq!(
             facts,

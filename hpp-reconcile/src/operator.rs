@@ -82,7 +82,15 @@ pub struct Context {
     pub status_path: StatusPath,
     /// What the watches saw change since the last pass (see [`ChangeLog`]).
     pub(crate) changes: Arc<ChangeLog>,
+    /// Least time between two passes started by watch events: changes that arrive closer
+    /// together are taken by one pass (see [`crate::controller`]).
+    pub pass_interval: Duration,
 }
+
+/// The default [`Context::pass_interval`]: at most ten passes a second while watched objects
+/// keep changing (a rollout across 1,000 nodes, where controller-manager rewrites a mounter's
+/// status every few milliseconds), while a lone change is still taken at once.
+pub const DEFAULT_PASS_INTERVAL: Duration = Duration::from_millis(100);
 
 /// The operator's clock: heartbeat times in status and the deadlines steps wait for (node
 /// loss grace periods). Tests replace it ([`Context::with_clock`]) to move time by hand.
@@ -118,7 +126,15 @@ impl Context {
             clock: Arc::new(Timestamp::now),
             status_path: StatusPath::default(),
             changes: Arc::default(),
+            pass_interval: DEFAULT_PASS_INTERVAL,
         }
+    }
+
+    /// Replaces the least time between passes started by watch events (zero: a pass per
+    /// event, as long as passes keep up).
+    pub fn with_pass_interval(mut self, interval: Duration) -> Self {
+        self.pass_interval = interval;
+        self
     }
 
     /// Replaces the clock (tests move time by hand; see [`Clock`]).
@@ -392,10 +408,10 @@ async fn refuse_second(
 async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
     let api: Api<HostPathProvisioner> = Api::all(ctx.client.clone());
     let cfg = &ctx.pass_config();
-    let prev = hpp.status.clone().unwrap_or_default();
-    if let Some(observed) = prev
-        .observed_version
-        .as_deref()
+    if let Some(observed) = hpp
+        .status
+        .as_ref()
+        .and_then(|s| s.observed_version.as_deref())
         .filter(|o| status::is_downgrade(o, &cfg.version))
     {
         let err = Error::Downgrade {
@@ -523,13 +539,14 @@ async fn write_status(
     outcome: &Outcome<'_>,
     ctx: &Context,
 ) -> Result<StatusWritten> {
-    let prev = hpp.status.clone().unwrap_or_default();
+    let none = Default::default();
+    let prev = hpp.status.as_ref().unwrap_or(&none);
     let with_node_loss = matches!(outcome, Outcome::Applied(r) if r.node_loss.is_some());
     let derive = |via_main: bool| {
         let now = rfc3339(ctx.now());
         status::with_status_path(
-            status::derive(&prev, &ctx.config.version, outcome, &now),
-            &prev,
+            status::derive(prev, &ctx.config.version, outcome, &now),
+            prev,
             via_main,
             &now,
         )

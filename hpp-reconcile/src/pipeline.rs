@@ -278,6 +278,7 @@ impl Pipeline {
             Some(_) => std::mem::take(index),
         };
         next.parts = plan.iter().map(|p| p.all_parts.clone()).collect();
+        next.answers_in_parts.resize(self.steps.len(), false);
         if changed.is_some() {
             // What the re-rendered parts and steps held before: forgotten once, re-learnt below.
             let again: std::collections::HashSet<Owner> = plan
@@ -320,7 +321,15 @@ impl Pipeline {
                         live.extend(step.apply(applier, &desired).await?);
                     }
                     let readiness = match changed {
-                        None => step.readiness(hpp, facts, &live),
+                        None => {
+                            let readiness = step.readiness(hpp, facts, &live);
+                            // Asked here, once a full pass, so a pass over parts knows before
+                            // any write whether the step can report on them.
+                            if let Some(answers) = next.answers_in_parts.get_mut(i) {
+                                *answers = step.readiness_of_parts(hpp, facts, &[], &[]).is_some();
+                            }
+                            readiness
+                        }
                         Some(_) => {
                             let applied: Vec<String> = chosen.iter().filter_map(|&n| all.get(n).cloned()).collect();
                             step.readiness_of_parts(hpp, facts, &applied, &live).ok_or_else(|| {
@@ -403,7 +412,7 @@ impl Pipeline {
                             // The parts come from the CR and the facts; other parts than the
                             // last pass's mean something besides these objects changed.
                             if index.parts[i].as_ref() != Some(&parts)
-                                || step.readiness_of_parts(hpp, facts, &[], &[]).is_none()
+                                || !index.answers_in_parts.get(i).copied().unwrap_or(false)
                             {
                                 return Ok(None);
                             }
@@ -494,6 +503,10 @@ pub(crate) enum Owner {
 pub(crate) struct PartIndex {
     owners: std::collections::HashMap<u64, Owner>,
     parts: Vec<Option<Vec<String>>>,
+    /// Whether each step answered [`SubReconciler::readiness_of_parts`] after the last full
+    /// pass (asked there, not before every pass over parts: the standard pools step answers
+    /// with the status of every pool, which costs as much as its readiness).
+    answers_in_parts: Vec<bool>,
 }
 
 impl PartIndex {

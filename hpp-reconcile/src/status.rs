@@ -136,6 +136,40 @@ fn strip_times(conditions: &[Condition]) -> Vec<Condition> {
         .collect()
 }
 
+/// Whether two statuses differ at most in their conditions' heartbeat and transition times:
+/// [`comparable`] of each, compared without copying either (a status lists a claim per node).
+pub fn same_but_times(a: &HostPathProvisionerStatus, b: &HostPathProvisionerStatus) -> bool {
+    // Every field by name: a new field fails to compile here until it is compared.
+    let HostPathProvisionerStatus {
+        conditions,
+        observed_version,
+        operator_version,
+        target_version,
+        storage_pool_statuses,
+        node_loss,
+        volume_audit,
+    } = a;
+    let same_conditions = conditions.len() == b.conditions.len()
+        && conditions.iter().zip(&b.conditions).all(|(x, y)| {
+            Condition {
+                last_heartbeat_time: None,
+                last_transition_time: None,
+                ..x.clone()
+            } == Condition {
+                last_heartbeat_time: None,
+                last_transition_time: None,
+                ..y.clone()
+            }
+        });
+    same_conditions
+        && *observed_version == b.observed_version
+        && *operator_version == b.operator_version
+        && *target_version == b.target_version
+        && *storage_pool_statuses == b.storage_pool_statuses
+        && *node_loss == b.node_loss
+        && *volume_audit == b.volume_audit
+}
+
 /// Status without heartbeat/transition times, for change detection.
 pub fn comparable(status: &HostPathProvisionerStatus) -> HostPathProvisionerStatus {
     HostPathProvisionerStatus {
@@ -160,11 +194,18 @@ pub fn derive(prev: &HostPathProvisionerStatus, version: &str, outcome: &Outcome
     let mut status = HostPathProvisionerStatus {
         operator_version: Some(version.to_owned()),
         target_version: Some(version.to_owned()),
-        ..prev.clone()
+        conditions: prev.conditions.clone(),
+        observed_version: prev.observed_version.clone(),
+        // A pass's pools replace the last ones: not copied first (a claim per node).
+        storage_pool_statuses: match outcome {
+            Outcome::Applied(r) => r.pool_statuses.clone(),
+            _ => prev.storage_pool_statuses.clone(),
+        },
+        node_loss: prev.node_loss.clone(),
+        volume_audit: prev.volume_audit.clone(),
     };
     let (state, reason, message) = match outcome {
         Outcome::Applied(r) => {
-            status.storage_pool_statuses = r.pool_statuses.clone();
             // `None`: the step had nothing to say; the stored summary stays.
             if let Some(node_loss) = &r.node_loss {
                 status.node_loss = (!node_loss.is_empty()).then(|| node_loss.clone());
@@ -269,7 +310,7 @@ pub fn derive(prev: &HostPathProvisionerStatus, version: &str, outcome: &Outcome
     }
     status.conditions = conditions;
     let transition = strip_times(&status.conditions) != strip_times(&prev.conditions);
-    let changed = comparable(&status) != comparable(prev);
+    let changed = !same_but_times(&status, prev);
     Derived {
         status,
         state,
@@ -356,7 +397,7 @@ pub fn with_status_path(mut d: Derived, prev: &HostPathProvisionerStatus, via_ma
         Some(message.to_owned()),
         now,
     ));
-    d.changed = comparable(&d.status) != comparable(prev);
+    d.changed = !same_but_times(&d.status, prev);
     // A transition is a change of the other conditions; this one's switch has its own Event.
     let others = |c: &[Condition]| {
         strip_times(c)

@@ -1,7 +1,7 @@
 //! pvcTemplate storage pools: which PVCs, mounter Deployments, overlay StorageClasses and
 //! cleanup Jobs should exist given the nodes, and the deletion sequence that unmounts them.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -408,12 +408,20 @@ impl PoolLive {
             .map(|((_, node), rollout)| (node, rollout))
     }
 
-    /// The claims of the pool labelled `label`, by name, with their status.
+    /// The claims of the pool labelled `label`, by name, with their status. Each distinct
+    /// status text is parsed once (a thousand Bound claims of one size share one).
     fn claims_of<'a>(&'a self, label: &'a str) -> impl Iterator<Item = (&'a String, PersistentVolumeClaimStatus)> {
+        let mut parsed: HashMap<&'a str, PersistentVolumeClaimStatus> = HashMap::new();
         self.claims
             .range((Arc::from(label), String::new())..)
             .take_while(move |((l, _), _)| &**l == label)
-            .map(|((_, name), status)| (name, serde_json::from_str(status).unwrap_or_default()))
+            .map(move |((_, name), status)| {
+                let status = parsed
+                    .entry(&**status)
+                    .or_insert_with(|| serde_json::from_str(status).unwrap_or_default())
+                    .clone();
+                (name, status)
+            })
     }
 }
 
