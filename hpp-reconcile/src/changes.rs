@@ -1,6 +1,7 @@
 //! What changed since the last pass, as the watches saw it: the objects of the steps' kinds
-//! that changed, or "something else" (a node, a PersistentVolume, a relist). A pass after
-//! changes to rendered objects only renders the parts those objects came from
+//! that changed, the Nodes whose labels, taints or readiness changed, or "something else" (a
+//! PersistentVolume, a deleted Node, a relist). A pass after changes to rendered objects or
+//! Nodes only renders the parts those objects came from or that read those Nodes
 //! ([`Pipeline::apply_changed`](crate::Pipeline)); anything else runs a full pass.
 
 use std::collections::BTreeSet;
@@ -27,6 +28,7 @@ struct Recorded {
     /// cannot know what changed, so its passes are full ones.
     watching: bool,
     objects: BTreeSet<ObjectKey>,
+    nodes: BTreeSet<String>,
     everything: bool,
     /// Which part rendered each object, as of the last successful pass, for the CR and the
     /// inputs it was made with.
@@ -38,8 +40,18 @@ pub(crate) enum Scope {
     /// Everything: the first pass, a pass after a failure, a change of the CR's spec or of the
     /// configuration, or a change of something besides the rendered objects.
     Full,
-    /// Only these rendered objects changed; the index says where they came from.
-    Changed(BTreeSet<ObjectKey>, PartIndex),
+    /// Only these rendered objects and Nodes changed; the index says where the objects came
+    /// from.
+    Changed(Changed, PartIndex),
+}
+
+/// What changed since the last pass, when a pass over parts can stand for a full one.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Changed {
+    /// Rendered objects that changed or went away.
+    pub objects: BTreeSet<ObjectKey>,
+    /// Nodes (by name) whose labels, taints or readiness changed.
+    pub nodes: BTreeSet<String>,
 }
 
 impl ChangeLog {
@@ -50,6 +62,7 @@ impl ChangeLog {
             r.watching = on;
             r.everything = true;
             r.objects.clear();
+            r.nodes.clear();
         }
     }
 
@@ -60,11 +73,20 @@ impl ChangeLog {
         }
     }
 
-    /// Something besides the steps' objects changed: the next pass is a full one.
+    /// A Node's labels, taints or readiness changed (not its deletion: that is
+    /// [`everything`](Self::everything)).
+    pub fn node(&self, name: String) {
+        if let Ok(mut r) = self.inner.lock() {
+            r.nodes.insert(name);
+        }
+    }
+
+    /// Something besides the steps' objects and Nodes changed: the next pass is a full one.
     pub fn everything(&self) {
         if let Ok(mut r) = self.inner.lock() {
             r.everything = true;
             r.objects.clear();
+            r.nodes.clear();
         }
     }
 
@@ -75,11 +97,12 @@ impl ChangeLog {
             return Scope::Full;
         };
         let objects = std::mem::take(&mut r.objects);
+        let nodes = std::mem::take(&mut r.nodes);
         let everything = std::mem::take(&mut r.everything);
         let uid = hpp.uid().unwrap_or_default();
         match r.index.take() {
             Some((of, at, index)) if r.watching && !everything && of == uid && at == inputs => {
-                Scope::Changed(objects, index)
+                Scope::Changed(Changed { objects, nodes }, index)
             }
             _ => Scope::Full,
         }
@@ -149,7 +172,7 @@ mod tests {
         log.object(key("a"));
         log.object(key("b"));
         match log.take(&hpp, 1) {
-            Scope::Changed(objects, _) => assert_eq!(objects, [key("a"), key("b")].into()),
+            Scope::Changed(changed, _) => assert_eq!(changed.objects, [key("a"), key("b")].into()),
             Scope::Full => panic!("only rendered objects changed"),
         }
         // The index is taken by the pass; a pass that does not keep one (it failed) is
@@ -169,7 +192,22 @@ mod tests {
         assert!(matches!(log.take(&hpp, 1), Scope::Full), "forgotten");
         // Nothing recorded (a requeue): a pass over no parts.
         log.keep(&hpp, 1, PartIndex::default());
-        assert!(matches!(log.take(&hpp, 1), Scope::Changed(o, _) if o.is_empty()));
+        assert!(matches!(log.take(&hpp, 1), Scope::Changed(c, _) if c == Changed::default()));
+        // A Node's change is kept by name, and dropped with everything else.
+        log.keep(&hpp, 1, PartIndex::default());
+        log.node("n1".into());
+        log.object(key("a"));
+        match log.take(&hpp, 1) {
+            Scope::Changed(changed, _) => {
+                assert_eq!(changed.nodes, ["n1".to_owned()].into());
+                assert_eq!(changed.objects, [key("a")].into());
+            }
+            Scope::Full => panic!("only a node and a rendered object changed"),
+        }
+        log.keep(&hpp, 1, PartIndex::default());
+        log.node("n1".into());
+        log.everything();
+        assert!(matches!(log.take(&hpp, 1), Scope::Full));
         log.keep(&hpp, 1, PartIndex::default());
         log.watching(false);
         assert!(matches!(log.take(&hpp, 1), Scope::Full), "the watches stopped");

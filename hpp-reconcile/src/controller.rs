@@ -80,7 +80,8 @@ fn usage_fingerprint(obj: &DynamicObject) -> Option<u64> {
 /// act on.
 ///
 /// Every trigger is recorded in `changes`: the key of an object of a kind the steps render
-/// (`rendered`), "everything" for any other kind, a relist, or a trigger the filter would swallow.
+/// (`rendered`), the name of a Node whose fingerprint changed, "everything" for any other kind,
+/// a relist, or a trigger the filter would swallow (a deleted Node among them).
 fn cached_watch(
     client: &Client,
     namespace: &str,
@@ -130,11 +131,14 @@ fn cached_watch(
         Err(_) => store.note_failure(),
     });
     let objects = events.touched_objects();
+    let node = kind.kind == "Node" && kind.group.is_empty();
     let record = {
         let kind = kind.clone();
         move |obj: DynamicObject| {
             if rendered {
                 changes.object(crate::object::key_of(&kind, &obj));
+            } else if node {
+                changes.node(obj.name_any());
             } else {
                 changes.everything();
             }

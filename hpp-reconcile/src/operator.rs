@@ -260,7 +260,8 @@ impl Context {
                 {
                     Some(report) => {
                         debug!(
-                            objects = changed.len(),
+                            objects = changed.objects.len(),
+                            nodes = changed.nodes.len(),
                             indexed = index.len(),
                             "pass over the changed parts"
                         );

@@ -8,6 +8,7 @@ use hpp_api::HostPathProvisioner;
 use tracing::{info, instrument};
 
 use crate::apply::{Applier, Deleted, left_behind_warning};
+use crate::changes::Changed;
 use crate::config::OperatorConfig;
 use crate::error::{Error, Result};
 use crate::facts::ClusterFacts;
@@ -238,8 +239,9 @@ impl Pipeline {
         report.ok_or_else(|| Error::other("pipeline", "a full pass found nothing to apply"))
     }
 
-    /// A pass after only the objects `changed` changed since the pass that left `index`: steps
-    /// in parts render and apply only the parts those objects came from (their readiness from
+    /// A pass after only the objects and Nodes in `changed` changed since the pass that left
+    /// `index`: steps in parts render and apply only the parts those objects came from and the
+    /// parts that read those Nodes ([`SubReconciler::parts_of_node`]; their readiness from
     /// [`SubReconciler::readiness_of_parts`]), every other step runs as in a full pass.
     /// `Ok(None)`, before any write, when such a pass cannot stand for a full one: an object
     /// no pass rendered, parts that are no longer the same, or a step without
@@ -251,7 +253,7 @@ impl Pipeline {
         cfg: &OperatorConfig,
         facts: &ClusterFacts,
         index: &mut PartIndex,
-        changed: &BTreeSet<ObjectKey>,
+        changed: &Changed,
     ) -> Result<Option<PassReport>> {
         self.pass(applier, hpp, cfg, facts, index, Some(changed)).await
     }
@@ -264,7 +266,7 @@ impl Pipeline {
         cfg: &OperatorConfig,
         facts: &ClusterFacts,
         index: &mut PartIndex,
-        changed: Option<&BTreeSet<ObjectKey>>,
+        changed: Option<&Changed>,
     ) -> Result<Option<PassReport>> {
         let mut report = PassReport::default();
         let Some(plan) = self.plan(hpp, cfg, facts, index, changed)? else {
@@ -383,14 +385,14 @@ impl Pipeline {
         cfg: &OperatorConfig,
         facts: &ClusterFacts,
         index: &PartIndex,
-        changed: Option<&BTreeSet<ObjectKey>>,
+        changed: Option<&Changed>,
     ) -> Result<Option<Vec<Planned>>> {
         let mut dirty: BTreeSet<(u16, u32)> = BTreeSet::new();
         if let Some(changed) = changed {
             if index.parts.len() != self.steps.len() {
                 return Ok(None);
             }
-            for key in changed {
+            for key in &changed.objects {
                 match index.owner(key) {
                     Some(Owner::Part(step, part)) => {
                         dirty.insert((step, part));
@@ -416,11 +418,23 @@ impl Pipeline {
                             {
                                 return Ok(None);
                             }
-                            dirty
+                            let mut chosen: BTreeSet<usize> = dirty
                                 .range((step_no, 0)..=(step_no, u32::MAX))
                                 .map(|(_, part)| *part as usize)
                                 .filter(|n| *n < parts.len())
-                                .collect()
+                                .collect();
+                            if let Some(changed) = changed.filter(|c| !c.nodes.is_empty()) {
+                                let position: std::collections::HashMap<&str, usize> =
+                                    parts.iter().enumerate().map(|(n, p)| (p.as_str(), n)).collect();
+                                for node in &changed.nodes {
+                                    // A step that cannot say which parts read a Node: full pass.
+                                    let Some(reading) = step.parts_of_node(hpp, facts, node) else {
+                                        return Ok(None);
+                                    };
+                                    chosen.extend(reading.iter().filter_map(|p| position.get(p.as_str())));
+                                }
+                            }
+                            chosen.into_iter().collect()
                         }
                     };
                     Planned {

@@ -253,6 +253,16 @@ pub trait SubReconciler: Send + Sync {
         None
     }
 
+    /// For a step in [`parts`](Self::parts) that answers
+    /// [`readiness_of_parts`](Self::readiness_of_parts): the parts whose objects read the Node
+    /// `node` (by part name), so a change to its labels, taints or readiness that leaves the
+    /// parts as they were costs a pass over those parts. A Node change that adds or removes
+    /// parts runs a full pass whatever this answers. `None` (the default): the operator runs a
+    /// full pass after any Node change.
+    fn parts_of_node(&self, _hpp: &HostPathProvisioner, _facts: &ClusterFacts, _node: &str) -> Option<Vec<String>> {
+        None
+    }
+
     /// Changes to objects the step does not own (deleting or patching them), after every step
     /// applied and the sweep ran: decide with a pure function of the CR, the facts and the
     /// stored status, then act. What the step did comes back as [`Readiness`] (one-off
@@ -325,6 +335,9 @@ macro_rules! delegate {
             }
             fn readiness_of_parts(&self, hpp: &HostPathProvisioner, facts: &ClusterFacts, applied: &[String], live: &[DynamicObject]) -> Option<Readiness> {
                 (**self).readiness_of_parts(hpp, facts, applied, live)
+            }
+            fn parts_of_node(&self, hpp: &HostPathProvisioner, facts: &ClusterFacts, node: &str) -> Option<Vec<String>> {
+                (**self).parts_of_node(hpp, facts, node)
             }
             async fn act(&self, applier: &Applier, hpp: &HostPathProvisioner, cfg: &OperatorConfig, facts: &ClusterFacts) -> Result<Readiness> {
                 (**self).act(applier, hpp, cfg, facts).await

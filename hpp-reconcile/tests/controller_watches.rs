@@ -385,9 +385,9 @@ async fn settle(env: &support::Env) {
 }
 
 /// Scale (issue 31): a change to one node's objects costs a pass over that node. A deleted
-/// mounter and a claim that changed are repaired by passes over their parts only, whose status
-/// is the one a full pass derives; an object no pass rendered (a labelled leftover) and a
-/// change of anything else (a node) still run full passes.
+/// mounter, a claim that changed and a Node whose labels changed are handled by passes over
+/// their parts only, whose status is the one a full pass derives; an object no pass rendered (a
+/// labelled leftover) and a Node change that adds or removes parts still run full passes.
 #[tokio::test]
 async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
     let nodes = ["node01", "node02", "node03", "node04"];
@@ -452,6 +452,61 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
     assert_eq!(passes_by_scope(&env).0, full_before, "still no full pass");
     env.bind_claims();
     settle(&env).await;
+
+    // A Node's labels change and the pools stay on it: a pass over that node's part.
+    let (_, changed_before) = passes_by_scope(&env);
+    let mut node = env
+        .fake
+        .get::<k8s_openapi::api::core::v1::Node>(None, "node02")
+        .unwrap();
+    node.metadata
+        .labels
+        .get_or_insert_default()
+        .insert("example.com/rack".into(), "r2".into());
+    env.fake.seed(&node);
+    tokio::time::timeout(PATIENCE, async {
+        while passes_by_scope(&env).1 == changed_before {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a pass over the node's part");
+    settle(&env).await;
+    assert_eq!(passes_by_scope(&env).0, full_before, "no full pass for a Node's labels");
+
+    // A taint the CR does not tolerate takes the pools off the node: the parts change, which
+    // takes a full pass (its mounter goes; its claim stays for when it comes back).
+    let mounter_of = |f: &FakeApiServer| {
+        f.list::<k8s_openapi::api::apps::v1::Deployment>()
+            .into_iter()
+            .any(|d| d.metadata.name.is_some_and(|n| n.contains("node02")))
+    };
+    assert!(mounter_of(&env.fake));
+    node.spec
+        .get_or_insert_default()
+        .taints
+        .get_or_insert_default()
+        .push(k8s_openapi::api::core::v1::Taint {
+            key: "example.com/maintenance".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        });
+    env.fake.seed(&node);
+    tokio::time::timeout(PATIENCE, env.fake.wait_until(|f| !mounter_of(f)))
+        .await
+        .expect("the tainted node's mounter goes");
+    settle(&env).await;
+    let (full_tainted, _) = passes_by_scope(&env);
+    assert!(full_tainted > full_before, "other parts: a full pass");
+    // Back: the mounter is made again.
+    node.spec = None;
+    env.fake.seed(&node);
+    tokio::time::timeout(PATIENCE, env.fake.wait_until(mounter_of))
+        .await
+        .expect("the node's mounter is back");
+    env.mounters_ready();
+    settle(&env).await;
+    let full_before = passes_by_scope(&env).0;
 
     // A labelled object no step renders: a full pass sweeps it.
     let mut leftover = k8s_openapi::api::apps::v1::Deployment {

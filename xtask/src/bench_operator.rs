@@ -116,6 +116,8 @@ struct Row {
     node_loss: Option<NodeLossFigures>,
     /// Status churn of the mounter Deployments (see [`churn`]).
     churn: Option<ChurnFigures>,
+    /// A label added to one Node (see [`relabel`]): passes, full passes, operator CPU.
+    relabel: Option<(u64, u64, Duration)>,
     /// JSON bytes in the operator's watch caches (its `hpp_operator_cache_bytes`).
     cache_bytes: f64,
     rss_kib: u64,
@@ -338,6 +340,7 @@ async fn measure(
         row.repair = Some(repair);
     }
     row.churn = churn(&fake, admin, pid).await?;
+    row.relabel = Some(relabel(&fake, admin, pid).await?);
     if args.operator_pvs > 0 {
         row.node_loss = Some(node_loss(&fake, admin, pid, nodes, args.operator_pvs).await?);
     }
@@ -422,6 +425,42 @@ async fn churn(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::Res
         figures.cpu.as_secs_f64() * 1000.0 / changes.max(1) as f64
     );
     Ok(Some(figures))
+}
+
+/// Adds a label to node-0 (the pools stay on it: nothing to write) and waits for the passes
+/// it starts: a pass over that node's part, not over every node's.
+async fn relabel(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::Result<(u64, u64, Duration)> {
+    let idle = idle_cpu_per_second(pid).await;
+    let (before, _, full_before) = pass_figures(admin).await?;
+    let cpu_before = threads_cpu_time(pid);
+    let t = Instant::now();
+    let mut node = fake.get::<Node>(None, "node-0").context("node-0 is gone")?;
+    node.metadata
+        .labels
+        .get_or_insert_default()
+        .insert("example.com/rack".into(), "r7".into());
+    fake.seed(&node);
+    while passes(admin).await? == before {
+        anyhow::ensure!(t.elapsed() < RECONCILE_TIMEOUT, "no pass after node-0's label changed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (after, _, full_after) = pass_figures(admin).await?;
+    let cpu = threads_cpu_time(pid)
+        .saturating_sub(cpu_before)
+        .saturating_sub(idle.mul_f64(t.elapsed().as_secs_f64()));
+    let figures = (
+        after.saturating_sub(before),
+        full_after.saturating_sub(full_before),
+        cpu,
+    );
+    println!(
+        "node-0 relabelled: {} passes ({} full), operator CPU beyond idle {:.1} ms (1 s after)",
+        figures.0,
+        figures.1,
+        cpu.as_secs_f64() * 1000.0
+    );
+    Ok(figures)
 }
 
 /// What noticing one lost node cost the operator.
@@ -631,6 +670,18 @@ fn print_growth(rows: &[Row]) {
                 "churn: operator CPU a rewrite (ms)",
                 per_change(x),
                 per_change(y),
+                String::new(),
+            ),
+        ]);
+    }
+    if let (Some(x), Some(y)) = (a.relabel, b.relabel) {
+        lines.extend([
+            ("node relabelled: passes", x.0 as f64, y.0 as f64, String::new()),
+            ("node relabelled: full passes", x.1 as f64, y.1 as f64, String::new()),
+            (
+                "node relabelled: operator CPU (ms)",
+                x.2.as_secs_f64() * 1000.0,
+                y.2.as_secs_f64() * 1000.0,
                 String::new(),
             ),
         ]);

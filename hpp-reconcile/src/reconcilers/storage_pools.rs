@@ -664,6 +664,12 @@ impl SubReconciler for StoragePools {
         Some(pool_readiness_of(hpp, facts, &kept))
     }
 
+    /// A node's part (its claims and mounters) is the only one that reads the node; the
+    /// cluster part reads only which nodes there are, which is the list of parts.
+    fn parts_of_node(&self, _hpp: &HostPathProvisioner, _facts: &ClusterFacts, node: &str) -> Option<Vec<String>> {
+        Some(vec![node.to_owned()])
+    }
+
     /// Unmount on every Ready node first (Jobs), then delete Jobs, PVCs and overlay classes.
     async fn cleanup(
         &self,
