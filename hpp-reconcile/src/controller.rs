@@ -18,7 +18,7 @@ use kube::runtime::controller::Controller;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use crate::cache::Cache;
 use crate::changes::ChangeLog;
@@ -267,29 +267,45 @@ fn throttle(triggers: impl Stream<Item = ()> + Send + 'static, interval: Duratio
     }
     // Room for one: a trigger that finds one waiting goes with it.
     let (tx, rx) = tokio::sync::mpsc::channel::<()>(1);
-    tokio::spawn(async move {
-        let mut triggers = std::pin::pin!(triggers);
-        loop {
-            tokio::select! {
-                // The controller stopped: the watches stop with this task.
-                () = tx.closed() => break,
-                next = triggers.next() => match next {
-                    Some(()) => {
-                        let _ = tx.try_send(());
-                    }
-                    None => break,
-                },
+    let reader = tokio::spawn(
+        async move {
+            let mut triggers = std::pin::pin!(triggers);
+            loop {
+                tokio::select! {
+                    // The controller stopped: the watches stop with this task.
+                    () = tx.closed() => break,
+                    next = triggers.next() => match next {
+                        Some(()) => {
+                            let _ = tx.try_send(());
+                        }
+                        None => break,
+                    },
+                }
             }
         }
-    });
-    futures::stream::unfold((rx, None::<tokio::time::Instant>), move |(mut rx, last)| async move {
-        rx.recv().await?;
+        .instrument(tracing::Span::current()),
+    );
+    let state = (rx, None::<tokio::time::Instant>, Some(reader));
+    futures::stream::unfold(state, move |(mut rx, last, mut reader)| async move {
+        if rx.recv().await.is_none() {
+            // The triggers ended, or their reader panicked: a panic goes on here, where it
+            // ends the controller as it did before the reader had a task of its own, rather
+            // than leaving passes to trust a change log nobody fills.
+            if let Some(Err(e)) = match reader.take() {
+                Some(reader) => Some(reader.await),
+                None => None,
+            } && e.is_panic()
+            {
+                std::panic::resume_unwind(e.into_panic());
+            }
+            return None;
+        }
         if let Some(due) = last.map(|l| l + interval) {
             tokio::time::sleep_until(due).await;
             // What came meanwhile goes with this one.
             while rx.try_recv().is_ok() {}
         }
-        Some(((), (rx, Some(tokio::time::Instant::now()))))
+        Some(((), (rx, Some(tokio::time::Instant::now()), reader)))
     })
     .boxed()
 }
@@ -362,6 +378,14 @@ mod tests {
         assert_eq!(quiet.elapsed(), Duration::ZERO);
         drop(tx);
         assert_eq!(out.next().await, None, "ends with its triggers");
+    }
+
+    #[tokio::test]
+    async fn a_panic_reading_the_triggers_ends_the_throttled_stream_with_it() {
+        let panicking = futures::stream::once(async { panic!("a watch event no store could take") });
+        let mut out = throttle(panicking, Duration::from_millis(100));
+        let ended = tokio::spawn(async move { out.next().await }).await;
+        assert!(ended.is_err_and(|e| e.is_panic()), "the panic reaches the controller");
     }
 
     #[test]

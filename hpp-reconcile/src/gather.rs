@@ -346,10 +346,7 @@ fn mounter_fact(d: WorkloadMeta) -> Option<Result<MounterFact, String>> {
             node,
             mount_path,
         }),
-        None => {
-            warn!(deployment = %d.name(), "mounter without recorded node and mount path (older operator)");
-            Err(d.name())
-        }
+        None => Err(d.name()),
     })
 }
 
@@ -360,7 +357,10 @@ fn mounter_facts(deployments: Vec<Result<MounterFact, String>>) -> (Vec<MounterF
     for d in deployments {
         match d {
             Ok(m) => mounters.push(m),
-            Err(name) => unrecorded_mounters.push(name),
+            Err(name) => {
+                warn!(deployment = %name, "mounter without recorded node and mount path (older operator)");
+                unrecorded_mounters.push(name);
+            }
         }
     }
     (mounters, unrecorded_mounters)

@@ -243,9 +243,10 @@ impl Pipeline {
     /// `index`: steps in parts render and apply only the parts those objects came from and the
     /// parts that read those Nodes ([`SubReconciler::parts_of_node`]; their readiness from
     /// [`SubReconciler::readiness_of_parts`]), every other step runs as in a full pass.
-    /// `Ok(None)`, before any write, when such a pass cannot stand for a full one: an object
-    /// no pass rendered, parts that are no longer the same, or a step without
-    /// `readiness_of_parts`.
+    /// `Ok(None)` when such a pass cannot stand for a full one: before any write for an object
+    /// no pass rendered, parts that are no longer the same, or a step that did not answer
+    /// `readiness_of_parts` after the last full pass (asked there once, not before every pass
+    /// over parts); after its writes for a step that answered then but not now.
     pub(crate) async fn apply_changed(
         &self,
         applier: &Applier,
@@ -334,12 +335,13 @@ impl Pipeline {
                         }
                         Some(_) => {
                             let applied: Vec<String> = chosen.iter().filter_map(|&n| all.get(n).cloned()).collect();
-                            step.readiness_of_parts(hpp, facts, &applied, &live).ok_or_else(|| {
-                                Error::other(
-                                    step.name(),
-                                    "readiness_of_parts answered before the pass but not after it",
-                                )
-                            })?
+                            // It answered after the last full pass but not now: a full pass
+                            // follows (the objects written so far are desired ones, and its
+                            // index starts afresh).
+                            let Some(readiness) = step.readiness_of_parts(hpp, facts, &applied, &live) else {
+                                return Ok(None);
+                            };
+                            readiness
                         }
                     };
                     pending_readiness.push(readiness);
