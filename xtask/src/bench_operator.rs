@@ -116,8 +116,8 @@ struct Row {
     node_loss: Option<NodeLossFigures>,
     /// Status churn of the mounter Deployments (see [`churn`]).
     churn: Option<ChurnFigures>,
-    /// A label added to one Node (see [`relabel`]): passes, full passes, operator CPU.
-    relabel: Option<(u64, u64, Duration)>,
+    /// A label added to one Node (see [`relabel`]).
+    relabel: Option<StageCost>,
     /// JSON bytes in the operator's watch caches (its `hpp_operator_cache_bytes`).
     cache_bytes: f64,
     rss_kib: u64,
@@ -378,9 +378,7 @@ async fn churn(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::Res
     if mounters.is_empty() {
         return Ok(None);
     }
-    let idle = idle_cpu_per_second(pid).await;
-    let (before, _, full_before) = pass_figures(admin).await?;
-    let cpu_before = threads_cpu_time(pid);
+    let meter = StageMeter::start(admin, pid).await?;
     fake.clear_requests();
     let t = Instant::now();
     let mut changes = 0usize;
@@ -404,15 +402,13 @@ async fn churn(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::Res
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let (after, _, full_after) = pass_figures(admin).await?;
-    let spent = threads_cpu_time(pid).saturating_sub(cpu_before);
+    let cost = meter.finish().await?;
     let figures = ChurnFigures {
         changes,
-        passes: after.saturating_sub(before),
-        full_passes: full_after.saturating_sub(full_before),
+        passes: cost.passes,
+        full_passes: cost.full_passes,
         requests: fake.requests().len(),
-        cpu: spent.saturating_sub(idle.mul_f64(t.elapsed().as_secs_f64())),
+        cpu: cost.cpu,
     };
     println!(
         "status churn: {changes} mounter Deployment status rewrites in {}s: {} passes ({} full), {} requests, \
@@ -429,10 +425,8 @@ async fn churn(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::Res
 
 /// Adds a label to node-0 (the pools stay on it: nothing to write) and waits for the passes
 /// it starts: a pass over that node's part, not over every node's.
-async fn relabel(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::Result<(u64, u64, Duration)> {
-    let idle = idle_cpu_per_second(pid).await;
-    let (before, _, full_before) = pass_figures(admin).await?;
-    let cpu_before = threads_cpu_time(pid);
+async fn relabel(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::Result<StageCost> {
+    let meter = StageMeter::start(admin, pid).await?;
     let t = Instant::now();
     let mut node = fake.get::<Node>(None, "node-0").context("node-0 is gone")?;
     node.metadata
@@ -440,27 +434,18 @@ async fn relabel(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::R
         .get_or_insert_default()
         .insert("example.com/rack".into(), "r7".into());
     fake.seed(&node);
-    while passes(admin).await? == before {
+    while passes(admin).await? == meter.passes {
         anyhow::ensure!(t.elapsed() < RECONCILE_TIMEOUT, "no pass after node-0's label changed");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let (after, _, full_after) = pass_figures(admin).await?;
-    let cpu = threads_cpu_time(pid)
-        .saturating_sub(cpu_before)
-        .saturating_sub(idle.mul_f64(t.elapsed().as_secs_f64()));
-    let figures = (
-        after.saturating_sub(before),
-        full_after.saturating_sub(full_before),
-        cpu,
-    );
+    let cost = meter.finish().await?;
     println!(
         "node-0 relabelled: {} passes ({} full), operator CPU beyond idle {:.1} ms (1 s after)",
-        figures.0,
-        figures.1,
-        cpu.as_secs_f64() * 1000.0
+        cost.passes,
+        cost.full_passes,
+        cost.cpu.as_secs_f64() * 1000.0
     );
-    Ok(figures)
+    Ok(cost)
 }
 
 /// What noticing one lost node cost the operator.
@@ -487,9 +472,7 @@ async fn node_loss(
     nodes: usize,
     pvs: usize,
 ) -> anyhow::Result<NodeLossFigures> {
-    let idle = idle_cpu_per_second(pid).await;
-    let (before, _, full_before) = pass_figures(admin).await?;
-    let cpu_before = threads_cpu_time(pid);
+    let meter = StageMeter::start(admin, pid).await?;
     fake.clear_requests();
     let t = Instant::now();
     let mut node = fake.get::<Node>(None, "node-0").context("node-0 is gone")?;
@@ -521,15 +504,13 @@ async fn node_loss(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let seen_after = t.elapsed();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let (after, _, full_after) = pass_figures(admin).await?;
-    let spent = threads_cpu_time(pid).saturating_sub(cpu_before);
+    let cost = meter.finish().await?;
     let figures = NodeLossFigures {
         seen_after,
-        passes: after.saturating_sub(before),
-        full_passes: full_after.saturating_sub(full_before),
+        passes: cost.passes,
+        full_passes: cost.full_passes,
         requests: fake.requests().len(),
-        cpu: spent.saturating_sub(idle.mul_f64(t.elapsed().as_secs_f64())),
+        cpu: cost.cpu,
     };
     println!(
         "node-0 lost (out-of-service taint; {} of {pvs} PVs on it): in status.nodeLoss after {:.0} ms, {} passes ({} full), \
@@ -542,6 +523,56 @@ async fn node_loss(
         figures.cpu.as_secs_f64() * 1000.0
     );
     Ok(figures)
+}
+
+/// What a bench stage cost the operator, read one second after it: its passes (all, and the
+/// full ones) and its CPU beyond what the same time costs it idle.
+#[derive(Debug, Clone, Copy, Default)]
+struct StageCost {
+    passes: u64,
+    full_passes: u64,
+    cpu: Duration,
+}
+
+/// The operator's figures as a stage starts, for [`StageCost`].
+struct StageMeter {
+    admin: SocketAddr,
+    pid: u32,
+    /// CPU a second of idle costs (node heartbeats).
+    idle: Duration,
+    /// Passes so far (all, and the full ones).
+    passes: u64,
+    full_passes: u64,
+    cpu: Duration,
+    started: Instant,
+}
+
+impl StageMeter {
+    async fn start(admin: SocketAddr, pid: u32) -> anyhow::Result<Self> {
+        let idle = idle_cpu_per_second(pid).await;
+        let (passes, _, full_passes) = pass_figures(admin).await?;
+        Ok(StageMeter {
+            admin,
+            pid,
+            idle,
+            passes,
+            full_passes,
+            cpu: threads_cpu_time(pid),
+            started: Instant::now(),
+        })
+    }
+
+    /// Waits a second for the stage's last passes, then reads what it cost.
+    async fn finish(&self) -> anyhow::Result<StageCost> {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (passes, _, full_passes) = pass_figures(self.admin).await?;
+        let spent = threads_cpu_time(self.pid).saturating_sub(self.cpu);
+        Ok(StageCost {
+            passes: passes.saturating_sub(self.passes),
+            full_passes: full_passes.saturating_sub(self.full_passes),
+            cpu: spent.saturating_sub(self.idle.mul_f64(self.started.elapsed().as_secs_f64())),
+        })
+    }
 }
 
 /// The CPU one second of node heartbeats costs the operator without a pass: subtracted from
@@ -676,12 +707,22 @@ fn print_growth(rows: &[Row]) {
     }
     if let (Some(x), Some(y)) = (a.relabel, b.relabel) {
         lines.extend([
-            ("node relabelled: passes", x.0 as f64, y.0 as f64, String::new()),
-            ("node relabelled: full passes", x.1 as f64, y.1 as f64, String::new()),
+            (
+                "node relabelled: passes",
+                x.passes as f64,
+                y.passes as f64,
+                String::new(),
+            ),
+            (
+                "node relabelled: full passes",
+                x.full_passes as f64,
+                y.full_passes as f64,
+                String::new(),
+            ),
             (
                 "node relabelled: operator CPU (ms)",
-                x.2.as_secs_f64() * 1000.0,
-                y.2.as_secs_f64() * 1000.0,
+                x.cpu.as_secs_f64() * 1000.0,
+                y.cpu.as_secs_f64() * 1000.0,
                 String::new(),
             ),
         ]);
