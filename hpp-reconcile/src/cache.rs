@@ -264,6 +264,13 @@ impl Cache {
         Some(store.keys(|ns| !kind.namespaced || namespace.is_none_or(|want| want == ns)))
     }
 
+    /// Whether the synced store of `kind` objects matching `selector` holds the object;
+    /// `None` without a synced store.
+    pub fn holds(&self, kind: &Kind, selector: &str, namespace: Option<&str>, name: &str) -> Option<bool> {
+        let store = self.synced(kind, selector)?;
+        Some(store.resource_version(store_namespace(kind, namespace), name).is_some())
+    }
+
     /// The cached object's `resourceVersion`: `Some(Some(rv))` when held, `Some(None)` when a
     /// synced store says it does not exist (or it has none), `None` without a synced store.
     pub fn resource_version(
@@ -312,8 +319,8 @@ impl Cache {
     /// [`derived`](Self::derived) from one `F` per object (`each` of the object parsed into
     /// `K`; objects `keep` refuses by namespace are left out) that `make` combines. A store
     /// that changed is read again, but only the object versions not seen before are parsed:
-    /// the store's [`Memo`](crate::compact_store::Memo) of `what` keeps what `each` made of
-    /// the others.
+    /// a per-object memo of `what` (keyed by the address of each version's text) keeps what
+    /// `each` made of the others.
     pub fn derived_each<K, F, T>(
         &self,
         kind: &Kind,

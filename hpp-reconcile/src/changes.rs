@@ -1,6 +1,6 @@
 //! What changed since the last pass, as the watches saw it: the objects of the steps' kinds
-//! that changed, the Nodes whose labels, taints or readiness changed, or "something else" (a
-//! PersistentVolume, a deleted Node, a relist). A pass after changes to rendered objects or
+//! that changed, the Nodes that changed (labels, taints, readiness) or went away, or
+//! "something else" (a PersistentVolume, a relist). A pass after changes to rendered objects or
 //! Nodes only renders the parts those objects came from or that read those Nodes
 //! ([`Pipeline::apply_changed`](crate::Pipeline)); anything else runs a full pass.
 
@@ -50,7 +50,7 @@ pub(crate) enum Scope {
 pub(crate) struct Changed {
     /// Rendered objects that changed or went away.
     pub objects: BTreeSet<ObjectKey>,
-    /// Nodes (by name) whose labels, taints or readiness changed.
+    /// Nodes (by name) whose labels, taints or readiness changed, or that were deleted.
     pub nodes: BTreeSet<String>,
 }
 
@@ -73,8 +73,7 @@ impl ChangeLog {
         }
     }
 
-    /// A Node's labels, taints or readiness changed (not its deletion: that is
-    /// [`everything`](Self::everything)).
+    /// A Node's labels, taints or readiness changed, or it was deleted.
     pub fn node(&self, name: String) {
         if let Ok(mut r) = self.inner.lock() {
             r.nodes.insert(name);

@@ -80,8 +80,8 @@ fn usage_fingerprint(obj: &DynamicObject) -> Option<u64> {
 /// act on.
 ///
 /// Every trigger is recorded in `changes`: the key of an object of a kind the steps render
-/// (`rendered`), the name of a Node whose fingerprint changed, "everything" for any other kind,
-/// a relist, or a trigger the filter would swallow (a deleted Node among them).
+/// (`rendered`), the name of a Node whose fingerprint changed or that was deleted, and
+/// "everything" for any other kind, a relist, or another trigger the filter would swallow.
 fn cached_watch(
     client: &Client,
     namespace: &str,
@@ -115,6 +115,7 @@ fn cached_watch(
     // Triggers the fingerprint filter would swallow, sent beside the filtered stream.
     let (extra_tx, extra_rx) = futures::channel::mpsc::unbounded::<()>();
     let filtered = fingerprint.is_some();
+    let node = kind.kind == "Node" && kind.group.is_empty();
     let relisted = changes.clone();
     let events = trimmed.inspect(move |event| match event {
         Ok(event) => {
@@ -124,14 +125,18 @@ fn cached_watch(
                 relisted.everything();
             }
             if must_trigger(filtered, event, &indexes) {
-                relisted.everything();
+                match event {
+                    // A deleted Node: its parts go, which a pass over parts can take when the
+                    // steps can place the node (and no index asked for more).
+                    watcher::Event::Delete(obj) if node && indexes.is_empty() => relisted.node(obj.name_any()),
+                    _ => relisted.everything(),
+                }
                 let _ = extra_tx.unbounded_send(());
             }
         }
         Err(_) => store.note_failure(),
     });
     let objects = events.touched_objects();
-    let node = kind.kind == "Node" && kind.group.is_empty();
     let record = {
         let kind = kind.clone();
         move |obj: DynamicObject| {

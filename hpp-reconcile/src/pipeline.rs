@@ -1,7 +1,7 @@
 //! An ordered list of sub-reconcilers run as one pass: apply each in order, sweep labelled
 //! leftovers nobody claimed, and fold their readiness. Embedders edit the list in a few lines.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use hpp_api::HostPathProvisioner;
@@ -270,6 +270,14 @@ impl Pipeline {
         changed: Option<&Changed>,
     ) -> Result<Option<PassReport>> {
         let mut report = PassReport::default();
+        let settled;
+        let changed = match changed {
+            Some(c) => {
+                settled = self.without_gone_strays(applier, facts, index, c);
+                Some(&settled)
+            }
+            None => None,
+        };
         let Some(plan) = self.plan(hpp, cfg, facts, index, changed)? else {
             return Ok(None);
         };
@@ -291,10 +299,15 @@ impl Pipeline {
                     let step = u16::try_from(i).unwrap_or(u16::MAX);
                     match &p.rendered {
                         Rendered::Whole(_) => vec![Owner::Whole(step)],
-                        Rendered::Parts(parts) => parts
-                            .iter()
-                            .map(|n| Owner::Part(step, u32::try_from(*n).unwrap_or(u32::MAX)))
-                            .collect(),
+                        Rendered::Parts(chosen) => {
+                            let all = p.all_parts.as_deref().unwrap_or_default();
+                            chosen
+                                .iter()
+                                .filter_map(|n| all.get(*n))
+                                .chain(&p.removed)
+                                .map(|name| Owner::Part(step, part_hash(name)))
+                                .collect()
+                        }
                     }
                 })
                 .collect();
@@ -317,7 +330,7 @@ impl Pipeline {
                         for &n in batch {
                             let Some(part) = all.get(n) else { continue };
                             let objects = step.desired_part(hpp, cfg, facts, part)?;
-                            next.own(&objects, Owner::Part(step_no, u32::try_from(n).unwrap_or(u32::MAX)));
+                            next.own(&objects, Owner::Part(step_no, part_hash(part)));
                             desired.extend(objects);
                         }
                         check_namespaces(step.name(), &desired, &cfg.namespace)?;
@@ -334,7 +347,13 @@ impl Pipeline {
                             readiness
                         }
                         Some(_) => {
-                            let applied: Vec<String> = chosen.iter().filter_map(|&n| all.get(n).cloned()).collect();
+                            // The parts gone since the last pass count as applied, with no
+                            // live objects: the step forgets them.
+                            let applied: Vec<String> = chosen
+                                .iter()
+                                .filter_map(|&n| all.get(n).cloned())
+                                .chain(planned.removed.iter().cloned())
+                                .collect();
                             // It answered after the last full pass but not now: a full pass
                             // follows (the objects written so far are desired ones, and its
                             // index starts afresh).
@@ -377,6 +396,43 @@ impl Pipeline {
         Ok(Some(report))
     }
 
+    /// `changed` without the objects no pass rendered that are gone from the cache: a gone
+    /// part's objects the last pass swept, or someone else's labelled object deleted. Nothing
+    /// is left to do about them, where an object no pass rendered that is still there (a
+    /// leftover to sweep) takes a full pass.
+    fn without_gone_strays(
+        &self,
+        applier: &Applier,
+        facts: &ClusterFacts,
+        index: &PartIndex,
+        changed: &Changed,
+    ) -> Changed {
+        let kinds = self.kinds(facts);
+        let gone = |key: &ObjectKey| {
+            kinds
+                .iter()
+                .find(|k| key.kind.split_once('/') == Some((k.group.as_str(), k.kind.as_str())))
+                .and_then(|k| {
+                    applier.cache().holds(
+                        k,
+                        &crate::names::managed_selector(),
+                        key.namespace.as_deref(),
+                        &key.name,
+                    )
+                })
+                == Some(false)
+        };
+        Changed {
+            objects: changed
+                .objects
+                .iter()
+                .filter(|key| index.owner(key).is_some() || !gone(key))
+                .cloned()
+                .collect(),
+            nodes: changed.nodes.clone(),
+        }
+    }
+
     /// What each step renders in this pass: every object of a whole step (rendered now, so an
     /// object refused at render stops the pass before any write), and the parts of a step in
     /// parts to render as the pass goes (all of them, or for `changed` those its objects came
@@ -389,7 +445,7 @@ impl Pipeline {
         index: &PartIndex,
         changed: Option<&Changed>,
     ) -> Result<Option<Vec<Planned>>> {
-        let mut dirty: BTreeSet<(u16, u32)> = BTreeSet::new();
+        let mut dirty: BTreeSet<(u16, u64)> = BTreeSet::new();
         if let Some(changed) = changed {
             if index.parts.len() != self.steps.len() {
                 return Ok(None);
@@ -410,38 +466,25 @@ impl Pipeline {
             let step_no = u16::try_from(i).unwrap_or(u16::MAX);
             let planned = match step.parts(hpp, cfg, facts) {
                 Some(parts) => {
-                    let chosen = match changed {
-                        None => (0..parts.len()).collect(),
-                        Some(_) => {
-                            // The parts come from the CR and the facts; other parts than the
-                            // last pass's mean something besides these objects changed.
-                            if index.parts[i].as_ref() != Some(&parts)
-                                || !index.answers_in_parts.get(i).copied().unwrap_or(false)
-                            {
+                    let (chosen, removed) = match changed {
+                        None => ((0..parts.len()).collect(), Vec::new()),
+                        Some(changed) => {
+                            let Some(last) = index.parts[i].as_ref() else {
+                                return Ok(None);
+                            };
+                            if !index.answers_in_parts.get(i).copied().unwrap_or(false) {
                                 return Ok(None);
                             }
-                            let mut chosen: BTreeSet<usize> = dirty
-                                .range((step_no, 0)..=(step_no, u32::MAX))
-                                .map(|(_, part)| *part as usize)
-                                .filter(|n| *n < parts.len())
-                                .collect();
-                            if let Some(changed) = changed.filter(|c| !c.nodes.is_empty()) {
-                                let position: std::collections::HashMap<&str, usize> =
-                                    parts.iter().enumerate().map(|(n, p)| (p.as_str(), n)).collect();
-                                for node in &changed.nodes {
-                                    // A step that cannot say which parts read a Node: full pass.
-                                    let Some(reading) = step.parts_of_node(hpp, facts, node) else {
-                                        return Ok(None);
-                                    };
-                                    chosen.extend(reading.iter().filter_map(|p| position.get(p.as_str())));
-                                }
+                            match changed_parts(&**step, hpp, facts, changed, &parts, last, step_no, &dirty) {
+                                Some(scope) => scope,
+                                None => return Ok(None),
                             }
-                            chosen.into_iter().collect()
                         }
                     };
                     Planned {
                         all_parts: Some(parts),
                         rendered: Rendered::Parts(chosen),
+                        removed,
                     }
                 }
                 None => {
@@ -453,6 +496,7 @@ impl Pipeline {
                     Planned {
                         all_parts: None,
                         rendered: Rendered::Whole(desired),
+                        removed: Vec::new(),
                     }
                 }
             };
@@ -483,6 +527,54 @@ impl Pipeline {
     }
 }
 
+/// For a pass over parts, the parts of one step (`parts` now, `last` as of the last pass) to
+/// render (positions in `parts`) and the parts gone since: those whose objects changed
+/// (`dirty`) and those that read a changed Node ([`SubReconciler::parts_of_node`]). Parts that
+/// came or went must be among the latter (a Node that joined or left); anything else that
+/// changed the parts came from somewhere else, and `None` asks for a full pass, as does a
+/// changed Node the step cannot place.
+#[allow(clippy::too_many_arguments)]
+fn changed_parts(
+    step: &dyn SubReconciler,
+    hpp: &HostPathProvisioner,
+    facts: &ClusterFacts,
+    changed: &Changed,
+    parts: &[String],
+    last: &[String],
+    step_no: u16,
+    dirty: &BTreeSet<(u16, u64)>,
+) -> Option<(Vec<usize>, Vec<String>)> {
+    let mut reading: HashSet<&str> = HashSet::new();
+    let mut named: Vec<String> = Vec::new();
+    for node in &changed.nodes {
+        named.extend(step.parts_of_node(hpp, facts, node)?);
+    }
+    reading.extend(named.iter().map(String::as_str));
+    let removed: Vec<String> = if parts == last {
+        Vec::new()
+    } else {
+        let now: HashSet<&str> = parts.iter().map(String::as_str).collect();
+        let before: HashSet<&str> = last.iter().map(String::as_str).collect();
+        let came = now.difference(&before);
+        let went: Vec<&str> = before.difference(&now).copied().collect();
+        if !came.chain(&went).all(|p| reading.contains(p)) {
+            return None;
+        }
+        went.into_iter().map(str::to_owned).collect()
+    };
+    let hashes: HashSet<u64> = dirty
+        .range((step_no, 0)..=(step_no, u64::MAX))
+        .map(|(_, part)| *part)
+        .collect();
+    let chosen = parts
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| reading.contains(p.as_str()) || (!hashes.is_empty() && hashes.contains(&part_hash(p))))
+        .map(|(n, _)| n)
+        .collect();
+    Some((chosen, removed))
+}
+
 /// Parts of a step (see [`SubReconciler::parts`]) rendered and applied together: enough
 /// objects to keep [`APPLY_CONCURRENCY`](crate::apply::APPLY_CONCURRENCY) writes in flight
 /// during a first install, few enough that a pass holds a few dozen rendered objects, not
@@ -501,14 +593,26 @@ struct Planned {
     /// Every part of a step in parts (`None` for a whole step).
     all_parts: Option<Vec<String>>,
     rendered: Rendered,
+    /// In a pass over parts, the parts of the last pass that are gone (their objects are no
+    /// longer owned, so the sweep deletes them).
+    removed: Vec<String>,
 }
 
 /// Where an object of the last pass came from: a whole step (by position) or one part of a
-/// step in parts (by positions).
+/// step in parts (the step by position, the part by a hash of its name: a part keeps its
+/// place in the index when parts before it come or go).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Owner {
     Whole(u16),
-    Part(u16, u32),
+    Part(u16, u64),
+}
+
+/// The hash a part is known by in [`Owner::Part`].
+fn part_hash(name: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    name.hash(&mut h);
+    h.finish()
 }
 
 /// Which step and part rendered each object in the passes so far: lets a pass after a change

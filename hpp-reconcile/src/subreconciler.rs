@@ -254,11 +254,13 @@ pub trait SubReconciler: Send + Sync {
     }
 
     /// For a step in [`parts`](Self::parts) that answers
-    /// [`readiness_of_parts`](Self::readiness_of_parts): the parts whose objects read the Node
-    /// `node` (by part name), so a change to its labels, taints or readiness that leaves the
-    /// parts as they were costs a pass over those parts. A Node change that adds or removes
-    /// parts runs a full pass whatever this answers. `None` (the default): the operator runs a
-    /// full pass after any Node change.
+    /// [`readiness_of_parts`](Self::readiness_of_parts): the parts (by name) whose objects
+    /// depend on the Node `node` or on which nodes there are, so a change to the Node (its
+    /// labels, taints or readiness, or its deletion) costs a pass over those parts. Parts that
+    /// come or go with the change must be among them: their objects are rendered, or left to
+    /// the sweep, and the others are not looked at, so a part left out here that still wants an
+    /// object a gone part rendered loses it. `None` (the default): the operator runs a full
+    /// pass after any Node change.
     fn parts_of_node(&self, _hpp: &HostPathProvisioner, _facts: &ClusterFacts, _node: &str) -> Option<Vec<String>> {
         None
     }

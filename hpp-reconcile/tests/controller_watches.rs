@@ -385,9 +385,10 @@ async fn settle(env: &support::Env) {
 }
 
 /// Scale (issue 31): a change to one node's objects costs a pass over that node. A deleted
-/// mounter, a claim that changed and a Node whose labels changed are handled by passes over
-/// their parts only, whose status is the one a full pass derives; an object no pass rendered (a
-/// labelled leftover) and a Node change that adds or removes parts still run full passes.
+/// mounter, a claim that changed, a Node whose labels changed, a Node tainted out of the pools
+/// and back, and a deleted Node are handled by passes over their parts only, which leave the
+/// objects and the status a full pass wants; an object no pass rendered (a labelled leftover)
+/// still runs a full pass.
 #[tokio::test]
 async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
     let nodes = ["node01", "node02", "node03", "node04"];
@@ -474,14 +475,16 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
     settle(&env).await;
     assert_eq!(passes_by_scope(&env).0, full_before, "no full pass for a Node's labels");
 
-    // A taint the CR does not tolerate takes the pools off the node: the parts change, which
-    // takes a full pass (its mounter goes; its claim stays for when it comes back).
-    let mounter_of = |f: &FakeApiServer| {
-        f.list::<k8s_openapi::api::apps::v1::Deployment>()
-            .into_iter()
-            .any(|d| d.metadata.name.is_some_and(|n| n.contains("node02")))
+    // A taint the CR does not tolerate takes the pools off the node: its part goes (its
+    // mounter is swept; its claim stays for when it comes back), by a pass over parts too.
+    let mounter_of = |node: &'static str| {
+        move |f: &FakeApiServer| {
+            f.list::<k8s_openapi::api::apps::v1::Deployment>()
+                .into_iter()
+                .any(|d| d.metadata.name.is_some_and(|n| n.ends_with(node)))
+        }
     };
-    assert!(mounter_of(&env.fake));
+    assert!(mounter_of("node02")(&env.fake));
     node.spec
         .get_or_insert_default()
         .taints
@@ -492,21 +495,42 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
             ..Default::default()
         });
     env.fake.seed(&node);
-    tokio::time::timeout(PATIENCE, env.fake.wait_until(|f| !mounter_of(f)))
+    tokio::time::timeout(PATIENCE, env.fake.wait_until(|f| !mounter_of("node02")(f)))
         .await
         .expect("the tainted node's mounter goes");
     settle(&env).await;
-    let (full_tainted, _) = passes_by_scope(&env);
-    assert!(full_tainted > full_before, "other parts: a full pass");
+    assert_eq!(
+        passes_by_scope(&env).0,
+        full_before,
+        "a node leaving the pools: no full pass"
+    );
+    assert!(
+        env.fake.list::<PersistentVolumeClaim>().iter().any(|c| c
+            .metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.ends_with("node02"))),
+        "the claim of a node that left stays (its data is there if it comes back)"
+    );
     // Back: the mounter is made again.
     node.spec = None;
     env.fake.seed(&node);
-    tokio::time::timeout(PATIENCE, env.fake.wait_until(mounter_of))
+    tokio::time::timeout(PATIENCE, env.fake.wait_until(mounter_of("node02")))
         .await
         .expect("the node's mounter is back");
     env.mounters_ready();
     settle(&env).await;
-    let full_before = passes_by_scope(&env).0;
+    // A Node deleted: its part goes the same way.
+    env.fake.remove::<k8s_openapi::api::core::v1::Node>(None, "node04");
+    tokio::time::timeout(PATIENCE, env.fake.wait_until(|f| !mounter_of("node04")(f)))
+        .await
+        .expect("the deleted node's mounter goes");
+    settle(&env).await;
+    assert_eq!(
+        passes_by_scope(&env).0,
+        full_before,
+        "nodes joining and leaving the pools: no full pass"
+    );
 
     // A labelled object no step renders: a full pass sweeps it.
     let mut leftover = k8s_openapi::api::apps::v1::Deployment {

@@ -664,10 +664,11 @@ impl SubReconciler for StoragePools {
         Some(pool_readiness_of(hpp, facts, &kept))
     }
 
-    /// A node's part (its claims and mounters) is the only one that reads the node; the
-    /// cluster part reads only which nodes there are, which is the list of parts.
+    /// A node's part (its claims and mounters) reads the node; the cluster part reads which
+    /// nodes there are (the shared claims, and the claims of nodes that left, which stay), so
+    /// it is rendered again too when a node joins or leaves.
     fn parts_of_node(&self, _hpp: &HostPathProvisioner, _facts: &ClusterFacts, node: &str) -> Option<Vec<String>> {
-        Some(vec![node.to_owned()])
+        Some(vec![CLUSTER_PART.to_owned(), node.to_owned()])
     }
 
     /// Unmount on every Ready node first (Jobs), then delete Jobs, PVCs and overlay classes.
