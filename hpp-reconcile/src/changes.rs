@@ -1,6 +1,7 @@
 //! What changed since the last pass, as the watches saw it: the objects of the steps' kinds
-//! that changed, the Nodes that changed (labels, taints, readiness) or went away, or
-//! "something else" (a PersistentVolume, a relist). A pass after changes to rendered objects or
+//! that changed, the Nodes that changed (labels, taints, readiness) or went away, whether a
+//! PersistentVolume or a CSIStorageCapacity object changed, or "something else" (a relist, a
+//! kind only a plugged-in step watches). A pass after changes to rendered objects or
 //! Nodes only renders the parts those objects came from or that read those Nodes
 //! ([`Pipeline::apply_changed`](crate::Pipeline)); anything else runs a full pass.
 
@@ -29,6 +30,7 @@ struct Recorded {
     watching: bool,
     objects: BTreeSet<ObjectKey>,
     nodes: BTreeSet<String>,
+    storage: bool,
     everything: bool,
     /// Which part rendered each object, as of the last successful pass, for the CR and the
     /// inputs it was made with.
@@ -52,6 +54,9 @@ pub(crate) struct Changed {
     pub objects: BTreeSet<ObjectKey>,
     /// Nodes (by name) whose labels, taints or readiness changed, or that were deleted.
     pub nodes: BTreeSet<String>,
+    /// Whether a PersistentVolume or a CSIStorageCapacity object changed (see
+    /// [`SubReconciler::parts_read_storage`](crate::SubReconciler::parts_read_storage)).
+    pub storage: bool,
 }
 
 impl ChangeLog {
@@ -63,6 +68,7 @@ impl ChangeLog {
             r.everything = true;
             r.objects.clear();
             r.nodes.clear();
+            r.storage = false;
         }
     }
 
@@ -80,12 +86,21 @@ impl ChangeLog {
         }
     }
 
-    /// Something besides the steps' objects and Nodes changed: the next pass is a full one.
+    /// A PersistentVolume or a CSIStorageCapacity object changed (the pools' usage, node
+    /// loss).
+    pub fn storage(&self) {
+        if let Ok(mut r) = self.inner.lock() {
+            r.storage = true;
+        }
+    }
+
+    /// Something else changed: the next pass is a full one.
     pub fn everything(&self) {
         if let Ok(mut r) = self.inner.lock() {
             r.everything = true;
             r.objects.clear();
             r.nodes.clear();
+            r.storage = false;
         }
     }
 
@@ -97,12 +112,18 @@ impl ChangeLog {
         };
         let objects = std::mem::take(&mut r.objects);
         let nodes = std::mem::take(&mut r.nodes);
+        let storage = std::mem::take(&mut r.storage);
         let everything = std::mem::take(&mut r.everything);
         let uid = hpp.uid().unwrap_or_default();
         match r.index.take() {
-            Some((of, at, index)) if r.watching && !everything && of == uid && at == inputs => {
-                Scope::Changed(Changed { objects, nodes }, index)
-            }
+            Some((of, at, index)) if r.watching && !everything && of == uid && at == inputs => Scope::Changed(
+                Changed {
+                    objects,
+                    nodes,
+                    storage,
+                },
+                index,
+            ),
             _ => Scope::Full,
         }
     }
@@ -207,6 +228,10 @@ mod tests {
         log.node("n1".into());
         log.everything();
         assert!(matches!(log.take(&hpp, 1), Scope::Full));
+        // A PV: kept as a flag.
+        log.keep(&hpp, 1, PartIndex::default());
+        log.storage();
+        assert!(matches!(log.take(&hpp, 1), Scope::Changed(c, _) if c.storage && c.objects.is_empty()));
         log.keep(&hpp, 1, PartIndex::default());
         log.watching(false);
         assert!(matches!(log.take(&hpp, 1), Scope::Full), "the watches stopped");

@@ -80,8 +80,9 @@ fn usage_fingerprint(obj: &DynamicObject) -> Option<u64> {
 /// act on.
 ///
 /// Every trigger is recorded in `changes`: the key of an object of a kind the steps render
-/// (`rendered`), the name of a Node whose fingerprint changed or that was deleted, and
-/// "everything" for any other kind, a relist, or another trigger the filter would swallow.
+/// (`rendered`), the name of a Node whose fingerprint changed or that was deleted, a change of
+/// a PersistentVolume or a CSIStorageCapacity object, and "everything" for any other kind, a
+/// relist, or another trigger the filter would swallow.
 fn cached_watch(
     client: &Client,
     namespace: &str,
@@ -116,6 +117,10 @@ fn cached_watch(
     let (extra_tx, extra_rx) = futures::channel::mpsc::unbounded::<()>();
     let filtered = fingerprint.is_some();
     let node = kind.kind == "Node" && kind.group.is_empty();
+    // The kinds only the facts and node loss read (not rendered, not Nodes).
+    let storage = !rendered
+        && ((kind.kind == "PersistentVolume" && kind.group.is_empty())
+            || (kind.kind == "CSIStorageCapacity" && kind.group == "storage.k8s.io"));
     let relisted = changes.clone();
     let events = trimmed.inspect(move |event| match event {
         Ok(event) => {
@@ -129,6 +134,9 @@ fn cached_watch(
                     // A deleted Node: its parts go, which a pass over parts can take when the
                     // steps can place the node (and no index asked for more).
                     watcher::Event::Delete(obj) if node && indexes.is_empty() => relisted.node(obj.name_any()),
+                    // A PV or capacity object the usage or the node-loss index reports: the
+                    // steps acting on them run in every pass.
+                    watcher::Event::Apply(_) | watcher::Event::Delete(_) if storage => relisted.storage(),
                     _ => relisted.everything(),
                 }
                 let _ = extra_tx.unbounded_send(());
@@ -144,6 +152,8 @@ fn cached_watch(
                 changes.object(crate::object::key_of(&kind, &obj));
             } else if node {
                 changes.node(obj.name_any());
+            } else if storage {
+                changes.storage();
             } else {
                 changes.everything();
             }

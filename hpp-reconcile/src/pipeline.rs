@@ -430,6 +430,7 @@ impl Pipeline {
                 .cloned()
                 .collect(),
             nodes: changed.nodes.clone(),
+            storage: changed.storage,
         }
     }
 
@@ -544,6 +545,9 @@ fn changed_parts(
     step_no: u16,
     dirty: &BTreeSet<(u16, u64)>,
 ) -> Option<(Vec<usize>, Vec<String>)> {
+    if changed.storage && step.parts_read_storage() {
+        return None;
+    }
     let mut reading: HashSet<&str> = HashSet::new();
     let mut named: Vec<String> = Vec::new();
     for node in &changed.nodes {

@@ -265,6 +265,16 @@ pub trait SubReconciler: Send + Sync {
         None
     }
 
+    /// For a step in [`parts`](Self::parts) that answers
+    /// [`readiness_of_parts`](Self::readiness_of_parts): whether its parts read what
+    /// PersistentVolumes and CSIStorageCapacity objects feed (`ClusterFacts::volumes`,
+    /// `capacities`, or its own facts from them). `true` (the default): a change to one runs a
+    /// full pass. `false`: such a change (a volume provisioned, a capacity republished) costs a
+    /// pass over none of this step's parts; its readiness is still asked for.
+    fn parts_read_storage(&self) -> bool {
+        true
+    }
+
     /// Changes to objects the step does not own (deleting or patching them), after every step
     /// applied and the sweep ran: decide with a pure function of the CR, the facts and the
     /// stored status, then act. What the step did comes back as [`Readiness`] (one-off
@@ -340,6 +350,9 @@ macro_rules! delegate {
             }
             fn parts_of_node(&self, hpp: &HostPathProvisioner, facts: &ClusterFacts, node: &str) -> Option<Vec<String>> {
                 (**self).parts_of_node(hpp, facts, node)
+            }
+            fn parts_read_storage(&self) -> bool {
+                (**self).parts_read_storage()
             }
             async fn act(&self, applier: &Applier, hpp: &HostPathProvisioner, cfg: &OperatorConfig, facts: &ClusterFacts) -> Result<Readiness> {
                 (**self).act(applier, hpp, cfg, facts).await

@@ -532,6 +532,37 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
         "nodes joining and leaving the pools: no full pass"
     );
 
+    // A volume of the driver is provisioned in a pool: its usage reaches the pool's status
+    // through a pass over none of the pools' parts.
+    let pool = cr(&env.fake).status.unwrap().storage_pool_statuses[0].name.clone();
+    let pv: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "pvc-provisioned" },
+        "spec": { "capacity": { "storage": "3Gi" }, "accessModes": ["ReadWriteOnce"],
+                  "csi": { "driver": hpp_api::constants::DRIVER_NAME, "volumeHandle": "pvc-provisioned",
+                           "volumeAttributes": { "storagePool": pool } } },
+        "status": { "phase": "Bound" },
+    }))
+    .unwrap();
+    env.fake.seed(&pv);
+    tokio::time::timeout(
+        PATIENCE,
+        env.fake.wait_until(|f| {
+            cr(f).status.is_some_and(|s| {
+                s.storage_pool_statuses
+                    .iter()
+                    .any(|p| p.name == pool && p.committed.as_deref() == Some("3Gi"))
+            })
+        }),
+    )
+    .await
+    .expect("the volume's size reaches the pool's status");
+    settle(&env).await;
+    assert_eq!(
+        passes_by_scope(&env).0,
+        full_before,
+        "a volume provisioned: no full pass"
+    );
+
     // A labelled object no step renders: a full pass sweeps it.
     let mut leftover = k8s_openapi::api::apps::v1::Deployment {
         metadata: support::meta("hpp-pool-leftover"),

@@ -671,6 +671,12 @@ impl SubReconciler for StoragePools {
         Some(vec![CLUSTER_PART.to_owned(), node.to_owned()])
     }
 
+    /// The parts read the CR, the configuration, nodes, and the pool objects (claims, mounters,
+    /// Jobs); the volumes and capacities feed only the readiness (each pool's usage).
+    fn parts_read_storage(&self) -> bool {
+        false
+    }
+
     /// Unmount on every Ready node first (Jobs), then delete Jobs, PVCs and overlay classes.
     async fn cleanup(
         &self,
