@@ -264,11 +264,17 @@ impl Cache {
         Some(store.keys(|ns| !kind.namespaced || namespace.is_none_or(|want| want == ns)))
     }
 
-    /// Whether the synced store of `kind` objects matching `selector` holds the object;
-    /// `None` without a synced store.
-    pub fn holds(&self, kind: &Kind, selector: &str, namespace: Option<&str>, name: &str) -> Option<bool> {
-        let store = self.synced(kind, selector)?;
-        Some(store.resource_version(store_namespace(kind, namespace), name).is_some())
+    /// Whether any synced store of `kind` objects (under any selector) holds the object;
+    /// `None` without a synced store of the kind.
+    pub fn holds(&self, kind: &Kind, namespace: Option<&str>, name: &str) -> Option<bool> {
+        let stores = self.stores.read().ok()?;
+        let mut synced = stores
+            .iter()
+            .filter(|((k, _), store)| k == kind && store.is_ready())
+            .map(|(_, store)| store)
+            .peekable();
+        synced.peek()?;
+        Some(synced.any(|store| store.resource_version(store_namespace(kind, namespace), name).is_some()))
     }
 
     /// The cached object's `resourceVersion`: `Some(Some(rv))` when held, `Some(None)` when a

@@ -37,6 +37,28 @@ struct Recorded {
     index: Option<(String, u64, PartIndex)>,
 }
 
+/// What [`ChangeLog::begin`] took for one pass.
+#[derive(Debug, Default)]
+pub(crate) struct Taken {
+    watching: bool,
+    changed: Changed,
+    everything: bool,
+    index: Option<(String, u64, PartIndex)>,
+}
+
+impl Taken {
+    /// What a pass over `hpp` with `inputs` ([`pass_inputs`]) may limit itself to.
+    pub(crate) fn scope(self, hpp: &HostPathProvisioner, inputs: u64) -> Scope {
+        let uid = hpp.uid().unwrap_or_default();
+        match self.index {
+            Some((of, at, index)) if self.watching && !self.everything && of == uid && at == inputs => {
+                Scope::Changed(self.changed, index)
+            }
+            _ => Scope::Full,
+        }
+    }
+}
+
 /// What the next pass may limit itself to.
 pub(crate) enum Scope {
     /// Everything: the first pass, a pass after a failure, a change of the CR's spec or of the
@@ -106,25 +128,27 @@ impl ChangeLog {
 
     /// Takes what was recorded since the last pass, for a pass over `hpp` with `inputs`
     /// ([`pass_inputs`]).
+    #[cfg(test)]
     pub(crate) fn take(&self, hpp: &HostPathProvisioner, inputs: u64) -> Scope {
+        self.begin().scope(hpp, inputs)
+    }
+
+    /// Takes what was recorded since the last pass, before the pass reads the caches: a change
+    /// recorded after that is left to the next pass, never used up by a pass that read the
+    /// caches before it landed. [`Taken::scope`] then says what the pass may limit itself to.
+    pub(crate) fn begin(&self) -> Taken {
         let Ok(mut r) = self.inner.lock() else {
-            return Scope::Full;
+            return Taken::default();
         };
-        let objects = std::mem::take(&mut r.objects);
-        let nodes = std::mem::take(&mut r.nodes);
-        let storage = std::mem::take(&mut r.storage);
-        let everything = std::mem::take(&mut r.everything);
-        let uid = hpp.uid().unwrap_or_default();
-        match r.index.take() {
-            Some((of, at, index)) if r.watching && !everything && of == uid && at == inputs => Scope::Changed(
-                Changed {
-                    objects,
-                    nodes,
-                    storage,
-                },
-                index,
-            ),
-            _ => Scope::Full,
+        Taken {
+            watching: r.watching,
+            changed: Changed {
+                objects: std::mem::take(&mut r.objects),
+                nodes: std::mem::take(&mut r.nodes),
+                storage: std::mem::take(&mut r.storage),
+            },
+            everything: std::mem::take(&mut r.everything),
+            index: r.index.take(),
         }
     }
 

@@ -19,7 +19,7 @@ use tracing::{debug, info, instrument, warn};
 
 use crate::apply::Applier;
 use crate::cache::Cache;
-use crate::changes::{ChangeLog, Scope, pass_inputs};
+use crate::changes::{ChangeLog, Scope, Taken, pass_inputs};
 use crate::config::OperatorConfig;
 use crate::error::{Error, Result};
 use crate::events::EventRecorder;
@@ -249,9 +249,10 @@ impl Context {
         hpp: &HostPathProvisioner,
         cfg: &OperatorConfig,
         facts: &crate::ClusterFacts,
+        taken: Taken,
     ) -> Result<crate::PassReport> {
         let inputs = pass_inputs(hpp, cfg, facts);
-        let mut index = match self.changes.take(hpp, inputs) {
+        let mut index = match taken.scope(hpp, inputs) {
             Scope::Changed(changed, mut index) => {
                 match self
                     .pipeline
@@ -423,11 +424,13 @@ async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
         return Err(err);
     }
     let pass = async {
+        // What changed is taken before the caches are read (see `ChangeLog::begin`).
+        let taken = ctx.changes.begin();
         let applier = ctx.applier();
         let mut facts = gather::gather(&applier, &cfg.namespace).await?;
         facts.now = Some(ctx.now());
         ctx.pipeline.gather(&applier, cfg, &mut facts).await?;
-        ctx.pass(&applier, &hpp, cfg, &facts).await
+        ctx.pass(&applier, &hpp, cfg, &facts, taken).await
     };
     match pass.await {
         Ok(report) => {

@@ -396,10 +396,11 @@ impl Pipeline {
         Ok(Some(report))
     }
 
-    /// `changed` without the objects no pass rendered that are gone from the cache: a gone
-    /// part's objects the last pass swept, or someone else's labelled object deleted. Nothing
-    /// is left to do about them, where an object no pass rendered that is still there (a
-    /// leftover to sweep) takes a full pass.
+    /// `changed` without the objects no pass rendered that no watch cache of their kind holds
+    /// (under any selector): a gone part's objects the last pass swept, or someone else's
+    /// labelled object deleted. Nothing is left to do about them, where an object no pass
+    /// rendered that is still there (a leftover to sweep, a pool object a fact reads) takes a
+    /// full pass.
     fn without_gone_strays(
         &self,
         applier: &Applier,
@@ -412,14 +413,7 @@ impl Pipeline {
             kinds
                 .iter()
                 .find(|k| key.kind.split_once('/') == Some((k.group.as_str(), k.kind.as_str())))
-                .and_then(|k| {
-                    applier.cache().holds(
-                        k,
-                        &crate::names::managed_selector(),
-                        key.namespace.as_deref(),
-                        &key.name,
-                    )
-                })
+                .and_then(|k| applier.cache().holds(k, key.namespace.as_deref(), &key.name))
                 == Some(false)
         };
         Changed {
@@ -554,6 +548,12 @@ fn changed_parts(
         named.extend(step.parts_of_node(hpp, facts, node)?);
     }
     reading.extend(named.iter().map(String::as_str));
+    // Parts are known by a hash of their name: two names of one hash (never seen, but a gone
+    // part's objects are forgotten by it) take the full pass.
+    let names: HashSet<&str> = parts.iter().chain(last).map(String::as_str).collect();
+    if names.iter().map(|p| part_hash(p)).collect::<HashSet<u64>>().len() != names.len() {
+        return None;
+    }
     let removed: Vec<String> = if parts == last {
         Vec::new()
     } else {

@@ -454,6 +454,35 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
     env.bind_claims();
     settle(&env).await;
 
+    // A labelled object no step renders: a full pass sweeps it.
+    let mut leftover = k8s_openapi::api::apps::v1::Deployment {
+        metadata: support::meta("hpp-pool-leftover"),
+        ..Default::default()
+    };
+    leftover.metadata.namespace = Some(NS.into());
+    let (key, value) = hpp_reconcile::names::managed_selector()
+        .split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .unwrap();
+    leftover.metadata.labels = Some([(key, value)].into());
+    env.fake.seed(&leftover);
+    tokio::time::timeout(
+        PATIENCE,
+        env.fake.wait_until(|f| {
+            f.get::<k8s_openapi::api::apps::v1::Deployment>(Some(NS), "hpp-pool-leftover")
+                .is_none()
+        }),
+    )
+    .await
+    .expect("the leftover is swept");
+    assert!(
+        passes_by_scope(&env).0 > full_before,
+        "an unknown object runs a full pass"
+    );
+    settle(&env).await;
+    // From here on, only passes over parts: the full pass at the end checks what they left.
+    let full_before = passes_by_scope(&env).0;
+
     // A Node's labels change and the pools stay on it: a pass over that node's part.
     let (_, changed_before) = passes_by_scope(&env);
     let mut node = env
@@ -526,6 +555,14 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
         .await
         .expect("the deleted node's mounter goes");
     settle(&env).await;
+    assert!(
+        env.fake.list::<PersistentVolumeClaim>().iter().any(|c| c
+            .metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.ends_with("node04"))),
+        "the claim of a deleted node stays"
+    );
     assert_eq!(
         passes_by_scope(&env).0,
         full_before,
@@ -563,31 +600,6 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
         "a volume provisioned: no full pass"
     );
 
-    // A labelled object no step renders: a full pass sweeps it.
-    let mut leftover = k8s_openapi::api::apps::v1::Deployment {
-        metadata: support::meta("hpp-pool-leftover"),
-        ..Default::default()
-    };
-    leftover.metadata.namespace = Some(NS.into());
-    let (key, value) = hpp_reconcile::names::managed_selector()
-        .split_once('=')
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .unwrap();
-    leftover.metadata.labels = Some([(key, value)].into());
-    env.fake.seed(&leftover);
-    tokio::time::timeout(
-        PATIENCE,
-        env.fake.wait_until(|f| {
-            f.get::<k8s_openapi::api::apps::v1::Deployment>(Some(NS), "hpp-pool-leftover")
-                .is_none()
-        }),
-    )
-    .await
-    .expect("the leftover is swept");
-    assert!(
-        passes_by_scope(&env).0 > full_before,
-        "an unknown object runs a full pass"
-    );
     settle(&env).await;
     let status_after_parts = cr(&env.fake).status.unwrap();
     controller.stop().await;

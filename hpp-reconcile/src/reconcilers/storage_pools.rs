@@ -400,6 +400,19 @@ impl PoolLive {
         }
     }
 
+    /// Forgets the claims the cluster part renders (shared claims, claims of nodes that left):
+    /// every claim but those of the parts of `nodes`. Its live claims are recorded again after.
+    fn forget_cluster_claims(&mut self, hpp: &HostPathProvisioner, nodes: &[&NodeFact]) {
+        let of_nodes: std::collections::HashSet<String> = hpp
+            .spec
+            .storage_pools
+            .iter()
+            .flatten()
+            .flat_map(|pool| nodes.iter().map(|n| names::pool_node_name(&pool.name, &n.name)))
+            .collect();
+        self.claims.retain(|(_, name), _| of_nodes.contains(name));
+    }
+
     /// The mounters of the pool labelled `label`, by node.
     fn mounters_of<'a>(&'a self, label: &'a str) -> impl Iterator<Item = (&'a String, &'a super::rollout::Rollout)> {
         self.mounters
@@ -657,8 +670,12 @@ impl SubReconciler for StoragePools {
         live: &[DynamicObject],
     ) -> Option<Readiness> {
         let mut kept = self.live.lock().ok()?;
-        for part in applied.iter().filter(|p| p.as_str() != CLUSTER_PART) {
-            kept.forget_node(hpp, part);
+        for part in applied {
+            if part == CLUSTER_PART {
+                kept.forget_cluster_claims(hpp, &pool_nodes(hpp, facts));
+            } else {
+                kept.forget_node(hpp, part);
+            }
         }
         kept.record(live);
         Some(pool_readiness_of(hpp, facts, &kept))
