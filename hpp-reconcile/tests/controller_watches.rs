@@ -369,6 +369,33 @@ fn passes_by_scope(env: &support::Env) -> (u64, u64) {
     (count(SCOPE_FULL), count(SCOPE_CHANGED))
 }
 
+/// Waits until the operator settles, then checks it ran no full pass since `full_before`.
+async fn settled_without_full_pass(env: &support::Env, full_before: u64, after: &str) {
+    settle(env).await;
+    assert_eq!(passes_by_scope(env).0, full_before, "{after}: no full pass");
+}
+
+/// Waits until the CR's pool statuses are as `want` says.
+async fn wait_for_pools(env: &support::Env, what: &str, want: impl Fn(&[hpp_api::v1beta1::StoragePoolStatus]) -> bool) {
+    tokio::time::timeout(
+        PATIENCE,
+        env.fake.wait_until(|f| {
+            f.get::<HostPathProvisioner>(None, CR)
+                .and_then(|cr| cr.status)
+                .is_some_and(|s| want(&s.storage_pool_statuses))
+        }),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{what}"));
+}
+
+/// Whether the pool claim of `node` exists.
+fn has_claim_of(fake: &FakeApiServer, node: &str) -> bool {
+    fake.list::<PersistentVolumeClaim>()
+        .iter()
+        .any(|c| c.metadata.name.as_deref().is_some_and(|n| n.ends_with(node)))
+}
+
 /// Waits until no pass ran for half a second.
 async fn settle(env: &support::Env) {
     tokio::time::timeout(PATIENCE, async {
@@ -436,21 +463,14 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
         env.fake
             .set_status::<PersistentVolumeClaim>(Some(NS), &claim, serde_json::json!({ "phase": "Lost" }))
     );
-    tokio::time::timeout(
-        PATIENCE,
-        env.fake.wait_until(|f| {
-            cr(f).status.is_some_and(|s| {
-                s.storage_pool_statuses
-                    .iter()
-                    .flat_map(|p| &p.claim_statuses)
-                    .any(|c| c.name == claim && c.status.phase.as_deref() == Some("Lost"))
-            })
-        }),
-    )
-    .await
-    .expect("the claim's new phase reaches the CR's status");
-    settle(&env).await;
-    assert_eq!(passes_by_scope(&env).0, full_before, "still no full pass");
+    wait_for_pools(&env, "the claim's new phase reaches the CR's status", |pools| {
+        pools
+            .iter()
+            .flat_map(|p| &p.claim_statuses)
+            .any(|c| c.name == claim && c.status.phase.as_deref() == Some("Lost"))
+    })
+    .await;
+    settled_without_full_pass(&env, full_before, "a claim's phase").await;
     env.bind_claims();
     settle(&env).await;
 
@@ -501,8 +521,7 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
     })
     .await
     .expect("a pass over the node's part");
-    settle(&env).await;
-    assert_eq!(passes_by_scope(&env).0, full_before, "no full pass for a Node's labels");
+    settled_without_full_pass(&env, full_before, "a Node's labels").await;
 
     // A taint the CR does not tolerate takes the pools off the node: its part goes (its
     // mounter is swept; its claim stays for when it comes back), by a pass over parts too.
@@ -527,18 +546,9 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
     tokio::time::timeout(PATIENCE, env.fake.wait_until(|f| !mounter_of("node02")(f)))
         .await
         .expect("the tainted node's mounter goes");
-    settle(&env).await;
-    assert_eq!(
-        passes_by_scope(&env).0,
-        full_before,
-        "a node leaving the pools: no full pass"
-    );
+    settled_without_full_pass(&env, full_before, "a node leaving the pools").await;
     assert!(
-        env.fake.list::<PersistentVolumeClaim>().iter().any(|c| c
-            .metadata
-            .name
-            .as_deref()
-            .is_some_and(|n| n.ends_with("node02"))),
+        has_claim_of(&env.fake, "node02"),
         "the claim of a node that left stays (its data is there if it comes back)"
     );
     // Back: the mounter is made again.
@@ -554,20 +564,8 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
     tokio::time::timeout(PATIENCE, env.fake.wait_until(|f| !mounter_of("node04")(f)))
         .await
         .expect("the deleted node's mounter goes");
-    settle(&env).await;
-    assert!(
-        env.fake.list::<PersistentVolumeClaim>().iter().any(|c| c
-            .metadata
-            .name
-            .as_deref()
-            .is_some_and(|n| n.ends_with("node04"))),
-        "the claim of a deleted node stays"
-    );
-    assert_eq!(
-        passes_by_scope(&env).0,
-        full_before,
-        "nodes joining and leaving the pools: no full pass"
-    );
+    settled_without_full_pass(&env, full_before, "nodes joining and leaving the pools").await;
+    assert!(has_claim_of(&env.fake, "node04"), "the claim of a deleted node stays");
 
     // A volume of the driver is provisioned in a pool: its usage reaches the pool's status
     // through a pass over none of the pools' parts.
@@ -581,24 +579,13 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
     }))
     .unwrap();
     env.fake.seed(&pv);
-    tokio::time::timeout(
-        PATIENCE,
-        env.fake.wait_until(|f| {
-            cr(f).status.is_some_and(|s| {
-                s.storage_pool_statuses
-                    .iter()
-                    .any(|p| p.name == pool && p.committed.as_deref() == Some("3Gi"))
-            })
-        }),
-    )
-    .await
-    .expect("the volume's size reaches the pool's status");
-    settle(&env).await;
-    assert_eq!(
-        passes_by_scope(&env).0,
-        full_before,
-        "a volume provisioned: no full pass"
-    );
+    wait_for_pools(&env, "the volume's size reaches the pool's status", |pools| {
+        pools
+            .iter()
+            .any(|p| p.name == pool && p.committed.as_deref() == Some("3Gi"))
+    })
+    .await;
+    settled_without_full_pass(&env, full_before, "a volume provisioned").await;
 
     settle(&env).await;
     let status_after_parts = cr(&env.fake).status.unwrap();
