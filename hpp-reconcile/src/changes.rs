@@ -37,6 +37,16 @@ struct Recorded {
     index: Option<(String, u64, PartIndex)>,
 }
 
+impl Recorded {
+    /// The next pass is a full one: what was recorded of single changes goes.
+    fn everything(&mut self) {
+        self.everything = true;
+        self.objects.clear();
+        self.nodes.clear();
+        self.storage = false;
+    }
+}
+
 /// What [`ChangeLog::begin`] took for one pass.
 #[derive(Debug, Default)]
 pub(crate) struct Taken {
@@ -87,10 +97,7 @@ impl ChangeLog {
     pub fn watching(&self, on: bool) {
         if let Ok(mut r) = self.inner.lock() {
             r.watching = on;
-            r.everything = true;
-            r.objects.clear();
-            r.nodes.clear();
-            r.storage = false;
+            r.everything();
         }
     }
 
@@ -119,10 +126,7 @@ impl ChangeLog {
     /// Something else changed: the next pass is a full one.
     pub fn everything(&self) {
         if let Ok(mut r) = self.inner.lock() {
-            r.everything = true;
-            r.objects.clear();
-            r.nodes.clear();
-            r.storage = false;
+            r.everything();
         }
     }
 

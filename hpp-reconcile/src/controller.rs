@@ -300,16 +300,14 @@ fn throttle(triggers: impl Stream<Item = ()> + Send + 'static, interval: Duratio
         }
         .instrument(tracing::Span::current()),
     );
-    let state = (rx, None::<tokio::time::Instant>, Some(reader));
-    futures::stream::unfold(state, move |(mut rx, last, mut reader)| async move {
+    let state = (rx, None::<tokio::time::Instant>, reader);
+    futures::stream::unfold(state, move |(mut rx, last, reader)| async move {
         if rx.recv().await.is_none() {
             // The triggers ended, or their reader panicked: a panic goes on here, where it
             // ends the controller as it did before the reader had a task of its own, rather
             // than leaving passes to trust a change log nobody fills.
-            if let Some(Err(e)) = match reader.take() {
-                Some(reader) => Some(reader.await),
-                None => None,
-            } && e.is_panic()
+            if let Err(e) = reader.await
+                && e.is_panic()
             {
                 std::panic::resume_unwind(e.into_panic());
             }

@@ -1,7 +1,7 @@
 //! An ordered list of sub-reconcilers run as one pass: apply each in order, sweep labelled
 //! leftovers nobody claimed, and fold their readiness. Embedders edit the list in a few lines.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use hpp_api::HostPathProvisioner;
@@ -542,16 +542,16 @@ fn changed_parts(
     if changed.storage && step.parts_read_storage() {
         return None;
     }
-    let mut reading: HashSet<&str> = HashSet::new();
+    // The parts that read a changed Node.
     let mut named: Vec<String> = Vec::new();
     for node in &changed.nodes {
         named.extend(step.parts_of_node(hpp, facts, node)?);
     }
-    reading.extend(named.iter().map(String::as_str));
+    let reading: HashSet<&str> = named.iter().map(String::as_str).collect();
     // Parts are known by a hash of their name: two names of one hash (never seen, but a gone
     // part's objects are forgotten by it) take the full pass.
-    let names: HashSet<&str> = parts.iter().chain(last).map(String::as_str).collect();
-    if names.iter().map(|p| part_hash(p)).collect::<HashSet<u64>>().len() != names.len() {
+    let hashed: HashMap<&str, u64> = parts.iter().chain(last).map(|p| (p.as_str(), part_hash(p))).collect();
+    if hashed.values().collect::<HashSet<_>>().len() != hashed.len() {
         return None;
     }
     let removed: Vec<String> = if parts == last {
@@ -566,14 +566,15 @@ fn changed_parts(
         }
         went.into_iter().map(str::to_owned).collect()
     };
-    let hashes: HashSet<u64> = dirty
+    // The parts whose objects changed.
+    let dirty: HashSet<u64> = dirty
         .range((step_no, 0)..=(step_no, u64::MAX))
         .map(|(_, part)| *part)
         .collect();
     let chosen = parts
         .iter()
         .enumerate()
-        .filter(|(_, p)| reading.contains(p.as_str()) || (!hashes.is_empty() && hashes.contains(&part_hash(p))))
+        .filter(|(_, p)| reading.contains(p.as_str()) || hashed.get(p.as_str()).is_some_and(|h| dirty.contains(h)))
         .map(|(n, _)| n)
         .collect();
     Some((chosen, removed))
@@ -611,12 +612,17 @@ pub(crate) enum Owner {
     Part(u16, u64),
 }
 
+/// The hash an object is known by in the [`PartIndex`], and a part in [`Owner::Part`].
+fn index_hash<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::hash::DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
+}
+
 /// The hash a part is known by in [`Owner::Part`].
 fn part_hash(name: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::hash::DefaultHasher::new();
-    name.hash(&mut h);
-    h.finish()
+    index_hash(name)
 }
 
 /// Which step and part rendered each object in the passes so far: lets a pass after a change
@@ -634,24 +640,17 @@ pub(crate) struct PartIndex {
 }
 
 impl PartIndex {
-    fn hash(key: &ObjectKey) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::hash::DefaultHasher::new();
-        key.hash(&mut h);
-        h.finish()
-    }
-
     fn owner(&self, key: &ObjectKey) -> Option<Owner> {
-        self.owners.get(&Self::hash(key)).copied()
+        self.owners.get(&index_hash(key)).copied()
     }
 
     fn owns(&self, key: &ObjectKey) -> bool {
-        self.owners.contains_key(&Self::hash(key))
+        self.owners.contains_key(&index_hash(key))
     }
 
     fn own(&mut self, desired: &[DesiredObject], owner: Owner) {
         for d in desired {
-            self.owners.insert(Self::hash(&d.key()), owner);
+            self.owners.insert(index_hash(&d.key()), owner);
         }
     }
 

@@ -137,7 +137,7 @@ fn strip_times(conditions: &[Condition]) -> Vec<Condition> {
 }
 
 /// Whether two statuses differ at most in their conditions' heartbeat and transition times:
-/// [`comparable`] of each, compared without copying either (a status lists a claim per node).
+/// [`comparable`] of each, compared without copying the pool statuses (a claim per node).
 pub fn same_but_times(a: &HostPathProvisionerStatus, b: &HostPathProvisionerStatus) -> bool {
     // Every field by name: a new field fails to compile here until it is compared.
     let HostPathProvisionerStatus {
@@ -149,19 +149,7 @@ pub fn same_but_times(a: &HostPathProvisionerStatus, b: &HostPathProvisionerStat
         node_loss,
         volume_audit,
     } = a;
-    let same_conditions = conditions.len() == b.conditions.len()
-        && conditions.iter().zip(&b.conditions).all(|(x, y)| {
-            Condition {
-                last_heartbeat_time: None,
-                last_transition_time: None,
-                ..x.clone()
-            } == Condition {
-                last_heartbeat_time: None,
-                last_transition_time: None,
-                ..y.clone()
-            }
-        });
-    same_conditions
+    strip_times(conditions) == strip_times(&b.conditions)
         && *observed_version == b.observed_version
         && *operator_version == b.operator_version
         && *target_version == b.target_version
@@ -194,7 +182,8 @@ pub fn derive(prev: &HostPathProvisionerStatus, version: &str, outcome: &Outcome
     let mut status = HostPathProvisionerStatus {
         operator_version: Some(version.to_owned()),
         target_version: Some(version.to_owned()),
-        conditions: prev.conditions.clone(),
+        // Derived below from the outcome and the previous ones.
+        conditions: Vec::new(),
         observed_version: prev.observed_version.clone(),
         // A pass's pools replace the last ones: not copied first (a claim per node).
         storage_pool_statuses: match outcome {
