@@ -357,12 +357,10 @@ async fn measure(
 struct ChurnFigures {
     /// Status rewrites made.
     changes: usize,
-    passes: u64,
-    full_passes: u64,
     /// Requests the operator made meanwhile (status writes of the CR included).
     requests: usize,
-    /// CPU from the first rewrite to 1 s after the last, less what the same time costs idle.
-    cpu: Duration,
+    /// Passes and CPU from the first rewrite to 1 s after the last.
+    cost: StageCost,
 }
 
 /// Rewrites mounter Deployments' status at [`CHURN_RATE`] a second for [`CHURN`], as the
@@ -402,23 +400,22 @@ async fn churn(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::Res
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The requests are counted after the second the stage's cost waits for.
     let cost = meter.finish().await?;
     let figures = ChurnFigures {
         changes,
-        passes: cost.passes,
-        full_passes: cost.full_passes,
         requests: fake.requests().len(),
-        cpu: cost.cpu,
+        cost,
     };
     println!(
         "status churn: {changes} mounter Deployment status rewrites in {}s: {} passes ({} full), {} requests, \
          operator CPU beyond idle {:.1} ms ({:.2} ms a rewrite)",
         CHURN.as_secs(),
-        figures.passes,
-        figures.full_passes,
+        figures.cost.passes,
+        figures.cost.full_passes,
         figures.requests,
-        figures.cpu.as_secs_f64() * 1000.0,
-        figures.cpu.as_secs_f64() * 1000.0 / changes.max(1) as f64
+        figures.cost.cpu.as_secs_f64() * 1000.0,
+        figures.cost.cpu.as_secs_f64() * 1000.0 / changes.max(1) as f64
     );
     Ok(Some(figures))
 }
@@ -453,11 +450,9 @@ async fn relabel(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::R
 struct NodeLossFigures {
     /// From the taint to the node in `status.nodeLoss`.
     seen_after: Duration,
-    passes: u64,
-    full_passes: u64,
     requests: usize,
-    /// CPU from the taint to 1 s after the status, less what the same time costs idle.
-    cpu: Duration,
+    /// Passes and CPU from the taint to 1 s after the status.
+    cost: StageCost,
 }
 
 /// Taints node-0 out-of-service while the cluster holds `pvs` PVs of a `Recreate` class
@@ -507,20 +502,18 @@ async fn node_loss(
     let cost = meter.finish().await?;
     let figures = NodeLossFigures {
         seen_after,
-        passes: cost.passes,
-        full_passes: cost.full_passes,
         requests: fake.requests().len(),
-        cpu: cost.cpu,
+        cost,
     };
     println!(
         "node-0 lost (out-of-service taint; {} of {pvs} PVs on it): in status.nodeLoss after {:.0} ms, {} passes ({} full), \
          {} requests, operator CPU beyond idle {:.1} ms (1 s after)",
         pvs.div_ceil(nodes.max(1)),
         seen_after.as_secs_f64() * 1000.0,
-        figures.passes,
-        figures.full_passes,
+        figures.cost.passes,
+        figures.cost.full_passes,
         figures.requests,
-        figures.cpu.as_secs_f64() * 1000.0
+        figures.cost.cpu.as_secs_f64() * 1000.0
     );
     Ok(figures)
 }
@@ -612,148 +605,104 @@ fn print_growth(rows: &[Row]) {
     );
     let ratio = |x: f64, y: f64| if x > 0.0 { format!("{:.2}x", y / x) } else { "-".into() };
     let secs = |d: Option<Duration>| d.map_or(0.0, |d| d.as_secs_f64());
-    let mut lines: Vec<(&str, f64, f64, String)> = vec![
+    let mut lines: Vec<(&str, f64, f64)> = vec![
         (
             "per-node objects written (s)",
             secs(a.objects_after),
             secs(b.objects_after),
-            "{:.2}".into(),
         ),
         (
             "requests per per-node object",
             per(a.requests_to_objects, a.node_objects),
             per(b.requests_to_objects, b.node_objects),
-            String::new(),
         ),
         (
             "CR Available (s)",
             a.available_after.as_secs_f64(),
             b.available_after.as_secs_f64(),
-            String::new(),
         ),
         (
             "passes until Available",
             a.converge_passes as f64,
             b.converge_passes as f64,
-            String::new(),
         ),
         (
             "mean pass (ms)",
             a.mean_pass.as_secs_f64() * 1000.0,
             b.mean_pass.as_secs_f64() * 1000.0,
-            String::new(),
         ),
         (
             "repair: mean pass (ms)",
             a.repair_pass.as_secs_f64() * 1000.0,
             b.repair_pass.as_secs_f64() * 1000.0,
-            String::new(),
         ),
         (
             "repair: operator CPU (ms)",
             a.repair_cpu.as_secs_f64() * 1000.0,
             b.repair_cpu.as_secs_f64() * 1000.0,
-            String::new(),
         ),
         (
             "passes in the quiet window",
             a.quiet_passes as f64,
             b.quiet_passes as f64,
-            String::new(),
         ),
         (
             "discovery requests in the quiet window",
             a.quiet_discovery as f64,
             b.quiet_discovery as f64,
-            String::new(),
         ),
         (
             "other requests in the quiet window",
             (a.quiet_reads + a.quiet_writes) as f64,
             (b.quiet_reads + b.quiet_writes) as f64,
-            String::new(),
         ),
-        (
-            "VmRSS (MiB)",
-            a.rss_kib as f64 / 1024.0,
-            b.rss_kib as f64 / 1024.0,
-            String::new(),
-        ),
-        (
-            "VmHWM (MiB)",
-            a.hwm_kib as f64 / 1024.0,
-            b.hwm_kib as f64 / 1024.0,
-            String::new(),
-        ),
+        ("VmRSS (MiB)", a.rss_kib as f64 / 1024.0, b.rss_kib as f64 / 1024.0),
+        ("VmHWM (MiB)", a.hwm_kib as f64 / 1024.0, b.hwm_kib as f64 / 1024.0),
     ];
     if let (Some(x), Some(y)) = (a.churn, b.churn) {
-        let per_change = |c: ChurnFigures| c.cpu.as_secs_f64() * 1000.0 / c.changes.max(1) as f64;
+        let per_change = |c: ChurnFigures| c.cost.cpu.as_secs_f64() * 1000.0 / c.changes.max(1) as f64;
         lines.extend([
-            ("churn: passes", x.passes as f64, y.passes as f64, String::new()),
+            ("churn: passes", x.cost.passes as f64, y.cost.passes as f64),
             (
                 "churn: full passes",
-                x.full_passes as f64,
-                y.full_passes as f64,
-                String::new(),
+                x.cost.full_passes as f64,
+                y.cost.full_passes as f64,
             ),
-            ("churn: requests", x.requests as f64, y.requests as f64, String::new()),
-            (
-                "churn: operator CPU a rewrite (ms)",
-                per_change(x),
-                per_change(y),
-                String::new(),
-            ),
+            ("churn: requests", x.requests as f64, y.requests as f64),
+            ("churn: operator CPU a rewrite (ms)", per_change(x), per_change(y)),
         ]);
     }
     if let (Some(x), Some(y)) = (a.relabel, b.relabel) {
         lines.extend([
-            (
-                "node relabelled: passes",
-                x.passes as f64,
-                y.passes as f64,
-                String::new(),
-            ),
+            ("node relabelled: passes", x.passes as f64, y.passes as f64),
             (
                 "node relabelled: full passes",
                 x.full_passes as f64,
                 y.full_passes as f64,
-                String::new(),
             ),
             (
                 "node relabelled: operator CPU (ms)",
                 x.cpu.as_secs_f64() * 1000.0,
                 y.cpu.as_secs_f64() * 1000.0,
-                String::new(),
             ),
         ]);
     }
     if let (Some(x), Some(y)) = (a.node_loss, b.node_loss) {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         lines.extend([
-            (
-                "node loss: in status after (ms)",
-                ms(x.seen_after),
-                ms(y.seen_after),
-                String::new(),
-            ),
-            ("node loss: passes", x.passes as f64, y.passes as f64, String::new()),
+            ("node loss: in status after (ms)", ms(x.seen_after), ms(y.seen_after)),
+            ("node loss: passes", x.cost.passes as f64, y.cost.passes as f64),
             (
                 "node loss: full passes",
-                x.full_passes as f64,
-                y.full_passes as f64,
-                String::new(),
+                x.cost.full_passes as f64,
+                y.cost.full_passes as f64,
             ),
-            (
-                "node loss: requests",
-                x.requests as f64,
-                y.requests as f64,
-                String::new(),
-            ),
-            ("node loss: operator CPU (ms)", ms(x.cpu), ms(y.cpu), String::new()),
+            ("node loss: requests", x.requests as f64, y.requests as f64),
+            ("node loss: operator CPU (ms)", ms(x.cost.cpu), ms(y.cost.cpu)),
         ]);
     }
     println!("{:<42} {:>10} {:>10} {:>8}", "figure", a.nodes, b.nodes, "growth");
-    for (name, x, y, _) in lines {
+    for (name, x, y) in lines {
         println!("{name:<42} {x:>10.2} {y:>10.2} {:>8}", ratio(x, y));
     }
     let nodes = (b.nodes - a.nodes) as f64;
