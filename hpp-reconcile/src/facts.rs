@@ -149,6 +149,85 @@ pub struct CapacityFact {
     pub bytes: u64,
 }
 
+/// A list of facts shared between passes: cloning one (as every pass does with what the
+/// watch caches derived) is a reference count, not a copy of 1,000 nodes' labels. It reads as
+/// a `Vec` and is changed as one too (`push`, `retain`, assignment from a `Vec` with `.into()`),
+/// copying the list first if another pass still shares it.
+#[derive(Debug)]
+pub struct FactList<T>(Arc<Vec<T>>);
+
+impl<T> FactList<T> {
+    /// Whether both are the very same list (a clone of one another, unchanged since).
+    pub fn ptr_eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl<T> Clone for FactList<T> {
+    fn clone(&self) -> Self {
+        FactList(self.0.clone())
+    }
+}
+
+impl<T> Default for FactList<T> {
+    fn default() -> Self {
+        FactList(Arc::default())
+    }
+}
+
+impl<T: PartialEq> PartialEq for FactList<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.ptr_eq(other) || self.0 == other.0
+    }
+}
+
+impl<T: Eq> Eq for FactList<T> {}
+
+impl<T> std::ops::Deref for FactList<T> {
+    type Target = Vec<T>;
+
+    fn deref(&self) -> &Vec<T> {
+        &self.0
+    }
+}
+
+/// Copy on write: a list another pass still shares is copied before it changes.
+impl<T: Clone> std::ops::DerefMut for FactList<T> {
+    fn deref_mut(&mut self) -> &mut Vec<T> {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+impl<T> From<Vec<T>> for FactList<T> {
+    fn from(list: Vec<T>) -> Self {
+        FactList(Arc::new(list))
+    }
+}
+
+impl<T> FromIterator<T> for FactList<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        FactList(Arc::new(iter.into_iter().collect()))
+    }
+}
+
+impl<'a, T> IntoIterator for &'a FactList<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl<'a, T: Clone> IntoIterator for &'a mut FactList<T> {
+    type Item = &'a mut T;
+    type IntoIter = std::slice::IterMut<'a, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        Arc::make_mut(&mut self.0).iter_mut()
+    }
+}
+
 /// Everything the builders may depend on besides the CR and the configuration: the facts the
 /// HPP distribution needs, plus [`FactMap`] extensions any step can add.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -158,26 +237,26 @@ pub struct ClusterFacts {
     /// `monitoring.coreos.com/v1` PrometheusRule and ServiceMonitor are served.
     pub has_prometheus: bool,
     /// Every node in the cluster.
-    pub nodes: Vec<NodeFact>,
+    pub nodes: FactList<NodeFact>,
     /// Mounter Deployments that exist now, with their recorded node and mount path.
-    pub mounters: Vec<MounterFact>,
+    pub mounters: FactList<MounterFact>,
     /// Names of mounter Deployments without the recorded node and mount path (written by an
     /// older operator): unknown, so they are re-rendered (and annotated) if still wanted and
     /// otherwise removed by the sweep without an unmount Job.
     pub unrecorded_mounters: Vec<String>,
     /// Cleanup Jobs that exist now.
-    pub cleanup_jobs: Vec<CleanupJobFact>,
+    pub cleanup_jobs: FactList<CleanupJobFact>,
     /// Pool PVCs that exist now.
-    pub claims: Vec<ClaimFact>,
+    pub claims: FactList<ClaimFact>,
     /// Names of the other HostPathProvisioner objects (a second one is reported, not served).
     pub other_provisioners: Vec<String>,
     /// Bound PersistentVolumes of the hpp CSI driver, summed per pool (see [`VolumeFact`]).
-    pub volumes: Vec<VolumeFact>,
+    pub volumes: FactList<VolumeFact>,
     /// StorageClasses of the hpp CSI driver.
-    pub classes: Vec<ClassFact>,
+    pub classes: FactList<ClassFact>,
     /// CSIStorageCapacity objects in the operator's namespace (where the driver's sidecar
     /// publishes them).
-    pub capacities: Vec<CapacityFact>,
+    pub capacities: FactList<CapacityFact>,
     /// Facts plugged-in steps gathered for themselves (see `SubReconciler::gather`).
     pub extensions: FactMap,
     /// The pass's reading of the operator's clock, for steps that wait for deadlines (node

@@ -17,7 +17,7 @@ use crate::apply::Applier;
 use crate::cache::{Cache, OptionalApis};
 use crate::error::{Error, Result};
 use crate::facts::{
-    CapacityFact, ClaimFact, ClassFact, CleanupJobFact, ClusterFacts, MounterFact, NodeFact, VolumeFact,
+    CapacityFact, ClaimFact, ClassFact, CleanupJobFact, ClusterFacts, FactList, MounterFact, NodeFact, VolumeFact,
 };
 use crate::names;
 use crate::object::Kind;
@@ -181,7 +181,7 @@ fn hpp_volume(pv: VolumeUsageView) -> Option<VolumeFact> {
 /// The capacities of the hpp CSI driver's bound PersistentVolumes summed per pool (in the
 /// order of the pools' names, the attribute-less first): a pass copies one sum per pool,
 /// not one fact per PV.
-fn hpp_volumes(pvs: Vec<VolumeFact>) -> Vec<VolumeFact> {
+fn hpp_volumes(pvs: Vec<VolumeFact>) -> FactList<VolumeFact> {
     let mut per_pool: BTreeMap<Option<String>, u64> = BTreeMap::new();
     for pv in pvs {
         let sum = per_pool.entry(pv.pool).or_default();
@@ -284,9 +284,10 @@ where
     }
 }
 
-/// The facts as they are: what `each` made of every object.
-fn all<F>(facts: Vec<F>) -> Vec<F> {
-    facts
+/// The facts as they are: what `each` made of every object, shared with the passes that read
+/// them until the store changes.
+fn all<F>(facts: Vec<F>) -> FactList<F> {
+    facts.into()
 }
 
 fn node_fact(n: Node) -> Option<NodeFact> {
@@ -351,7 +352,7 @@ fn mounter_fact(d: WorkloadMeta) -> Option<Result<MounterFact, String>> {
 }
 
 /// Mounters with their recorded node and mount path, and the names of those without.
-fn mounter_facts(deployments: Vec<Result<MounterFact, String>>) -> (Vec<MounterFact>, Vec<String>) {
+fn mounter_facts(deployments: Vec<Result<MounterFact, String>>) -> (FactList<MounterFact>, Vec<String>) {
     let mut unrecorded_mounters = Vec::new();
     let mut mounters = Vec::new();
     for d in deployments {
@@ -363,7 +364,7 @@ fn mounter_facts(deployments: Vec<Result<MounterFact, String>>) -> (Vec<MounterF
             }
         }
     }
-    (mounters, unrecorded_mounters)
+    (mounters.into(), unrecorded_mounters)
 }
 
 fn cleanup_job_fact(j: WorkloadMeta) -> Option<CleanupJobFact> {
@@ -424,7 +425,7 @@ pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> 
         Ok(capacities) => capacities,
         Err(e) => {
             warn!(error = %e, "cannot read CSIStorageCapacity objects; pool status shows no available bytes");
-            Vec::new()
+            FactList::default()
         }
     };
     Ok(ClusterFacts {
@@ -506,7 +507,7 @@ mod tests {
         );
         let gib = 1u64 << 30;
         assert_eq!(
-            facts,
+            *facts,
             vec![
                 VolumeFact {
                     pool: None,

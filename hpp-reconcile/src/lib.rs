@@ -73,7 +73,7 @@ pub use apply::Applier;
 pub use cache::{Cache, CompactStore, DISCOVERY_REFRESH, OptionalApis};
 pub use config::OperatorConfig;
 pub use error::{BoxError, Error, Result};
-pub use facts::{ClusterFacts, FactMap};
+pub use facts::{ClusterFacts, FactList, FactMap};
 pub use gather::fact_sources;
 pub use index::WatchIndex;
 pub use object::{ApplyStrategy, DesiredObject, Kind, StaticScope};

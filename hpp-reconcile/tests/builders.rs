@@ -641,7 +641,7 @@ fn node_removal_keeps_claims_and_unmounts_only_on_ready_nodes() {
         labels: BTreeMap::new(),
         ..NodeFact::ready("n4")
     }); // gone from selection and NotReady
-    f.mounters = vec![mounter("n1"), mounter("n2"), mounter("n4"), mounter("n5")]; // n5 deleted from the cluster
+    f.mounters = vec![mounter("n1"), mounter("n2"), mounter("n4"), mounter("n5")].into(); // n5 deleted from the cluster
     f.claims = ["n1", "n2", "n4", "n5"]
         .iter()
         .map(|n| ClaimFact {

@@ -402,7 +402,7 @@ fn the_operator_may_change_and_delete_every_object_it_renders() {
     let mut node = NodeFact::ready("n1");
     node.labels.insert("kubernetes.io/os".into(), "linux".into());
     let facts = ClusterFacts {
-        nodes: vec![node],
+        nodes: vec![node].into(),
         has_scc: true,
         has_prometheus: true,
         ..Default::default()
