@@ -237,13 +237,17 @@ pub async fn controller(
     let triggers: Vec<BoxStream<'static, ()>> = watched(&ctx, &facts)
         .iter()
         .map(|(kind, selector)| {
-            let fed = indexes
+            let fed: Vec<_> = indexes
                 .iter()
                 .filter(|(k, sel, _)| k == kind && sel == selector)
                 .map(|(_, _, index)| index.clone())
                 .collect();
             let rendered = rendered_kinds.contains(kind);
-            cached_watch(
+            // Capacity objects feed only the pools' usage figures, which are written at most
+            // once per usage interval: their changes alone start no more passes than that. A
+            // pass started by anything else takes them too (the change log has them at once).
+            let usage_only = kind.kind == "CSIStorageCapacity" && !rendered && fed.is_empty();
+            let triggers = cached_watch(
                 &client,
                 &ns,
                 &ctx.cache,
@@ -251,7 +255,11 @@ pub async fn controller(
                 fed,
                 ctx.changes.clone(),
                 rendered,
-            )
+            );
+            match usage_only {
+                true => throttle(triggers, ctx.usage_interval),
+                false => triggers,
+            }
         })
         .collect();
     let changes = ctx.changes.clone();

@@ -2,7 +2,7 @@
 //! the previous status and the outcome of a pass, with KubeVirt's states, reasons and messages.
 
 use hpp_api::condition as cond;
-use hpp_api::v1beta1::{Condition, HostPathProvisionerStatus};
+use hpp_api::v1beta1::{Condition, HostPathProvisionerStatus, StoragePoolStatus};
 
 use crate::subreconciler::Readiness;
 
@@ -139,6 +139,25 @@ fn strip_times(conditions: &[Condition]) -> Vec<Condition> {
 /// Whether two statuses differ at most in their conditions' heartbeat and transition times:
 /// [`comparable`] of each, compared without copying the pool statuses (a claim per node).
 pub fn same_but_times(a: &HostPathProvisionerStatus, b: &HostPathProvisionerStatus) -> bool {
+    same_except(a, b, |p, q| p == q)
+}
+
+/// Whether two statuses differ at most in times and in their pools' usage figures
+/// (`committed` and `available`): figures that move all the time on a live cluster (each
+/// node's csi-provisioner republishes its capacity every minute) and are written at most once
+/// per [`Context::usage_interval`](crate::operator::Context::usage_interval) when nothing else changed.
+pub fn same_but_usage(a: &HostPathProvisionerStatus, b: &HostPathProvisionerStatus) -> bool {
+    same_except(a, b, |p, q| {
+        p.len() == q.len() && p.iter().zip(q).all(|(p, q)| pool_same_but_usage(p, q))
+    })
+}
+
+/// [`same_but_times`] with the pool statuses compared by `pools_same`.
+fn same_except(
+    a: &HostPathProvisionerStatus,
+    b: &HostPathProvisionerStatus,
+    pools_same: impl Fn(&[StoragePoolStatus], &[StoragePoolStatus]) -> bool,
+) -> bool {
     // Every field by name: a new field fails to compile here until it is compared.
     let HostPathProvisionerStatus {
         conditions,
@@ -153,8 +172,33 @@ pub fn same_but_times(a: &HostPathProvisionerStatus, b: &HostPathProvisionerStat
         && *observed_version == b.observed_version
         && *operator_version == b.operator_version
         && *target_version == b.target_version
-        && *storage_pool_statuses == b.storage_pool_statuses
+        && pools_same(storage_pool_statuses, &b.storage_pool_statuses)
         && *node_loss == b.node_loss
+        && *volume_audit == b.volume_audit
+}
+
+/// Whether two pool statuses differ at most in `committed` and `available`.
+fn pool_same_but_usage(a: &StoragePoolStatus, b: &StoragePoolStatus) -> bool {
+    // Every field by name, as in `same_except`.
+    let StoragePoolStatus {
+        name,
+        phase,
+        current_ready,
+        desired_ready,
+        claim_statuses,
+        message,
+        quota,
+        committed: _,
+        available: _,
+        volume_audit,
+    } = a;
+    *name == b.name
+        && *phase == b.phase
+        && *current_ready == b.current_ready
+        && *desired_ready == b.desired_ready
+        && *claim_statuses == b.claim_statuses
+        && *message == b.message
+        && *quota == b.quota
         && *volume_audit == b.volume_audit
 }
 
@@ -711,5 +755,29 @@ mod tests {
         assert!(!version_newer("v1.2.3", "v1.2.3"));
         assert!(!version_newer("v1.2.3-rc1", "v1.2.3"));
         assert!(!version_newer("v0.9.0", "v0.10.0"));
+    }
+
+    #[test]
+    fn usage_figures_alone_are_told_apart_from_other_changes() {
+        let pool = |phase: &str, available: &str| StoragePoolStatus {
+            name: "local".into(),
+            phase: Some(phase.into()),
+            committed: Some("1Gi".into()),
+            available: Some(available.into()),
+            ..Default::default()
+        };
+        let status = |pool: StoragePoolStatus| HostPathProvisionerStatus {
+            storage_pool_statuses: vec![pool],
+            ..Default::default()
+        };
+        let before = status(pool("Ready", "100Gi"));
+        let usage = status(pool("Ready", "99Gi"));
+        assert!(!same_but_times(&before, &usage));
+        assert!(same_but_usage(&before, &usage));
+        let phase = status(pool("Mounting", "99Gi"));
+        assert!(!same_but_usage(&before, &phase), "a phase change is not a usage change");
+        let mut fewer = usage.clone();
+        fewer.storage_pool_statuses.clear();
+        assert!(!same_but_usage(&before, &fewer), "a pool gone is not a usage change");
     }
 }

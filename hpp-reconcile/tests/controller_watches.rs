@@ -411,6 +411,92 @@ async fn settle(env: &support::Env) {
     .expect("the operator settles");
 }
 
+/// Scale (issue 31): each node's csi-provisioner republishes its CSIStorageCapacity every
+/// minute, with other free bytes each time on a live node. Those changes alone start at most
+/// one pass per usage interval and write no status while its interval runs (the status lists
+/// a claim per node); a status write for anything else carries the latest figures.
+#[tokio::test]
+async fn usage_figures_alone_are_written_at_most_once_per_interval() {
+    let nodes = ["node01", "node02"];
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &nodes)
+        .map_ctx(|c| c.with_usage_interval(Duration::from_secs(3600)));
+    let controller = Running::start(&env);
+    wait_for_claims(&env, nodes.len()).await;
+    finish_install(&env, nodes.len()).await;
+    let pool = env
+        .fake
+        .get::<HostPathProvisioner>(None, CR)
+        .and_then(|cr| cr.status)
+        .unwrap()
+        .storage_pool_statuses[0]
+        .name
+        .clone();
+    let class: StorageClass = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "capacity-class" },
+        "provisioner": hpp_api::constants::DRIVER_NAME,
+        "parameters": { "storagePool": pool },
+    }))
+    .unwrap();
+    env.fake.seed(&class);
+    settle(&env).await;
+
+    env.fake.clear_requests();
+    let passes_before = passes_by_scope(&env);
+    let mib = 1u64 << 20;
+    for i in 0..20u64 {
+        let capacity: k8s_openapi::api::storage::v1::CSIStorageCapacity = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "csisc-node01", "namespace": NS },
+            "storageClassName": "capacity-class",
+            "nodeTopology": { "matchLabels": { (hpp_api::constants::TOPOLOGY_KEY): "node01" } },
+            "capacity": ((100 << 10) * mib - i * mib).to_string(),
+        }))
+        .unwrap();
+        env.fake.seed(&capacity);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    settle(&env).await;
+    let status_writes = env
+        .fake
+        .write_requests()
+        .iter()
+        .filter(|r| r.path.contains("/hostpathprovisioners/"))
+        .count();
+    assert_eq!(
+        status_writes, 0,
+        "usage figures alone are not written within the interval"
+    );
+    let passes_after = passes_by_scope(&env);
+    let passes = passes_after.0 + passes_after.1 - passes_before.0 - passes_before.1;
+    assert!(passes <= 1, "20 capacity changes start at most one pass, ran {passes}");
+
+    // A claim changes phase: the status write it causes carries the latest usage figures.
+    let claim = env
+        .fake
+        .list::<PersistentVolumeClaim>()
+        .into_iter()
+        .find_map(|c| c.metadata.name)
+        .unwrap();
+    assert!(
+        env.fake
+            .set_status::<PersistentVolumeClaim>(Some(NS), &claim, serde_json::json!({ "phase": "Lost" }))
+    );
+    wait_for_pools(
+        &env,
+        "the claim's phase and the last capacity reach the status",
+        |pools| {
+            pools
+                .iter()
+                .any(|p| p.name == pool && p.available.as_deref() == Some("102381Mi"))
+                && pools
+                    .iter()
+                    .flat_map(|p| &p.claim_statuses)
+                    .any(|c| c.name == claim && c.status.phase.as_deref() == Some("Lost"))
+        },
+    )
+    .await;
+    controller.stop().await;
+}
+
 /// Scale (issue 31): a change to one node's objects costs a pass over that node. A deleted
 /// mounter, a claim that changed, a Node whose labels changed, a Node tainted out of the pools
 /// and back, and a deleted Node are handled by passes over their parts only, which leave the
@@ -419,7 +505,10 @@ async fn settle(env: &support::Env) {
 #[tokio::test]
 async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
     let nodes = ["node01", "node02", "node03", "node04"];
-    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &nodes);
+    // The provisioned volume's usage comes after other status writes: a short usage interval
+    // has it written by the pass it is held back for.
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &nodes)
+        .map_ctx(|c| c.with_usage_interval(Duration::from_secs(1)));
     let controller = Running::start(&env);
     wait_for_claims(&env, nodes.len()).await;
     finish_install(&env, nodes.len()).await;

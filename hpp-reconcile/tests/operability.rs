@@ -406,7 +406,10 @@ async fn pool_status_shows_quota_committed_and_available_bytes() {
     use k8s_openapi::api::core::v1::PersistentVolume;
     use k8s_openapi::api::storage::v1::{CSIStorageCapacity, StorageClass};
     use serde_json::json;
-    let env = Env::new("hostpathprovisioner_cr", &["node01", "node02"]);
+    // Every change of the figures written at once (their pace is
+    // `usage_figures_alone_are_written_at_most_once_per_interval`'s subject).
+    let env =
+        Env::new("hostpathprovisioner_cr", &["node01", "node02"]).map_ctx(|c| c.with_usage_interval(Duration::ZERO));
     // The example's pool `local`, with a quota backend and a second pool beside it.
     let mut hpp = env.hpp();
     let pools = hpp.spec.storage_pools.as_mut().unwrap();

@@ -55,6 +55,12 @@ const HEARTBEAT: Duration = Duration::from_secs(10);
 const CHURN_RATE: usize = 50;
 /// How long the churn stage writes.
 const CHURN: Duration = Duration::from_secs(10);
+/// How often each node's csi-provisioner sidecar asks the driver for its capacity
+/// (`--capacity-poll-interval`, default one minute) and rewrites its CSIStorageCapacity when
+/// the free bytes moved, which on a live node they always have (logs, images, volumes).
+const CAPACITY_POLL: Duration = Duration::from_secs(60);
+/// The free bytes each node's capacity object starts with.
+const CAPACITY_BYTES: u64 = 100 << 30;
 
 /// Options of `cargo xtask bench --operator`.
 #[derive(Debug, Clone, clap::Args)]
@@ -116,6 +122,8 @@ struct Row {
     node_loss: Option<NodeLossFigures>,
     /// Status churn of the mounter Deployments (see [`churn`]).
     churn: Option<ChurnFigures>,
+    /// Every node's capacity republished once a minute (see [`capacity_churn`]).
+    capacity: Option<CapacityFigures>,
     /// A label added to one Node (see [`relabel`]).
     relabel: Option<StageCost>,
     /// JSON bytes in the operator's watch caches (its `hpp_operator_cache_bytes`).
@@ -341,6 +349,7 @@ async fn measure(
     }
     row.churn = churn(&fake, admin, pid).await?;
     row.relabel = Some(relabel(&fake, admin, pid).await?);
+    row.capacity = Some(capacity_churn(&fake, admin, pid, nodes).await?);
     if args.operator_pvs > 0 {
         row.node_loss = Some(node_loss(&fake, admin, pid, nodes, args.operator_pvs).await?);
     }
@@ -418,6 +427,112 @@ async fn churn(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::Res
         figures.cost.cpu.as_secs_f64() * 1000.0 / changes.max(1) as f64
     );
     Ok(Some(figures))
+}
+
+/// What a stretch of capacity republishing cost the operator, and the API server.
+#[derive(Debug, Clone, Copy, Default)]
+struct CapacityFigures {
+    changes: usize,
+    /// Writes of the CR's status meanwhile, and their JSON bytes.
+    status_writes: usize,
+    status_bytes: usize,
+    /// Passes and CPU from the first change to 1 s after the last.
+    cost: StageCost,
+}
+
+/// Seeds what the csi-provisioner sidecars publish with capacity tracking on (a class of the
+/// `local` pool and a CSIStorageCapacity per node), waits for the operator to take them in,
+/// then republishes each node's at the sidecars' pace ([`CAPACITY_POLL`]) with a few MiB less
+/// free each time, for [`CHURN`]. What the pools' `available` reads changes all the time on a
+/// cluster: what it costs should not be a write of the CR's status (a claim per node) per pass.
+async fn capacity_churn(
+    fake: &FakeApiServer,
+    admin: SocketAddr,
+    pid: u32,
+    nodes: usize,
+) -> anyhow::Result<CapacityFigures> {
+    fake.seed(&capacity_class()?);
+    for i in 0..nodes {
+        fake.seed(&capacity_object(i, CAPACITY_BYTES)?);
+    }
+    // Taken in once the passes stop (a second without one).
+    let t = Instant::now();
+    let mut last = passes(admin).await?;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = passes(admin).await?;
+        if now == last {
+            break;
+        }
+        anyhow::ensure!(
+            t.elapsed() < RECONCILE_TIMEOUT,
+            "passes did not stop after the capacity objects came"
+        );
+        last = now;
+    }
+    let meter = StageMeter::start(admin, pid).await?;
+    fake.clear_requests();
+    let t = Instant::now();
+    let per_second = nodes as f64 / CAPACITY_POLL.as_secs_f64();
+    let mut changes = 0usize;
+    while t.elapsed() < CHURN {
+        let due = (t.elapsed().as_secs_f64() * per_second) as usize;
+        while changes < due {
+            let less = (changes as u64 / nodes.max(1) as u64 + 1) * (4 << 20) + changes as u64 * 4096;
+            fake.seed(&capacity_object(changes % nodes.max(1), CAPACITY_BYTES - less)?);
+            changes += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cost = meter.finish().await?;
+    let writes: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_write() && r.path.contains("/hostpathprovisioners/"))
+        .collect();
+    let figures = CapacityFigures {
+        changes,
+        status_writes: writes.len(),
+        status_bytes: writes.iter().map(|r| r.body.to_string().len()).sum(),
+        cost,
+    };
+    println!(
+        "capacity republished ({changes} CSIStorageCapacity changes in {}s, every node once a minute): {} passes \
+         ({} full), {} status writes of the CR ({:.1} KiB), operator CPU beyond idle {:.1} ms ({:.2} ms a change)",
+        CHURN.as_secs(),
+        cost.passes,
+        cost.full_passes,
+        figures.status_writes,
+        figures.status_bytes as f64 / 1024.0,
+        cost.cpu.as_secs_f64() * 1000.0,
+        cost.cpu.as_secs_f64() * 1000.0 / changes.max(1) as f64
+    );
+    Ok(figures)
+}
+
+/// A StorageClass of the `local` pool, for [`capacity_object`]s.
+fn capacity_class() -> anyhow::Result<k8s_openapi::api::storage::v1::StorageClass> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": "hostpath-csi-capacity"},
+        "provisioner": hpp_api::constants::DRIVER_NAME,
+        "parameters": {"storagePool": "local"},
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "WaitForFirstConsumer",
+    }))?)
+}
+
+/// Node `i`'s CSIStorageCapacity for [`capacity_class`], as its csi-provisioner sidecar
+/// writes it.
+fn capacity_object(i: usize, bytes: u64) -> anyhow::Result<k8s_openapi::api::storage::v1::CSIStorageCapacity> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": format!("csisc-node-{i}"), "namespace": NAMESPACE,
+                     "labels": {"csi.storage.k8s.io/drivername": hpp_api::constants::DRIVER_NAME,
+                                "csi.storage.k8s.io/managed-by": "external-provisioner"}},
+        "storageClassName": "hostpath-csi-capacity",
+        "nodeTopology": {"matchLabels": {(hpp_api::constants::TOPOLOGY_KEY): format!("node-{i}")}},
+        "capacity": bytes.to_string(),
+        "maximumVolumeSize": bytes.to_string(),
+    }))?)
 }
 
 /// Adds a label to node-0 (the pools stay on it: nothing to write) and waits for the passes
@@ -670,6 +785,24 @@ fn print_growth(rows: &[Row]) {
             ),
             ("churn: requests", x.requests as f64, y.requests as f64),
             ("churn: operator CPU a rewrite (ms)", per_change(x), per_change(y)),
+        ]);
+    }
+    if let (Some(x), Some(y)) = (a.capacity, b.capacity) {
+        let per_change = |c: CapacityFigures| c.cost.cpu.as_secs_f64() * 1000.0 / c.changes.max(1) as f64;
+        lines.extend([
+            ("capacity: changes", x.changes as f64, y.changes as f64),
+            ("capacity: passes", x.cost.passes as f64, y.cost.passes as f64),
+            (
+                "capacity: CR status writes",
+                x.status_writes as f64,
+                y.status_writes as f64,
+            ),
+            (
+                "capacity: CR status KiB written",
+                x.status_bytes as f64 / 1024.0,
+                y.status_bytes as f64 / 1024.0,
+            ),
+            ("capacity: operator CPU a change (ms)", per_change(x), per_change(y)),
         ]);
     }
     if let (Some(x), Some(y)) = (a.relabel, b.relabel) {
@@ -1106,7 +1239,7 @@ impl OperatorProcess {
                 "RUST_LOG",
                 std::env::var("HPP_BENCH_LOG").unwrap_or_else(|_| "info".into()),
             )
-            .envs(std::env::var("HPP_PASS_INTERVAL").map(|v| ("HPP_PASS_INTERVAL", v)))
+            .envs(std::env::vars().filter(|(k, _)| k == "HPP_PASS_INTERVAL" || k == "HPP_USAGE_INTERVAL"))
             .env("HPP_LOG_FORMAT", "json")
             .envs(std::env::vars().filter(|(k, _)| k == "GLIBC_TUNABLES" || k == "_RJEM_MALLOC_CONF"))
             .stdin(Stdio::null())

@@ -59,6 +59,12 @@ pub struct RunArgs {
     /// many nodes costs at most ten passes a second.
     #[arg(long, env = "HPP_PASS_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
     pub pass_interval: std::time::Duration,
+    /// Least time between two writes of the CR's status that change only the pools' usage
+    /// figures (`committed`, `available`), and between two passes started by
+    /// CSIStorageCapacity changes alone (`60s`; `0s` writes every change at once). The first
+    /// change after a quiet spell is written at once.
+    #[arg(long, env = "HPP_USAGE_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    pub usage_interval: std::time::Duration,
     /// Webhook flags (served in-process unless `--disable-webhook`).
     #[command(flatten)]
     pub webhook: WebhookArgs,
@@ -240,7 +246,10 @@ pub async fn run_with_client(
         Context::new(client, config, Pipeline::standard(), metrics).with_metrics_tls_version(Arc::new(move || {
             tls_source.borrow().metrics_tls_version_flag().to_owned()
         }));
-    let ctx = Arc::new(ctx.with_pass_interval(args.pass_interval));
+    let ctx = Arc::new(
+        ctx.with_pass_interval(args.pass_interval)
+            .with_usage_interval(args.usage_interval),
+    );
     hpp_reconcile::controller::run(ctx, stop.shared()).await;
     let mut lost = false;
     if let Some(watcher) = election {

@@ -62,6 +62,16 @@ impl Env {
         }
     }
 
+    /// The same environment with its context changed by `f` (before any pass shares it).
+    #[allow(dead_code)]
+    pub fn map_ctx(self, f: impl FnOnce(Context) -> Context) -> Self {
+        let ctx = Arc::into_inner(self.ctx).expect("the context is not shared yet");
+        Env {
+            fake: self.fake,
+            ctx: Arc::new(f(ctx)),
+        }
+    }
+
     pub fn hpp(&self) -> HostPathProvisioner {
         self.fake.get::<HostPathProvisioner>(None, CR).expect("the CR exists")
     }
