@@ -432,6 +432,8 @@ async fn churn(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::Res
 /// What a stretch of capacity republishing cost the operator, and the API server.
 #[derive(Debug, Clone, Copy, Default)]
 struct CapacityFigures {
+    /// From the first change to the pool's `available` showing the last ones.
+    written_after: Duration,
     changes: usize,
     /// Writes of the CR's status meanwhile, and their JSON bytes.
     status_writes: usize,
@@ -475,22 +477,45 @@ async fn capacity_churn(
     let t = Instant::now();
     let per_second = nodes as f64 / CAPACITY_POLL.as_secs_f64();
     let mut changes = 0usize;
+    let mut free = vec![CAPACITY_BYTES; nodes];
     while t.elapsed() < CHURN {
         let due = (t.elapsed().as_secs_f64() * per_second) as usize;
         while changes < due {
-            let less = (changes as u64 / nodes.max(1) as u64 + 1) * (4 << 20) + changes as u64 * 4096;
-            fake.seed(&capacity_object(changes % nodes.max(1), CAPACITY_BYTES - less)?);
+            let node = changes % nodes.max(1);
+            free[node] -= (4 << 20) + changes as u64 * 4096;
+            fake.seed(&capacity_object(node, free[node])?);
             changes += 1;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let cost = meter.finish().await?;
+    // The figures held back are written within the usage interval of the last write.
+    let want = hpp_api::quantity::format_bytes(free.iter().sum());
+    let written = |fake: &FakeApiServer| {
+        fake.list::<HostPathProvisioner>().iter().any(|cr| {
+            cr.status.as_ref().is_some_and(|s| {
+                s.storage_pool_statuses
+                    .iter()
+                    .any(|p| p.name == "local" && p.available.as_deref() == Some(want.as_str()))
+            })
+        })
+    };
+    let waited = Instant::now();
+    while !written(fake) {
+        anyhow::ensure!(
+            waited.elapsed() < RECONCILE_TIMEOUT,
+            "the pool's available bytes never reached {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let written_after = t.elapsed();
     let writes: Vec<_> = fake
         .requests()
         .into_iter()
         .filter(|r| r.is_write() && r.path.contains("/hostpathprovisioners/"))
         .collect();
     let figures = CapacityFigures {
+        written_after,
         changes,
         status_writes: writes.len(),
         status_bytes: writes.iter().map(|r| r.body.to_string().len()).sum(),
@@ -498,14 +523,16 @@ async fn capacity_churn(
     };
     println!(
         "capacity republished ({changes} CSIStorageCapacity changes in {}s, every node once a minute): {} passes \
-         ({} full), {} status writes of the CR ({:.1} KiB), operator CPU beyond idle {:.1} ms ({:.2} ms a change)",
+         ({} full), {} status writes of the CR ({:.1} KiB), operator CPU beyond idle {:.1} ms ({:.2} ms a change); \
+         the last figures in the status {:.1} s after the first change",
         CHURN.as_secs(),
         cost.passes,
         cost.full_passes,
         figures.status_writes,
         figures.status_bytes as f64 / 1024.0,
         cost.cpu.as_secs_f64() * 1000.0,
-        cost.cpu.as_secs_f64() * 1000.0 / changes.max(1) as f64
+        cost.cpu.as_secs_f64() * 1000.0 / changes.max(1) as f64,
+        written_after.as_secs_f64()
     );
     Ok(figures)
 }
@@ -803,6 +830,11 @@ fn print_growth(rows: &[Row]) {
                 y.status_bytes as f64 / 1024.0,
             ),
             ("capacity: operator CPU a change (ms)", per_change(x), per_change(y)),
+            (
+                "capacity: last figures written after (s)",
+                x.written_after.as_secs_f64(),
+                y.written_after.as_secs_f64(),
+            ),
         ]);
     }
     if let (Some(x), Some(y)) = (a.relabel, b.relabel) {
