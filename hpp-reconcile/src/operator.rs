@@ -91,8 +91,8 @@ pub struct Context {
     /// republishes its capacity each minute: at 1,000 nodes, without this, the whole status (a
     /// claim per node, about 120 KiB) was written up to ten times a second.
     pub usage_interval: Duration,
-    /// When the CR's status was last written (see [`Context::usage_interval`]).
-    status_written: Mutex<Option<tokio::time::Instant>>,
+    /// When each CR's status was last written, by name (see [`Context::usage_interval`]).
+    status_written: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 /// The default [`Context::pass_interval`]: at most ten passes a second while watched objects
@@ -140,7 +140,7 @@ impl Context {
             changes: Arc::default(),
             pass_interval: DEFAULT_PASS_INTERVAL,
             usage_interval: DEFAULT_USAGE_INTERVAL,
-            status_written: Mutex::new(None),
+            status_written: Mutex::new(HashMap::new()),
         }
     }
 
@@ -154,14 +154,14 @@ impl Context {
     /// How long a status write that changes only usage figures must wait (`None`: it may go
     /// now): the first after a quiet spell goes at once, later ones at most once per
     /// [`Context::usage_interval`].
-    fn usage_write_wait(&self) -> Option<Duration> {
-        let last = *self.status_written.lock().ok()?;
+    fn usage_write_wait(&self, name: &str) -> Option<Duration> {
+        let last = self.status_written.lock().ok()?.get(name).copied();
         usage_wait(last, tokio::time::Instant::now(), self.usage_interval)
     }
 
-    fn note_status_written(&self) {
-        if let Ok(mut last) = self.status_written.lock() {
-            *last = Some(tokio::time::Instant::now());
+    fn note_status_written(&self, name: &str) {
+        if let Ok(mut written) = self.status_written.lock() {
+            written.insert(name.to_owned(), tokio::time::Instant::now());
         }
     }
 
@@ -552,14 +552,19 @@ async fn cleanup(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action>
     }
 }
 
-/// The earlier of two optional delays.
 /// How long after `now` a usage-only status write may go, given the last status write: not
-/// before `interval` has passed since it (`None`: now).
+/// before `interval` has passed since it (`None`: now). A write due within [`USAGE_SLACK`]
+/// goes now: the pass that finds it is the one the interval's end started (the capacity
+/// throttle counts from its own trigger, a little before the write it led to).
 fn usage_wait(last: Option<tokio::time::Instant>, now: tokio::time::Instant, interval: Duration) -> Option<Duration> {
     let due = last? + interval;
-    (due > now).then(|| due - now)
+    (due > now + USAGE_SLACK.min(interval / 10)).then(|| due - now)
 }
 
+/// See [`usage_wait`].
+const USAGE_SLACK: Duration = Duration::from_secs(1);
+
+/// The earlier of two optional delays.
 fn earliest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -614,7 +619,7 @@ async fn write_status(
     // A change of the usage figures alone waits for its turn; the pass it is due in writes
     // whatever they are by then.
     let usage_due_in = match derived.changed && status::same_but_usage(prev, &derived.status) {
-        true => ctx.usage_write_wait(),
+        true => ctx.usage_write_wait(&hpp.name_any()),
         false => None,
     };
     if let Some(wait) = usage_due_in {
@@ -639,7 +644,7 @@ async fn write_status(
             derived = derive(true);
             status_write::write_whole(api, &name, &derived.status, with_node_loss).await?;
         }
-        ctx.note_status_written();
+        ctx.note_status_written(&name);
     }
     ctx.metrics.cr_ready.set(status::cr_ready_value(&derived.status));
     let warning = derived.state.is_warning();
@@ -780,6 +785,11 @@ mod tests {
             Some(Duration::from_secs(40))
         );
         assert_eq!(usage_wait(Some(written), written + minute, minute), None);
+        assert_eq!(
+            usage_wait(Some(written), written + Duration::from_millis(59_500), minute),
+            None,
+            "due within the slack: now"
+        );
         assert_eq!(
             usage_wait(Some(written), written, Duration::ZERO),
             None,
