@@ -629,7 +629,15 @@ async fn write_status(
         );
     } else if derived.changed {
         let name = hpp.name_any();
-        if status_write::write(api, &name, &derived.status, with_node_loss, &ctx.status_path).await?
+        if status_write::write_since(
+            api,
+            &name,
+            &derived.status,
+            Some(prev),
+            with_node_loss,
+            &ctx.status_path,
+        )
+        .await?
             == Written::SubresourceMissing
         {
             // Said once per process, then written the way KubeVirt's operator writes it.
@@ -642,7 +650,7 @@ async fn write_status(
             )
             .await;
             derived = derive(true);
-            status_write::write_whole(api, &name, &derived.status, with_node_loss).await?;
+            status_write::write_whole_since(api, &name, &derived.status, Some(prev), with_node_loss).await?;
         }
         ctx.note_status_written(&name);
     }

@@ -49,6 +49,19 @@ pub enum Written {
 /// `nodeLoss` is written only when `with_node_loss` (a pass whose step reported it), so a pass
 /// that read an older copy of the CR never overwrites a newer one.
 pub fn status_patch(status: &HostPathProvisionerStatus, with_node_loss: bool) -> Result<Value> {
+    status_patch_since(status, None, with_node_loss)
+}
+
+/// [`status_patch`] without the fields that are the same in `prev` (the status the CR had
+/// when the pass read it). The pool statuses list a claim per node (about 120 KiB at 1,000
+/// nodes), so a change of a condition's message (a DaemonSet with 998 of 1,000 pods ready)
+/// writes the conditions alone. Should `prev` be older than what was last written, the write's
+/// own watch event brings the newer status and the next pass writes what still differs.
+pub fn status_patch_since(
+    status: &HostPathProvisionerStatus,
+    prev: Option<&HostPathProvisionerStatus>,
+    with_node_loss: bool,
+) -> Result<Value> {
     let mut v = serde_json::to_value(status).map_err(|source| Error::Serialize {
         what: "status".into(),
         source,
@@ -80,6 +93,20 @@ pub fn status_patch(status: &HostPathProvisionerStatus, with_node_loss: bool) ->
         } else {
             map.remove("nodeLoss");
         }
+        if let Some(prev) = prev {
+            // A field not named here is always written.
+            let unchanged = |key: &str| match key {
+                "conditions" => status.conditions == prev.conditions,
+                "observedVersion" => status.observed_version == prev.observed_version,
+                "operatorVersion" => status.operator_version == prev.operator_version,
+                "targetVersion" => status.target_version == prev.target_version,
+                "storagePoolStatuses" => status.storage_pool_statuses == prev.storage_pool_statuses,
+                "volumeAudit" => status.volume_audit == prev.volume_audit,
+                "nodeLoss" => status.node_loss == prev.node_loss,
+                _ => false,
+            };
+            map.retain(|key, _| !unchanged(key));
+        }
     }
     Ok(json!({ "status": v }))
 }
@@ -94,14 +121,24 @@ pub async fn write(
     with_node_loss: bool,
     path: &StatusPath,
 ) -> Result<Written> {
+    write_since(api, name, sent, None, with_node_loss, path).await
+}
+
+/// [`write`] of what differs from `prev` alone ([`status_patch_since`]).
+pub async fn write_since(
+    api: &Api<HostPathProvisioner>,
+    name: &str,
+    sent: &HostPathProvisionerStatus,
+    prev: Option<&HostPathProvisionerStatus>,
+    with_node_loss: bool,
+    path: &StatusPath,
+) -> Result<Written> {
     if path.via_main() {
-        write_whole(api, name, sent, with_node_loss).await?;
+        write_whole_since(api, name, sent, prev, with_node_loss).await?;
         return Ok(Written::Done);
     }
-    match api
-        .patch_status(name, &params(), &Patch::Merge(&status_patch(sent, with_node_loss)?))
-        .await
-    {
+    let body = status_patch_since(sent, prev, with_node_loss)?;
+    match api.patch_status(name, &params(), &Patch::Merge(&body)).await {
         Ok(_) => Ok(Written::Done),
         Err(kube::Error::Api(e)) if e.code == 404 => {
             let exists = api
@@ -130,9 +167,24 @@ pub async fn write_whole(
     sent: &HostPathProvisionerStatus,
     with_node_loss: bool,
 ) -> Result<()> {
-    api.patch(name, &params(), &Patch::Merge(&status_patch(sent, with_node_loss)?))
-        .await
-        .map_err(|e| Error::kube("patch status through the whole object", name, e))?;
+    write_whole_since(api, name, sent, None, with_node_loss).await
+}
+
+/// [`write_whole`] of what differs from `prev` alone ([`status_patch_since`]).
+pub async fn write_whole_since(
+    api: &Api<HostPathProvisioner>,
+    name: &str,
+    sent: &HostPathProvisionerStatus,
+    prev: Option<&HostPathProvisionerStatus>,
+    with_node_loss: bool,
+) -> Result<()> {
+    api.patch(
+        name,
+        &params(),
+        &Patch::Merge(&status_patch_since(sent, prev, with_node_loss)?),
+    )
+    .await
+    .map_err(|e| Error::kube("patch status through the whole object", name, e))?;
     Ok(())
 }
 
@@ -193,5 +245,48 @@ mod tests {
             Value::Null,
             "nodes that answer again leave the list"
         );
+    }
+
+    #[test]
+    fn a_patch_since_a_status_leaves_out_what_did_not_change() {
+        use hpp_api::v1beta1::{Condition, StoragePoolStatus};
+        let condition = |message: &str| Condition {
+            type_: "Available".into(),
+            status: "True".into(),
+            message: Some(message.into()),
+            ..Default::default()
+        };
+        let prev = HostPathProvisionerStatus {
+            conditions: vec![condition("DaemonSet has 998 of 1000 pods ready")],
+            observed_version: Some("v1".into()),
+            storage_pool_statuses: vec![StoragePoolStatus {
+                name: "local".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let next = HostPathProvisionerStatus {
+            conditions: vec![condition("DaemonSet has 999 of 1000 pods ready")],
+            ..prev.clone()
+        };
+        let body = status_patch_since(&next, Some(&prev), true).unwrap();
+        let sent = body["status"].as_object().unwrap();
+        assert_eq!(
+            sent.keys().collect::<Vec<_>>(),
+            ["conditions"],
+            "only the changed condition goes: {body}"
+        );
+        // A field that went away is still cleared.
+        let cleared = HostPathProvisionerStatus {
+            observed_version: None,
+            ..prev.clone()
+        };
+        let body = status_patch_since(&cleared, Some(&prev), false).unwrap();
+        assert_eq!(body["status"]["observedVersion"], Value::Null);
+        assert!(body["status"].as_object().unwrap().contains_key("observedVersion"));
+        assert!(!body["status"].as_object().unwrap().contains_key("storagePoolStatuses"));
+        // Without a previous status everything goes.
+        let body = status_patch_since(&next, None, false).unwrap();
+        assert!(body["status"].as_object().unwrap().contains_key("storagePoolStatuses"));
     }
 }

@@ -122,6 +122,8 @@ struct Row {
     node_loss: Option<NodeLossFigures>,
     /// Status churn of the mounter Deployments (see [`churn`]).
     churn: Option<ChurnFigures>,
+    /// The CSI DaemonSet's ready pods going up and down (see [`daemonset_flaps`]).
+    flaps: Option<FlapFigures>,
     /// Every node's capacity republished once a minute (see [`capacity_churn`]).
     capacity: Option<CapacityFigures>,
     /// A label added to one Node (see [`relabel`]).
@@ -352,6 +354,7 @@ async fn measure(
     if args.operator_pvs > 0 {
         row.node_loss = Some(node_loss(&fake, admin, pid, nodes, args.operator_pvs).await?);
     }
+    row.flaps = Some(daemonset_flaps(&fake, admin, pid, nodes).await?);
     // Last: what it holds back is written up to a usage interval later.
     row.capacity = Some(capacity_churn(&fake, admin, pid, nodes).await?);
     if print_where {
@@ -430,6 +433,78 @@ async fn churn(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::Res
     Ok(Some(figures))
 }
 
+/// What the CSI DaemonSet's readiness going up and down cost the operator, and the API server.
+#[derive(Debug, Clone, Copy, Default)]
+struct FlapFigures {
+    changes: usize,
+    /// Writes of the CR's status meanwhile, and their JSON bytes.
+    status_writes: usize,
+    status_bytes: usize,
+    cost: StageCost,
+}
+
+/// Pods of the CSI DaemonSet restart here and there across the cluster, as they do all day
+/// on a large one: its `numberReady` goes one or two below the desired count and back, twice
+/// a second for [`CHURN`]. Each change is a new condition message ("has 999 of 1000 pods
+/// ready") and a write of the CR's status; what the write carries should not grow with the
+/// nodes.
+async fn daemonset_flaps(
+    fake: &FakeApiServer,
+    admin: SocketAddr,
+    pid: u32,
+    nodes: usize,
+) -> anyhow::Result<FlapFigures> {
+    const NAME: &str = "hostpath-provisioner-csi";
+    // The mounter the repair stage recreated rolls out, so the CR is Available and not
+    // Progressing: the DaemonSet's readiness is then what its conditions say.
+    play_controllers(fake, nodes);
+    wait_for_quiet(admin).await?;
+    let ds = fake
+        .get::<DaemonSet>(Some(NAMESPACE), NAME)
+        .context("the CSI DaemonSet is gone")?;
+    let status = serde_json::to_value(ds.status.clone().unwrap_or_default())?;
+    let desired = status["desiredNumberScheduled"].as_i64().unwrap_or(0);
+    let meter = StageMeter::start(admin, pid).await?;
+    fake.clear_requests();
+    let t = Instant::now();
+    let mut changes = 0usize;
+    while t.elapsed() < CHURN {
+        let mut flapped = status.clone();
+        // 999, 998, 1000, 999, ...: every change a new count.
+        let ready = desired - [1, 2, 0][changes % 3];
+        flapped["numberReady"] = json!(ready);
+        flapped["numberAvailable"] = json!(ready);
+        fake.set_status::<DaemonSet>(Some(NAMESPACE), NAME, flapped);
+        changes += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    fake.set_status::<DaemonSet>(Some(NAMESPACE), NAME, status);
+    let cost = meter.finish().await?;
+    let writes: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_write() && r.path.contains("/hostpathprovisioners/"))
+        .collect();
+    let figures = FlapFigures {
+        changes,
+        status_writes: writes.len(),
+        status_bytes: writes.iter().map(|r| r.body.to_string().len()).sum(),
+        cost,
+    };
+    println!(
+        "CSI DaemonSet readiness flapping ({changes} changes in {}s): {} passes ({} full), {} status writes of the CR \
+         ({:.1} KiB, {:.2} KiB each), operator CPU beyond idle {:.1} ms",
+        CHURN.as_secs(),
+        cost.passes,
+        cost.full_passes,
+        figures.status_writes,
+        figures.status_bytes as f64 / 1024.0,
+        figures.status_bytes as f64 / 1024.0 / figures.status_writes.max(1) as f64,
+        cost.cpu.as_secs_f64() * 1000.0
+    );
+    Ok(figures)
+}
+
 /// What a stretch of capacity republishing cost the operator, and the API server.
 #[derive(Debug, Clone, Copy, Default)]
 struct CapacityFigures {
@@ -458,21 +533,7 @@ async fn capacity_churn(
     for i in 0..nodes {
         fake.seed(&capacity_object(i, CAPACITY_BYTES)?);
     }
-    // Taken in once the passes stop (a second without one).
-    let t = Instant::now();
-    let mut last = passes(admin).await?;
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = passes(admin).await?;
-        if now == last {
-            break;
-        }
-        anyhow::ensure!(
-            t.elapsed() < RECONCILE_TIMEOUT,
-            "passes did not stop after the capacity objects came"
-        );
-        last = now;
-    }
+    wait_for_quiet(admin).await?;
     let meter = StageMeter::start(admin, pid).await?;
     fake.clear_requests();
     let t = Instant::now();
@@ -537,6 +598,21 @@ async fn capacity_churn(
         per = cost.cpu.as_secs_f64() * 1000.0 / changes.max(1) as f64,
     );
     Ok(figures)
+}
+
+/// Waits until the operator has taken in what changed: a second without a pass.
+async fn wait_for_quiet(admin: SocketAddr) -> anyhow::Result<()> {
+    let t = Instant::now();
+    let mut last = passes(admin).await?;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = passes(admin).await?;
+        if now == last {
+            return Ok(());
+        }
+        anyhow::ensure!(t.elapsed() < RECONCILE_TIMEOUT, "passes did not stop");
+        last = now;
+    }
 }
 
 /// A StorageClass of the `local` pool, for [`capacity_object`]s.
@@ -814,6 +890,23 @@ fn print_growth(rows: &[Row]) {
             ),
             ("churn: requests", x.requests as f64, y.requests as f64),
             ("churn: operator CPU a rewrite (ms)", per_change(x), per_change(y)),
+        ]);
+    }
+    if let (Some(x), Some(y)) = (a.flaps, b.flaps) {
+        let each = |f: FlapFigures| f.status_bytes as f64 / 1024.0 / f.status_writes.max(1) as f64;
+        lines.extend([
+            ("DaemonSet flaps: changes", x.changes as f64, y.changes as f64),
+            (
+                "DaemonSet flaps: CR status writes",
+                x.status_writes as f64,
+                y.status_writes as f64,
+            ),
+            ("DaemonSet flaps: KiB a status write", each(x), each(y)),
+            (
+                "DaemonSet flaps: operator CPU (ms)",
+                x.cost.cpu.as_secs_f64() * 1000.0,
+                y.cost.cpu.as_secs_f64() * 1000.0,
+            ),
         ]);
     }
     if let (Some(x), Some(y)) = (a.capacity, b.capacity) {
