@@ -389,6 +389,21 @@ async fn wait_for_pools(env: &support::Env, what: &str, want: impl Fn(&[hpp_api:
     .unwrap_or_else(|_| panic!("{what}"));
 }
 
+/// Sets the first pool claim's phase to `Lost` and returns its name.
+fn lose_a_claim(env: &support::Env) -> String {
+    let claim = env
+        .fake
+        .list::<PersistentVolumeClaim>()
+        .into_iter()
+        .find_map(|c| c.metadata.name)
+        .unwrap();
+    assert!(
+        env.fake
+            .set_status::<PersistentVolumeClaim>(Some(NS), &claim, serde_json::json!({ "phase": "Lost" }))
+    );
+    claim
+}
+
 /// Whether the pool claim of `node` exists.
 fn has_claim_of(fake: &FakeApiServer, node: &str) -> bool {
     fake.list::<PersistentVolumeClaim>()
@@ -470,16 +485,7 @@ async fn usage_figures_alone_are_written_at_most_once_per_interval() {
     assert!(passes <= 1, "20 capacity changes start at most one pass, ran {passes}");
 
     // A claim changes phase: the status write it causes carries the latest usage figures.
-    let claim = env
-        .fake
-        .list::<PersistentVolumeClaim>()
-        .into_iter()
-        .find_map(|c| c.metadata.name)
-        .unwrap();
-    assert!(
-        env.fake
-            .set_status::<PersistentVolumeClaim>(Some(NS), &claim, serde_json::json!({ "phase": "Lost" }))
-    );
+    let claim = lose_a_claim(&env);
     wait_for_pools(
         &env,
         "the claim's phase and the last capacity reach the status",
@@ -542,16 +548,7 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
     assert_eq!(repaired.storage_pool_statuses, settled_status.storage_pool_statuses);
 
     // A claim that changes phase: its pool's status follows, through a pass over its node.
-    let claim = env
-        .fake
-        .list::<PersistentVolumeClaim>()
-        .into_iter()
-        .find_map(|c| c.metadata.name)
-        .unwrap();
-    assert!(
-        env.fake
-            .set_status::<PersistentVolumeClaim>(Some(NS), &claim, serde_json::json!({ "phase": "Lost" }))
-    );
+    let claim = lose_a_claim(&env);
     wait_for_pools(&env, "the claim's new phase reaches the CR's status", |pools| {
         pools
             .iter()

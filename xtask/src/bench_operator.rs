@@ -480,15 +480,11 @@ async fn daemonset_flaps(
     }
     fake.set_status::<DaemonSet>(Some(NAMESPACE), NAME, status);
     let cost = meter.finish().await?;
-    let writes: Vec<_> = fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.is_write() && r.path.contains("/hostpathprovisioners/"))
-        .collect();
+    let (status_writes, status_bytes) = cr_writes(fake);
     let figures = FlapFigures {
         changes,
-        status_writes: writes.len(),
-        status_bytes: writes.iter().map(|r| r.body.to_string().len()).sum(),
+        status_writes,
+        status_bytes,
         cost,
     };
     println!(
@@ -572,16 +568,12 @@ async fn capacity_churn(
     }
     let written_after = t.elapsed();
     let cost = meter.finish().await?;
-    let writes: Vec<_> = fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.is_write() && r.path.contains("/hostpathprovisioners/"))
-        .collect();
+    let (status_writes, status_bytes) = cr_writes(fake);
     let figures = CapacityFigures {
         written_after,
         changes,
-        status_writes: writes.len(),
-        status_bytes: writes.iter().map(|r| r.body.to_string().len()).sum(),
+        status_writes,
+        status_bytes,
         cost,
     };
     println!(
@@ -598,6 +590,17 @@ async fn capacity_churn(
         per = cost.cpu.as_secs_f64() * 1000.0 / changes.max(1) as f64,
     );
     Ok(figures)
+}
+
+/// The writes of the CR (its status) the fake received since its log was cleared, and their
+/// JSON bytes.
+fn cr_writes(fake: &FakeApiServer) -> (usize, usize) {
+    let writes: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_write() && r.path.contains("/hostpathprovisioners/"))
+        .collect();
+    (writes.len(), writes.iter().map(|r| r.body.to_string().len()).sum())
 }
 
 /// Waits until the operator has taken in what changed: a second without a pass.
