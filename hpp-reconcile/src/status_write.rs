@@ -124,7 +124,7 @@ pub async fn write(
     write_since(api, name, sent, None, with_node_loss, path).await
 }
 
-/// [`write`] of what differs from `prev` alone ([`status_patch_since`]).
+/// [`write()`] of what differs from `prev` alone ([`status_patch_since`]).
 pub async fn write_since(
     api: &Api<HostPathProvisioner>,
     name: &str,
