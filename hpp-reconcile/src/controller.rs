@@ -106,9 +106,11 @@ fn cached_watch(
             .default_backoff()
             .modify(move |obj| crate::cache::trim(&kind, obj))
     };
-    let fingerprint: Option<fn(&DynamicObject) -> Option<u64>> = if kind.kind == "Node" && kind.group.is_empty() {
+    let node = is_kind(kind, "", "Node");
+    let usage = is_kind(kind, "", "PersistentVolume") || is_capacity(kind);
+    let fingerprint: Option<fn(&DynamicObject) -> Option<u64>> = if node {
         Some(node_fingerprint)
-    } else if (kind.kind == "PersistentVolume" && kind.group.is_empty()) || kind.kind == "CSIStorageCapacity" {
+    } else if usage {
         Some(usage_fingerprint)
     } else {
         None
@@ -116,11 +118,8 @@ fn cached_watch(
     // Triggers the fingerprint filter would swallow, sent beside the filtered stream.
     let (extra_tx, extra_rx) = futures::channel::mpsc::unbounded::<()>();
     let filtered = fingerprint.is_some();
-    let node = kind.kind == "Node" && kind.group.is_empty();
     // The kinds only the facts and node loss read (not rendered, not Nodes).
-    let storage = !rendered
-        && ((kind.kind == "PersistentVolume" && kind.group.is_empty())
-            || (kind.kind == "CSIStorageCapacity" && kind.group == "storage.k8s.io"));
+    let storage = !rendered && usage;
     let relisted = changes.clone();
     let events = trimmed.inspect(move |event| match event {
         Ok(event) => {
@@ -176,6 +175,16 @@ fn cached_watch(
     };
     // Ends with the watch: the sender lives in the watch stream's `inspect`.
     futures::stream::select(triggers, extra_rx).boxed()
+}
+
+/// Whether `kind` is `name` of API group `group` (`""`: the core group).
+fn is_kind(kind: &Kind, group: &str, name: &str) -> bool {
+    kind.group == group && kind.kind == name
+}
+
+/// Whether `kind` is CSIStorageCapacity, which feeds only the pools' `available`.
+fn is_capacity(kind: &Kind) -> bool {
+    is_kind(kind, "storage.k8s.io", "CSIStorageCapacity")
 }
 
 /// Whether a watch event must trigger a pass even if the fingerprint filter (when `filtered`)
@@ -246,7 +255,7 @@ pub async fn controller(
             // Capacity objects feed only the pools' usage figures, which are written at most
             // once per usage interval: their changes alone start no more passes than that. A
             // pass started by anything else takes them too (the change log has them at once).
-            let usage_only = kind.kind == "CSIStorageCapacity" && !rendered && fed.is_empty();
+            let usage_only = is_capacity(kind) && !rendered && fed.is_empty();
             let triggers = cached_watch(
                 &client,
                 &ns,

@@ -615,11 +615,12 @@ async fn write_status(
         )
         .await;
     }
+    let name = hpp.name_any();
     let mut derived = derive(ctx.status_path.via_main());
     // A change of the usage figures alone waits for its turn; the pass it is due in writes
     // whatever they are by then.
     let usage_due_in = match derived.changed && status::same_but_usage(prev, &derived.status) {
-        true => ctx.usage_write_wait(&hpp.name_any()),
+        true => ctx.usage_write_wait(&name),
         false => None,
     };
     if let Some(wait) = usage_due_in {
@@ -628,7 +629,6 @@ async fn write_status(
             "only the pools' usage figures changed: written later"
         );
     } else if derived.changed {
-        let name = hpp.name_any();
         if status_write::write_since(
             api,
             &name,
