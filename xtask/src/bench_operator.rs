@@ -123,7 +123,7 @@ struct Row {
     /// Status churn of the mounter Deployments (see [`churn`]).
     churn: Option<ChurnFigures>,
     /// The CSI DaemonSet's ready pods going up and down (see [`daemonset_flaps`]).
-    flaps: Option<FlapFigures>,
+    flaps: Option<StatusWrites>,
     /// Every node's capacity republished once a minute (see [`capacity_churn`]).
     capacity: Option<CapacityFigures>,
     /// A label added to one Node (see [`relabel`]).
@@ -433,14 +433,48 @@ async fn churn(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::Res
     Ok(Some(figures))
 }
 
-/// What the CSI DaemonSet's readiness going up and down cost the operator, and the API server.
+/// What a stage of changes that reach the CR's status cost the operator, and the API server.
 #[derive(Debug, Clone, Copy, Default)]
-struct FlapFigures {
+struct StatusWrites {
     changes: usize,
     /// Writes of the CR's status meanwhile, and their JSON bytes.
-    status_writes: usize,
-    status_bytes: usize,
+    writes: usize,
+    bytes: usize,
     cost: StageCost,
+}
+
+impl StatusWrites {
+    /// `changes` made and what they cost, with the writes of the CR the fake received since
+    /// its log was cleared.
+    fn read(fake: &FakeApiServer, changes: usize, cost: StageCost) -> Self {
+        let writes: Vec<_> = fake
+            .requests()
+            .into_iter()
+            .filter(|r| r.is_write() && r.path.contains("/hostpathprovisioners/"))
+            .collect();
+        StatusWrites {
+            changes,
+            writes: writes.len(),
+            bytes: writes.iter().map(|r| r.body.to_string().len()).sum(),
+            cost,
+        }
+    }
+
+    fn kib(&self) -> f64 {
+        self.bytes as f64 / 1024.0
+    }
+
+    fn kib_a_write(&self) -> f64 {
+        self.kib() / self.writes.max(1) as f64
+    }
+
+    fn cpu_ms(&self) -> f64 {
+        self.cost.cpu.as_secs_f64() * 1000.0
+    }
+
+    fn cpu_ms_a_change(&self) -> f64 {
+        self.cpu_ms() / self.changes.max(1) as f64
+    }
 }
 
 /// Pods of the CSI DaemonSet restart here and there across the cluster, as they do all day
@@ -453,7 +487,7 @@ async fn daemonset_flaps(
     admin: SocketAddr,
     pid: u32,
     nodes: usize,
-) -> anyhow::Result<FlapFigures> {
+) -> anyhow::Result<StatusWrites> {
     const NAME: &str = "hostpath-provisioner-csi";
     // The mounter the repair stage recreated rolls out, so the CR is Available and not
     // Progressing: the DaemonSet's readiness is then what its conditions say.
@@ -480,23 +514,17 @@ async fn daemonset_flaps(
     }
     fake.set_status::<DaemonSet>(Some(NAMESPACE), NAME, status);
     let cost = meter.finish().await?;
-    let (status_writes, status_bytes) = cr_writes(fake);
-    let figures = FlapFigures {
-        changes,
-        status_writes,
-        status_bytes,
-        cost,
-    };
+    let figures = StatusWrites::read(fake, changes, cost);
     println!(
         "CSI DaemonSet readiness flapping ({changes} changes in {}s): {} passes ({} full), {} status writes of the CR \
          ({:.1} KiB, {:.2} KiB each), operator CPU beyond idle {:.1} ms",
         CHURN.as_secs(),
         cost.passes,
         cost.full_passes,
-        figures.status_writes,
-        figures.status_bytes as f64 / 1024.0,
-        figures.status_bytes as f64 / 1024.0 / figures.status_writes.max(1) as f64,
-        cost.cpu.as_secs_f64() * 1000.0
+        figures.writes,
+        figures.kib(),
+        figures.kib_a_write(),
+        figures.cpu_ms()
     );
     Ok(figures)
 }
@@ -506,12 +534,9 @@ async fn daemonset_flaps(
 struct CapacityFigures {
     /// From the first change to the pool's `available` showing the last ones.
     written_after: Duration,
-    changes: usize,
-    /// Writes of the CR's status meanwhile, and their JSON bytes.
-    status_writes: usize,
-    status_bytes: usize,
-    /// Passes and CPU from the first change to 1 s after the last figures were written.
-    cost: StageCost,
+    /// The changes and the CR's status writes, with the passes and CPU from the first change
+    /// to 1 s after the last figures were written.
+    writes: StatusWrites,
 }
 
 /// Seeds what the csi-provisioner sidecars publish with capacity tracking on (a class of the
@@ -568,13 +593,9 @@ async fn capacity_churn(
     }
     let written_after = t.elapsed();
     let cost = meter.finish().await?;
-    let (status_writes, status_bytes) = cr_writes(fake);
     let figures = CapacityFigures {
         written_after,
-        changes,
-        status_writes,
-        status_bytes,
-        cost,
+        writes: StatusWrites::read(fake, changes, cost),
     };
     println!(
         "capacity republished ({changes} CSIStorageCapacity changes in {churn}s, every node once a minute): \
@@ -584,23 +605,12 @@ async fn capacity_churn(
         after = written_after.as_secs_f64(),
         passes = cost.passes,
         full = cost.full_passes,
-        writes = figures.status_writes,
-        kib = figures.status_bytes as f64 / 1024.0,
-        cpu = cost.cpu.as_secs_f64() * 1000.0,
-        per = cost.cpu.as_secs_f64() * 1000.0 / changes.max(1) as f64,
+        writes = figures.writes.writes,
+        kib = figures.writes.kib(),
+        cpu = figures.writes.cpu_ms(),
+        per = figures.writes.cpu_ms_a_change(),
     );
     Ok(figures)
-}
-
-/// The writes of the CR (its status) the fake received since its log was cleared, and their
-/// JSON bytes.
-fn cr_writes(fake: &FakeApiServer) -> (usize, usize) {
-    let writes: Vec<_> = fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.is_write() && r.path.contains("/hostpathprovisioners/"))
-        .collect();
-    (writes.len(), writes.iter().map(|r| r.body.to_string().len()).sum())
 }
 
 /// Waits until the operator has taken in what changed: a second without a pass.
@@ -896,42 +906,29 @@ fn print_growth(rows: &[Row]) {
         ]);
     }
     if let (Some(x), Some(y)) = (a.flaps, b.flaps) {
-        let each = |f: FlapFigures| f.status_bytes as f64 / 1024.0 / f.status_writes.max(1) as f64;
         lines.extend([
             ("DaemonSet flaps: changes", x.changes as f64, y.changes as f64),
-            (
-                "DaemonSet flaps: CR status writes",
-                x.status_writes as f64,
-                y.status_writes as f64,
-            ),
-            ("DaemonSet flaps: KiB a status write", each(x), each(y)),
-            (
-                "DaemonSet flaps: operator CPU (ms)",
-                x.cost.cpu.as_secs_f64() * 1000.0,
-                y.cost.cpu.as_secs_f64() * 1000.0,
-            ),
+            ("DaemonSet flaps: CR status writes", x.writes as f64, y.writes as f64),
+            ("DaemonSet flaps: KiB a status write", x.kib_a_write(), y.kib_a_write()),
+            ("DaemonSet flaps: operator CPU (ms)", x.cpu_ms(), y.cpu_ms()),
         ]);
     }
-    if let (Some(x), Some(y)) = (a.capacity, b.capacity) {
-        let per_change = |c: CapacityFigures| c.cost.cpu.as_secs_f64() * 1000.0 / c.changes.max(1) as f64;
+    if let (Some(c), Some(d)) = (a.capacity, b.capacity) {
+        let (x, y) = (c.writes, d.writes);
         lines.extend([
             ("capacity: changes", x.changes as f64, y.changes as f64),
             ("capacity: passes", x.cost.passes as f64, y.cost.passes as f64),
+            ("capacity: CR status writes", x.writes as f64, y.writes as f64),
+            ("capacity: CR status KiB written", x.kib(), y.kib()),
             (
-                "capacity: CR status writes",
-                x.status_writes as f64,
-                y.status_writes as f64,
+                "capacity: operator CPU a change (ms)",
+                x.cpu_ms_a_change(),
+                y.cpu_ms_a_change(),
             ),
-            (
-                "capacity: CR status KiB written",
-                x.status_bytes as f64 / 1024.0,
-                y.status_bytes as f64 / 1024.0,
-            ),
-            ("capacity: operator CPU a change (ms)", per_change(x), per_change(y)),
             (
                 "capacity: last figures written after (s)",
-                x.written_after.as_secs_f64(),
-                y.written_after.as_secs_f64(),
+                c.written_after.as_secs_f64(),
+                d.written_after.as_secs_f64(),
             ),
         ]);
     }
