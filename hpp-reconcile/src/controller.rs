@@ -15,7 +15,7 @@ use futures::{Stream, StreamExt};
 use hpp_api::HostPathProvisioner;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::Controller;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 use tracing::{Instrument, info, warn};
@@ -236,11 +236,26 @@ pub async fn controller(
         prometheus = facts.has_prometheus,
         "optional APIs at start-up"
     );
-    let c = Controller::new(
+    let (provisioners, writer) = reflector::store();
+    ctx.cache.set_provisioners(provisioners.clone());
+    // The operator's own status writes come back as events of the CR: they start no pass.
+    let own = ctx.clone();
+    let mut echoes = crate::echo::EchoFilter::default();
+    let crs = watcher(
         Api::<HostPathProvisioner>::all(client.clone()),
         watcher::Config::default(),
-    );
-    ctx.cache.set_provisioners(c.store());
+    )
+    .default_backoff()
+    .reflect(writer)
+    .applied_objects()
+    .filter(move |event| {
+        let passes = match event {
+            Ok(hpp) => echoes.passes(hpp, &own.own_status),
+            Err(_) => true,
+        };
+        std::future::ready(passes)
+    });
+    let c = Controller::for_stream(crs, provisioners);
     let indexes = ctx.pipeline.indexes();
     let rendered_kinds: BTreeSet<Kind> = ctx.pipeline.kinds(&facts).into_iter().collect();
     let triggers: Vec<BoxStream<'static, ()>> = watched(&ctx, &facts)

@@ -52,6 +52,7 @@ pub mod operator;
 mod cache;
 mod changes;
 mod compact_store;
+mod echo;
 mod error;
 mod gather;
 pub mod index;

@@ -21,6 +21,7 @@ use crate::apply::Applier;
 use crate::cache::Cache;
 use crate::changes::{ChangeLog, Scope, Taken, pass_inputs};
 use crate::config::OperatorConfig;
+use crate::echo::OwnStatus;
 use crate::error::{Error, Result};
 use crate::events::EventRecorder;
 use crate::gather;
@@ -93,6 +94,8 @@ pub struct Context {
     pub usage_interval: Duration,
     /// When each CR's status was last written, by name (see [`Context::usage_interval`]).
     status_written: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// The status each CR was last written with: its watch event (the echo) starts no pass.
+    pub(crate) own_status: OwnStatus,
 }
 
 /// The default [`Context::pass_interval`]: at most ten passes a second while watched objects
@@ -141,6 +144,7 @@ impl Context {
             pass_interval: DEFAULT_PASS_INTERVAL,
             usage_interval: DEFAULT_USAGE_INTERVAL,
             status_written: Mutex::new(HashMap::new()),
+            own_status: OwnStatus::default(),
         }
     }
 
@@ -387,6 +391,7 @@ async fn reconcile_inner(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result
         return refuse_second(&api, &hpp, active, all.len(), ctx).await;
     }
     let deleting = hpp.metadata.deletion_timestamp.is_some();
+    let name = hpp.name_any();
     let result = finalizer(&api, FINALIZER, hpp, |event| async move {
         match event {
             FinalizerEvent::Apply(h) => apply(h, ctx).await,
@@ -405,6 +410,7 @@ async fn reconcile_inner(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result
     if deleting {
         // No CR, no readiness: the gauge must not keep the deleted CR's last value.
         ctx.metrics.cr_ready.set(crate::metrics::CR_READY_UNKNOWN);
+        ctx.own_status.forget(&name);
     }
     Ok(action)
 }
@@ -623,12 +629,17 @@ async fn write_status(
         true => ctx.usage_write_wait(&name),
         false => None,
     };
+    if !derived.changed || usage_due_in.is_some() {
+        // The status stays as it is, and is one this process would have written.
+        ctx.own_status.accept(hpp, prev);
+    }
     if let Some(wait) = usage_due_in {
         debug!(
             wait_ms = wait.as_millis() as u64,
             "only the pools' usage figures changed: written later"
         );
     } else if derived.changed {
+        ctx.own_status.note(&name, &derived.status);
         if status_write::write_since(
             api,
             &name,
@@ -650,6 +661,7 @@ async fn write_status(
             )
             .await;
             derived = derive(true);
+            ctx.own_status.note(&name, &derived.status);
             status_write::write_whole_since(api, &name, &derived.status, Some(prev), with_node_loss).await?;
         }
         ctx.note_status_written(&name);
