@@ -78,9 +78,14 @@ pub(crate) struct WatchRequest {
     pub send_initial_events: bool,
 }
 
+/// One event's line. `type` goes first, as a real API server writes it: serde_json's maps are
+/// sorted, which would put `object` first and make a client's adjacently tagged `WatchEvent`
+/// buffer the whole object before reading it (a cost a real watch does not have).
 fn line(v: &Value) -> Bytes {
-    let mut text = v.to_string();
-    text.push('\n');
+    let text = match (v.get("type"), v.get("object")) {
+        (Some(kind), Some(object)) => format!("{{\"type\":{kind},\"object\":{object}}}\n"),
+        _ => format!("{v}\n"),
+    };
     Bytes::from(text)
 }
 
@@ -159,5 +164,20 @@ async fn pump(
                 Err(_) => return,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn an_event_line_names_its_type_before_its_object() {
+        let text = line(&json!({"type": "MODIFIED", "object": {"kind": "Node", "apiVersion": "v1"}}));
+        assert_eq!(
+            std::str::from_utf8(&text).unwrap(),
+            "{\"type\":\"MODIFIED\",\"object\":{\"apiVersion\":\"v1\",\"kind\":\"Node\"}}\n"
+        );
     }
 }
