@@ -493,6 +493,19 @@ impl Cache {
         }
     }
 
+    /// Whether the controller's store holds another version of `hpp` than this one (a newer
+    /// one: a pass's copy comes from the store); false without a store or when it lacks it.
+    pub(crate) fn has_newer_provisioner(&self, hpp: &HostPathProvisioner) -> bool {
+        let Ok(slot) = self.provisioners.read() else {
+            return false;
+        };
+        let Some(store) = slot.as_ref() else { return false };
+        let key = kube::runtime::reflector::ObjectRef::from(hpp);
+        store
+            .get(&key)
+            .is_some_and(|held| held.metadata.resource_version != hpp.metadata.resource_version)
+    }
+
     /// Every cached HostPathProvisioner, or `None` when the controller's store is not synced.
     pub fn provisioners(&self) -> Option<Vec<Arc<HostPathProvisioner>>> {
         let slot = self.provisioners.read().ok()?;

@@ -241,11 +241,12 @@ pub async fn controller(
     // The operator's own status writes come back as events of the CR: they start no pass.
     let own = ctx.clone();
     let mut echoes = crate::echo::EchoFilter::default();
+    // No backoff of its own: the controller backs off its trigger streams (as with
+    // `Controller::new`).
     let crs = watcher(
         Api::<HostPathProvisioner>::all(client.clone()),
         watcher::Config::default(),
     )
-    .default_backoff()
     .reflect(writer)
     .applied_objects()
     .filter(move |event| {

@@ -44,23 +44,28 @@ impl OwnStatus {
         }
     }
 
-    /// Notes that the status `hpp` has (`status`) is right as it is: a pass found nothing to
-    /// write. Hashes it only when the CR changed since it was last accepted.
-    pub(crate) fn accept(&self, hpp: &HostPathProvisioner, status: &HostPathProvisionerStatus) {
-        let Ok(mut by_name) = self.by_name.lock() else { return };
+    /// Notes that the status `hpp` has is right as it is: a pass found nothing to write.
+    /// Hashes it only when the CR changed since it was last accepted.
+    pub(crate) fn accept(&self, hpp: &HostPathProvisioner) {
         let name = hpp.name_any();
         let version = hpp.resource_version();
-        if version.is_some() && by_name.get(&name).is_some_and(|n| n.resource_version == version) {
+        let known = |by_name: &HashMap<String, Noted>| {
+            version.is_some() && by_name.get(&name).is_some_and(|n| n.resource_version == version)
+        };
+        if self.by_name.lock().map(|by_name| known(&by_name)).unwrap_or(true) {
             return;
         }
-        let hash = status_hash(Some(status));
-        by_name.insert(
-            name,
-            Noted {
-                resource_version: version,
-                hash,
-            },
-        );
+        // Hashed without the lock: the filter takes it for every event of the CR.
+        let hash = status_hash(hpp.status.as_ref());
+        if let Ok(mut by_name) = self.by_name.lock() {
+            by_name.insert(
+                name,
+                Noted {
+                    resource_version: version,
+                    hash,
+                },
+            );
+        }
     }
 
     /// Forgets CR `name` (it is gone).
@@ -71,10 +76,11 @@ impl OwnStatus {
     }
 
     fn is_own(&self, hpp: &HostPathProvisioner) -> bool {
+        let hash = status_hash(hpp.status.as_ref());
         let Ok(by_name) = self.by_name.lock() else { return false };
         by_name
             .get(hpp.metadata.name.as_deref().unwrap_or_default())
-            .is_some_and(|n| n.hash == status_hash(hpp.status.as_ref()))
+            .is_some_and(|n| n.hash == hash)
     }
 }
 
@@ -185,11 +191,13 @@ mod tests {
         let mut filter = EchoFilter::default();
         let found = cr(Some(status("v1")), 10);
         assert!(filter.passes(&found, &own), "first seen");
-        own.accept(&found, &status("v1"));
+        own.accept(&found);
         // Another event at a later version (say a label of ours went and came back).
         assert!(!filter.passes(&cr(Some(status("v1")), 11), &own));
         // Accepting again at the same version does not hash again; the note stays.
-        own.accept(&found, &status("ignored: same version"));
+        let mut same_version = found.clone();
+        same_version.status = Some(status("ignored: same version"));
+        own.accept(&same_version);
         assert!(!filter.passes(&cr(Some(status("v1")), 12), &own));
     }
 

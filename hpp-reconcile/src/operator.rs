@@ -629,9 +629,14 @@ async fn write_status(
         true => ctx.usage_write_wait(&name),
         false => None,
     };
-    if !derived.changed || usage_due_in.is_some() {
-        // The status stays as it is, and is one this process would have written.
-        ctx.own_status.accept(hpp, prev);
+    // The status stays as it is, and is one this process would have written: its watch events
+    // start no pass. Unless this pass read an older copy of the CR than the watch holds now:
+    // then the newer one may be the echo of an own write the filter dropped, with a status
+    // this pass did not judge; a pass over the newer copy goes at once.
+    let unwritten = !derived.changed || usage_due_in.is_some();
+    let stale_copy = unwritten && ctx.cache.has_newer_provisioner(hpp);
+    if unwritten && !stale_copy {
+        ctx.own_status.accept(hpp);
     }
     if let Some(wait) = usage_due_in {
         debug!(
@@ -696,7 +701,10 @@ async fn write_status(
     Ok(StatusWritten {
         transition: derived.transition,
         warnings_due_in: due_in,
-        usage_due_in,
+        usage_due_in: match stale_copy {
+            true => Some(Duration::ZERO),
+            false => usage_due_in,
+        },
     })
 }
 
@@ -706,7 +714,8 @@ struct StatusWritten {
     transition: bool,
     /// Held Warning Events are due in this long (reconcile again then).
     warnings_due_in: Option<Duration>,
-    /// The pools' usage figures changed and are written in this long (reconcile again then).
+    /// The pools' usage figures changed and are written in this long (reconcile again then);
+    /// zero when the pass read an older copy of the CR than the watch holds.
     usage_due_in: Option<Duration>,
 }
 

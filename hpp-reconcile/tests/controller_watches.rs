@@ -587,6 +587,36 @@ async fn an_own_status_write_starts_no_pass_but_someone_elses_does() {
     controller.stop().await;
 }
 
+/// A pass that read an older copy of the CR than the watch holds now (an own status write's
+/// echo arrived meanwhile, and the filter dropped it as own) and found nothing to write does
+/// not take that copy's status as right: it asks at once for a pass over the newer copy.
+#[tokio::test]
+async fn a_pass_over_an_older_copy_of_the_cr_asks_for_one_over_the_newer() {
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &["node01"]);
+    env.converge().await;
+    let current = env.hpp();
+    let usual = env.pass().await.unwrap();
+    assert_ne!(usual, kube::runtime::controller::Action::requeue(Duration::ZERO));
+
+    // The watch's store holds a newer version of the CR.
+    let (reader, mut writer) = kube::runtime::reflector::store::<HostPathProvisioner>();
+    let mut newer = current.clone();
+    newer.metadata.resource_version = Some("999999".into());
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(newer.clone()));
+    env.ctx.cache.set_provisioners(reader);
+    env.fake.clear_requests();
+    let over_older = hpp_reconcile::operator::reconcile(Arc::new(current), env.ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(over_older, kube::runtime::controller::Action::requeue(Duration::ZERO));
+    assert_eq!(env.fake.write_requests().len(), 0, "{:#?}", env.fake.write_requests());
+    // Over the copy the store holds, the pass is the usual one.
+    let over_newer = hpp_reconcile::operator::reconcile(Arc::new(newer), env.ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(over_newer, usual);
+}
+
 /// Scale (issue 31): a change to one node's objects costs a pass over that node. A deleted
 /// mounter, a claim that changed, a Node whose labels changed, a Node tainted out of the pools
 /// and back, and a deleted Node are handled by passes over their parts only, which leave the
