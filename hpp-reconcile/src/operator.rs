@@ -479,12 +479,12 @@ async fn apply(hpp: Arc<HostPathProvisioner>, ctx: &Context) -> Result<Action> {
             record_actions(ctx, &report.readiness).await;
             let derived = write_status(&api, &hpp, &Outcome::Applied(&report.readiness), ctx).await?;
             publish_warnings(ctx, &report.readiness.warnings).await;
-            // Come back when held Warning Events or a step's deadline are due, even if nothing
-            // changes.
+            // Come back when held Warning Events, a step's deadline or the status are due, even
+            // if nothing changes.
             Ok(
                 match earliest(
                     earliest(derived.warnings_due_in, report.readiness.requeue_after),
-                    derived.usage_due_in,
+                    derived.status_due_in,
                 ) {
                     Some(due) => Action::requeue(due),
                     None => Action::await_change(),
@@ -701,7 +701,7 @@ async fn write_status(
     Ok(StatusWritten {
         transition: derived.transition,
         warnings_due_in: due_in,
-        usage_due_in: match stale_copy {
+        status_due_in: match stale_copy {
             true => Some(Duration::ZERO),
             false => usage_due_in,
         },
@@ -714,9 +714,9 @@ struct StatusWritten {
     transition: bool,
     /// Held Warning Events are due in this long (reconcile again then).
     warnings_due_in: Option<Duration>,
-    /// The pools' usage figures changed and are written in this long (reconcile again then);
-    /// zero when the pass read an older copy of the CR than the watch holds.
-    usage_due_in: Option<Duration>,
+    /// Reconcile again in this long for the status: when held usage figures are due, or at
+    /// once (zero) when the pass read an older copy of the CR than the watch holds.
+    status_due_in: Option<Duration>,
 }
 
 /// Updates the gauges fed by step warnings and publishes each new warning as a Warning Event
