@@ -404,6 +404,14 @@ fn lose_a_claim(env: &support::Env) -> String {
     claim
 }
 
+/// Whether the pools' status shows `claim` (by name) `Lost` ([`lose_a_claim`]).
+fn shows_lost(pools: &[hpp_api::v1beta1::StoragePoolStatus], claim: &str) -> bool {
+    pools
+        .iter()
+        .flat_map(|p| &p.claim_statuses)
+        .any(|c| c.name == claim && c.status.phase.as_deref() == Some("Lost"))
+}
+
 /// Whether the pool claim of `node` exists.
 fn has_claim_of(fake: &FakeApiServer, node: &str) -> bool {
     fake.list::<PersistentVolumeClaim>()
@@ -488,10 +496,7 @@ async fn usage_figures_alone_are_written_at_most_once_per_interval() {
             pools
                 .iter()
                 .any(|p| p.name == pool && p.available.as_deref() == Some("102381Mi"))
-                && pools
-                    .iter()
-                    .flat_map(|p| &p.claim_statuses)
-                    .any(|c| c.name == claim && c.status.phase.as_deref() == Some("Lost"))
+                && shows_lost(pools, &claim)
         },
     )
     .await;
@@ -524,10 +529,7 @@ async fn an_own_status_write_starts_no_pass_but_someone_elses_does() {
         // A claim changes phase: one pass, which writes the status; its echo runs nothing.
         let claim = lose_a_claim(&env);
         wait_for_pools(&env, "the claim's phase reaches the status", |pools| {
-            pools
-                .iter()
-                .flat_map(|p| &p.claim_statuses)
-                .any(|c| c.name == claim && c.status.phase.as_deref() == Some("Lost"))
+            shows_lost(pools, &claim)
         })
         .await;
         settle(&env).await;
@@ -664,10 +666,7 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
     // A claim that changes phase: its pool's status follows, through a pass over its node.
     let claim = lose_a_claim(&env);
     wait_for_pools(&env, "the claim's new phase reaches the CR's status", |pools| {
-        pools
-            .iter()
-            .flat_map(|p| &p.claim_statuses)
-            .any(|c| c.name == claim && c.status.phase.as_deref() == Some("Lost"))
+        shows_lost(pools, &claim)
     })
     .await;
     settled_without_full_pass(&env, full_before, "a claim's phase").await;
