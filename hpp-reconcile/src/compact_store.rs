@@ -105,12 +105,21 @@ impl Entry {
 /// address the memo knows is the same version; the text itself is freed with the store's last
 /// copy. Versions not seen by a read are forgotten by it.
 pub struct Memo<F> {
-    seen: HashMap<usize, (Weak<Box<str>>, Option<F>)>,
+    /// By address: what `each` made of each version.
+    seen: HashMap<usize, Seen<F>>,
+    /// Reads so far.
+    reads: u64,
 }
+
+/// A version [`Memo`] knows, what `each` made of it, and the read that last saw it.
+type Seen<F> = (Weak<Box<str>>, Option<F>, u64);
 
 impl<F> Default for Memo<F> {
     fn default() -> Self {
-        Memo { seen: HashMap::new() }
+        Memo {
+            seen: HashMap::new(),
+            reads: 0,
+        }
     }
 }
 
@@ -281,22 +290,33 @@ impl CompactStore {
         let Ok(inner) = self.inner.read() else {
             return Vec::new();
         };
-        let mut seen = HashMap::with_capacity(memo.seen.len().max(16));
+        memo.reads += 1;
+        let read = memo.reads;
         let mut made = Vec::with_capacity(inner.objects.len());
+        let mut held = 0;
         for ((ns, _), entry) in &inner.objects {
             if !keep(ns) {
                 continue;
             }
+            held += 1;
             let at = Arc::as_ptr(&entry.text) as usize;
-            let (version, fact) = memo
-                .seen
-                .remove(&at)
-                .unwrap_or_else(|| (Arc::downgrade(&entry.text), decode(&entry.text).and_then(&each)));
-            made.extend(fact.iter().cloned());
-            seen.insert(at, (version, fact));
+            match memo.seen.get_mut(&at) {
+                Some((_, fact, seen_by)) => {
+                    *seen_by = read;
+                    made.extend(fact.iter().cloned());
+                }
+                None => {
+                    let fact = decode(&entry.text).and_then(&each);
+                    made.extend(fact.iter().cloned());
+                    memo.seen.insert(at, (Arc::downgrade(&entry.text), fact, read));
+                }
+            }
         }
-        // What the old memo still holds are versions no longer here: dropped with it.
-        memo.seen = seen;
+        // Versions this read did not see are no longer here (one lookup an object above, and
+        // a walk over the memo only when some went, instead of a new memo every read).
+        if memo.seen.len() > held {
+            memo.seen.retain(|_, (_, _, seen_by)| *seen_by == read);
+        }
         made
     }
 

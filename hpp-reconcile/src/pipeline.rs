@@ -290,9 +290,10 @@ impl Pipeline {
         };
         next.parts = plan.iter().map(|p| p.all_parts.clone()).collect();
         next.answers_in_parts.resize(self.steps.len(), false);
+        // What the re-rendered parts and steps held before: forgotten once, re-learnt below.
+        let mut forgotten = Vec::new();
         if changed.is_some() {
-            // What the re-rendered parts and steps held before: forgotten once, re-learnt below.
-            let again: std::collections::HashSet<Owner> = plan
+            let again: Vec<Owner> = plan
                 .iter()
                 .enumerate()
                 .flat_map(|(i, p)| {
@@ -300,18 +301,18 @@ impl Pipeline {
                     match &p.rendered {
                         Rendered::Whole(_) => vec![Owner::Whole(step)],
                         Rendered::Parts(chosen) => {
-                            let all = p.all_parts.as_deref().unwrap_or_default();
+                            let hashes = p.all_parts.as_ref().map(|a| a.hashes.as_slice()).unwrap_or_default();
                             chosen
                                 .iter()
-                                .filter_map(|n| all.get(*n))
-                                .chain(&p.removed)
-                                .map(|name| Owner::Part(step, part_hash(name)))
+                                .filter_map(|n| hashes.get(*n).copied())
+                                .chain(p.removed.iter().map(|name| part_hash(name)))
+                                .map(|part| Owner::Part(step, part))
                                 .collect()
                         }
                     }
                 })
                 .collect();
-            next.forget(|o| again.contains(&o));
+            forgotten = next.forget(&again);
         }
         let mut pending_readiness = Vec::with_capacity(plan.len());
         for (i, (step, planned)) in self.steps.iter().zip(plan).enumerate() {
@@ -328,9 +329,11 @@ impl Pipeline {
                     for batch in chosen.chunks(PARTS_AT_ONCE) {
                         let mut desired = Vec::new();
                         for &n in batch {
-                            let Some(part) = all.get(n) else { continue };
+                            let (Some(part), Some(&hash)) = (all.names.get(n), all.hashes.get(n)) else {
+                                continue;
+                            };
                             let objects = step.desired_part(hpp, cfg, facts, part)?;
-                            next.own(&objects, Owner::Part(step_no, part_hash(part)));
+                            next.own(&objects, Owner::Part(step_no, hash));
                             desired.extend(objects);
                         }
                         check_namespaces(step.name(), &desired, &cfg.namespace)?;
@@ -351,7 +354,7 @@ impl Pipeline {
                             // live objects: the step forgets them.
                             let applied: Vec<String> = chosen
                                 .iter()
-                                .filter_map(|&n| all.get(n).cloned())
+                                .filter_map(|&n| all.names.get(n).cloned())
                                 .chain(planned.removed.iter().cloned())
                                 .collect();
                             // It answered after the last full pass but not now: a full pass
@@ -370,10 +373,15 @@ impl Pipeline {
         for readiness in pending_readiness {
             report.readiness.merge(readiness);
         }
+        // A pass over parts sweeps only when an object it forgot is owned by nothing now (a
+        // part gone, or rendering fewer objects): any other object no pass rendered took a
+        // full pass when its watch event came (`plan`), so reading every cached key of every
+        // kind would find nothing, at O(objects) a pass.
+        let orphans = changed.is_none() || forgotten.iter().any(|hash| !next.owners.contains_key(hash));
         *index = next;
         // Labelled objects of the steps' kinds that no step renders (as of this pass for what
         // it rendered, as of the pass before for the parts it left alone).
-        for kind in self.kinds(facts) {
+        for kind in self.kinds(facts).into_iter().filter(|_| orphans) {
             for key in applier.managed_keys(&kind, &cfg.namespace).await? {
                 if !index.owns(&key) {
                     info!(object = %key, "sweeping leftover");
@@ -460,11 +468,17 @@ impl Pipeline {
         for (i, step) in self.steps.iter().enumerate() {
             let step_no = u16::try_from(i).unwrap_or(u16::MAX);
             let planned = match step.parts(hpp, cfg, facts) {
-                Some(parts) => {
+                Some(names) => {
+                    let last = index.parts.get(i).and_then(Option::as_ref);
+                    // The same parts as the last pass (as almost always): their hashes are known.
+                    let parts = match last {
+                        Some(last) if last.names == names => last.clone(),
+                        _ => Arc::new(Parts::new(names)),
+                    };
                     let (chosen, removed) = match changed {
-                        None => ((0..parts.len()).collect(), Vec::new()),
+                        None => ((0..parts.names.len()).collect(), Vec::new()),
                         Some(changed) => {
-                            let Some(last) = index.parts[i].as_ref() else {
+                            let Some(last) = last else {
                                 return Ok(None);
                             };
                             if !index.answers_in_parts.get(i).copied().unwrap_or(false) {
@@ -534,8 +548,8 @@ fn changed_parts(
     hpp: &HostPathProvisioner,
     facts: &ClusterFacts,
     changed: &Changed,
-    parts: &[String],
-    last: &[String],
+    parts: &Parts,
+    last: &Parts,
     step_no: u16,
     dirty: &BTreeSet<(u16, u64)>,
 ) -> Option<(Vec<usize>, Vec<String>)> {
@@ -550,18 +564,21 @@ fn changed_parts(
     let reading: HashSet<&str> = named.iter().map(String::as_str).collect();
     // Parts are known by a hash of their name: two names of one hash (never seen, but a gone
     // part's objects are forgotten by it) take the full pass.
-    let hashed: HashMap<&str, u64> = parts.iter().chain(last).map(|p| (p.as_str(), part_hash(p))).collect();
-    if hashed.values().collect::<HashSet<_>>().len() != hashed.len() {
+    if !parts.distinct {
         return None;
     }
-    let removed: Vec<String> = if parts == last {
+    let removed: Vec<String> = if parts.names == last.names {
         Vec::new()
     } else {
-        let now: HashSet<&str> = parts.iter().map(String::as_str).collect();
-        let before: HashSet<&str> = last.iter().map(String::as_str).collect();
+        let now: HashSet<&str> = parts.names.iter().map(String::as_str).collect();
+        let before: HashSet<&str> = last.names.iter().map(String::as_str).collect();
         let came = now.difference(&before);
         let went: Vec<&str> = before.difference(&now).copied().collect();
         if !came.chain(&went).all(|p| reading.contains(p)) {
+            return None;
+        }
+        // A gone part's hash must not be a part's of now either.
+        if went.iter().any(|p| parts.hashes.contains(&part_hash(p))) {
             return None;
         }
         went.into_iter().map(str::to_owned).collect()
@@ -572,12 +589,37 @@ fn changed_parts(
         .map(|(_, part)| *part)
         .collect();
     let chosen = parts
+        .names
         .iter()
+        .zip(&parts.hashes)
         .enumerate()
-        .filter(|(_, p)| reading.contains(p.as_str()) || hashed.get(p.as_str()).is_some_and(|h| dirty.contains(h)))
+        .filter(|(_, (name, hash))| reading.contains(name.as_str()) || dirty.contains(hash))
         .map(|(n, _)| n)
         .collect();
     Some((chosen, removed))
+}
+
+/// A step's parts (see [`SubReconciler::parts`]) with the hash each is known by in
+/// [`Owner::Part`], made once and shared by the passes while the parts stay the same: a pass
+/// over one node's part does not hash 1,000 names.
+#[derive(Debug, Default)]
+pub(crate) struct Parts {
+    names: Vec<String>,
+    hashes: Vec<u64>,
+    /// Whether no two names share a hash.
+    distinct: bool,
+}
+
+impl Parts {
+    fn new(names: Vec<String>) -> Self {
+        let hashes: Vec<u64> = names.iter().map(|n| part_hash(n)).collect();
+        let distinct = hashes.iter().collect::<HashSet<_>>().len() == hashes.len();
+        Parts {
+            names,
+            hashes,
+            distinct,
+        }
+    }
 }
 
 /// Parts of a step (see [`SubReconciler::parts`]) rendered and applied together: enough
@@ -596,7 +638,7 @@ enum Rendered {
 /// One step's share of a pass.
 struct Planned {
     /// Every part of a step in parts (`None` for a whole step).
-    all_parts: Option<Vec<String>>,
+    all_parts: Option<Arc<Parts>>,
     rendered: Rendered,
     /// In a pass over parts, the parts of the last pass that are gone (their objects are no
     /// longer owned, so the sweep deletes them).
@@ -631,8 +673,12 @@ fn part_hash(name: &str) -> u64 {
 /// name), with each step's parts as of the last pass.
 #[derive(Debug, Default)]
 pub(crate) struct PartIndex {
-    owners: std::collections::HashMap<u64, Owner>,
-    parts: Vec<Option<Vec<String>>>,
+    owners: HashMap<u64, Owner>,
+    /// The objects of each owner, as hashes into `owners` (an object that moved to another
+    /// owner stays listed under the old one until it is forgotten): a pass over one part
+    /// forgets that part's objects without visiting every object.
+    by_owner: HashMap<Owner, Vec<u64>>,
+    parts: Vec<Option<Arc<Parts>>>,
     /// Whether each step answered [`SubReconciler::readiness_of_parts`] after the last full
     /// pass (asked there, not before every pass over parts: the standard pools step answers
     /// with the status of every pool, which costs as much as its readiness).
@@ -650,12 +696,25 @@ impl PartIndex {
 
     fn own(&mut self, desired: &[DesiredObject], owner: Owner) {
         for d in desired {
-            self.owners.insert(index_hash(&d.key()), owner);
+            let hash = index_hash(&d.key());
+            if self.owners.insert(hash, owner) != Some(owner) {
+                self.by_owner.entry(owner).or_default().push(hash);
+            }
         }
     }
 
-    fn forget(&mut self, which: impl Fn(Owner) -> bool) {
-        self.owners.retain(|_, o| !which(*o));
+    /// Forgets the objects of `which` owners, and says which they were.
+    fn forget(&mut self, which: &[Owner]) -> Vec<u64> {
+        let mut forgotten = Vec::new();
+        for owner in which {
+            for hash in self.by_owner.remove(owner).unwrap_or_default() {
+                if self.owners.get(&hash) == Some(owner) {
+                    self.owners.remove(&hash);
+                    forgotten.push(hash);
+                }
+            }
+        }
+        forgotten
     }
 
     /// Objects the index holds.
@@ -724,6 +783,43 @@ mod tests {
         assert_eq!(driver[1].key().name, "extra");
         let (_, ds) = desired.iter().find(|(n, _)| n == names::STEP_CSI_DAEMONSET).unwrap();
         assert!(ds.iter().all(|o| o.kind == daemonset_kind()), "other steps untouched");
+    }
+
+    fn config_map(name: &str) -> DesiredObject {
+        let cfg = OperatorConfig::from_env([("POD_NAMESPACE", "hpp")]);
+        typed_ssa(&k8s_openapi::api::core::v1::ConfigMap {
+            metadata: object_meta(name, None, &cfg, &[], None),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn forgetting_an_owner_forgets_its_objects_and_says_which_and_not_those_owned_since_by_another() {
+        let (a, b) = (Owner::Part(0, part_hash("node-a")), Owner::Part(0, part_hash("node-b")));
+        let mut index = PartIndex::default();
+        index.own(&[config_map("one"), config_map("two")], a);
+        index.own(&[config_map("three")], b);
+        // "two" moves to b: forgetting a leaves it.
+        index.own(&[config_map("two")], b);
+        let forgotten = index.forget(&[a]);
+        assert_eq!(forgotten, [index_hash(&config_map("one").key())]);
+        assert!(!index.owns(&config_map("one").key()));
+        assert_eq!(index.owner(&config_map("two").key()), Some(b));
+        assert_eq!(index.len(), 2);
+        // Owned again after being forgotten: forgotten again with its owner.
+        index.own(&[config_map("one")], a);
+        assert_eq!(index.forget(&[a, b]).len(), 3);
+        assert_eq!(index.len(), 0);
+        assert!(index.forget(&[a]).is_empty(), "nothing left to forget");
+    }
+
+    #[test]
+    fn parts_know_their_hashes_and_whether_two_share_one() {
+        let parts = Parts::new(vec![String::new(), "node-a".into(), "node-b".into()]);
+        assert!(parts.distinct);
+        assert_eq!(parts.hashes, [part_hash(""), part_hash("node-a"), part_hash("node-b")]);
+        assert!(!Parts::new(vec!["node-a".into(), "node-a".into()]).distinct);
     }
 
     #[test]
