@@ -302,6 +302,17 @@ impl Cache {
         what: &'static str,
         derive: impl FnOnce(&CompactStore) -> T,
     ) -> Option<Arc<T>> {
+        self.derived_shared(kind, selector, what, |store| Arc::new(derive(store)))
+    }
+
+    /// [`derived`](Self::derived), for a `derive` that may hand back a value it made before.
+    fn derived_shared<T: Send + Sync + 'static>(
+        &self,
+        kind: &Kind,
+        selector: &str,
+        what: &'static str,
+        derive: impl FnOnce(&CompactStore) -> Arc<T>,
+    ) -> Option<Arc<T>> {
         let store = self.synced(kind, selector)?;
         let generation = store.generation();
         let key = (kind.clone(), selector.to_owned(), what);
@@ -312,7 +323,7 @@ impl Cache {
         {
             return Some(value);
         }
-        let value = Arc::new(derive(&store));
+        let value = derive(&store);
         // Only if the store did not change meanwhile; otherwise the next read derives again.
         if store.generation() == generation
             && let Ok(mut derived) = self.derived.lock()
@@ -324,9 +335,10 @@ impl Cache {
 
     /// [`derived`](Self::derived) from one `F` per object (`each` of the object parsed into
     /// `K`; objects `keep` refuses by namespace are left out) that `make` combines. A store
-    /// that changed is read again, but only the object versions not seen before are parsed:
-    /// a per-object memo of `what` (keyed by the address of each version's text) keeps what
-    /// `each` made of the others.
+    /// that changed is read again, but only the objects changed since are parsed: a per-object
+    /// memo of `what` keeps what `each` made of the others, and when `each` makes of the
+    /// changed ones what it made before (a mounter's new status, which no fact reads), the
+    /// value made last time is handed back, the same `Arc`, without `make`.
     pub fn derived_each<K, F, T>(
         &self,
         kind: &Kind,
@@ -338,26 +350,32 @@ impl Cache {
     ) -> Option<Arc<T>>
     where
         K: DeserializeOwned,
-        F: Clone + Send + 'static,
+        F: Clone + PartialEq + Send + 'static,
         T: Send + Sync + 'static,
     {
-        self.derived(kind, selector, what, |store| {
+        type Kept<F, T> = (crate::compact_store::Memo<F>, Option<Arc<T>>);
+        self.derived_shared(kind, selector, what, |store| {
             let slot = (kind.clone(), selector.to_owned(), what);
             // Taken out while in use: a concurrent read starts from an empty memo instead of
             // waiting.
-            let mut memo = self
+            let (mut memo, last) = self
                 .memos
                 .lock()
                 .ok()
                 .and_then(|mut m| m.remove(&slot))
-                .and_then(|m| m.downcast::<crate::compact_store::Memo<F>>().ok())
+                .and_then(|m| m.downcast::<Kept<F, T>>().ok())
                 .map(|m| *m)
                 .unwrap_or_default();
-            let made = store.list_each(keep, &mut memo, each);
+            let value = match (store.list_each(keep, &mut memo, each), last) {
+                (None, Some(last)) => last,
+                (Some(made), _) => Arc::new(make(made)),
+                (None, None) => Arc::new(make(memo.facts())),
+            };
             if let Ok(mut memos) = self.memos.lock() {
-                memos.insert(slot, Box::new(memo));
+                let kept: Kept<F, T> = (memo, Some(value.clone()));
+                memos.insert(slot, Box::new(kept));
             }
-            make(made)
+            value
         })
     }
 
@@ -648,6 +666,48 @@ mod tests {
         store.apply(&Event::Apply(node("n2")));
         assert_eq!(*count(&cache, &runs).unwrap(), 2);
         assert_eq!(runs.get(), 2);
+    }
+
+    #[test]
+    fn a_value_derived_from_each_object_is_handed_back_while_the_changed_objects_make_the_same() {
+        use kube::runtime::watcher::Event;
+        let cache = Cache::new();
+        let kind = Kind::of::<Node>();
+        let makes = std::cell::Cell::new(0);
+        let names = || {
+            cache
+                .derived_each(
+                    &kind,
+                    "",
+                    "names",
+                    |_| true,
+                    |n: Node| n.metadata.name,
+                    |mut names: Vec<String>| {
+                        makes.set(makes.get() + 1);
+                        names.sort();
+                        names
+                    },
+                )
+                .unwrap()
+        };
+        let store = cache.new_store(kind.clone(), "");
+        let node = |name: &str, zone: &str| {
+            object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"zone": zone}}}))
+        };
+        store.apply(&Event::Init);
+        store.apply(&Event::InitApply(node("n1", "a")));
+        store.apply(&Event::InitApply(node("n2", "a")));
+        store.apply(&Event::InitDone);
+        let first = names();
+        assert_eq!(*first, ["n1", "n2"]);
+        // A label no fact reads: the store changed, the value is the one made before.
+        store.apply(&Event::Apply(node("n1", "b")));
+        let second = names();
+        assert!(Arc::ptr_eq(&first, &second), "the same value, not made again");
+        assert_eq!(makes.get(), 1);
+        store.apply(&Event::Apply(node("n3", "a")));
+        assert_eq!(*names(), ["n1", "n2", "n3"]);
+        assert_eq!(makes.get(), 2);
     }
 
     #[test]

@@ -99,29 +99,48 @@ impl Entry {
     }
 }
 
-/// What [`CompactStore::list_each`] made of each object version it parsed, keyed by the
-/// address of the version's text. The weak reference keeps that address from being reused
+/// What [`CompactStore::list_each`] made of each object, by namespace and name, with the
+/// version it was made of. The weak reference keeps that version's address from being reused
 /// while the memo holds it (a weak `Arc` keeps its allocation, though not the text), so an
 /// address the memo knows is the same version; the text itself is freed with the store's last
-/// copy. Versions not seen by a read are forgotten by it.
+/// copy.
 pub struct Memo<F> {
-    /// By address: what `each` made of each version.
-    seen: HashMap<usize, Seen<F>>,
-    /// Reads so far.
-    reads: u64,
+    seen: HashMap<Key, (Weak<Box<str>>, Option<F>)>,
+    /// The store and its generation at the last read (`None` before the first).
+    at: Option<(StoreId, u64)>,
 }
-
-/// A version [`Memo`] knows, what `each` made of it, and the read that last saw it.
-type Seen<F> = (Weak<Box<str>>, Option<F>, u64);
 
 impl<F> Default for Memo<F> {
     fn default() -> Self {
         Memo {
             seen: HashMap::new(),
-            reads: 0,
+            at: None,
         }
     }
 }
+
+impl<F: Clone> Memo<F> {
+    /// What `each` made of the objects at the last read.
+    pub fn facts(&self) -> Vec<F> {
+        self.seen.values().filter_map(|(_, fact)| fact.clone()).collect()
+    }
+}
+
+/// A store's identity, so a memo's generation is only ever compared with the generations of
+/// the store it read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StoreId(u64);
+
+impl Default for StoreId {
+    fn default() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        StoreId(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+/// Changes a store remembers by key, for readers a few changes behind
+/// ([`CompactStore::list_each`]); one further behind reads every object.
+const JOURNAL: usize = 128;
 
 #[derive(Default)]
 struct Inner {
@@ -135,6 +154,37 @@ struct Inner {
     failed: bool,
     /// Bumped by every change readers can see (an object set, removed, or a list swapped in).
     generation: u64,
+    /// The last [`JOURNAL`] objects set or removed, each with the generation it made.
+    journal: std::collections::VecDeque<(u64, Key)>,
+    /// The journal holds every change after this generation.
+    journal_from: u64,
+    id: StoreId,
+}
+
+impl Inner {
+    /// One object set or removed.
+    fn changed(&mut self, key: Key) {
+        self.generation += 1;
+        self.journal.push_back((self.generation, key));
+        if self.journal.len() > JOURNAL
+            && let Some((generation, _)) = self.journal.pop_front()
+        {
+            self.journal_from = generation;
+        }
+    }
+
+    /// The keys changed after `generation` of store `id`, if the journal holds every one of
+    /// them.
+    fn changed_since(&self, (id, generation): (StoreId, u64)) -> Option<std::collections::HashSet<&Key>> {
+        (id == self.id && generation >= self.journal_from && generation <= self.generation).then(|| {
+            self.journal
+                .iter()
+                .rev()
+                .take_while(|(g, _)| *g > generation)
+                .map(|(_, key)| key)
+                .collect()
+        })
+    }
 }
 
 /// The objects a watch reported, as JSON text. Cheap to clone (shared).
@@ -176,6 +226,9 @@ impl CompactStore {
                 }
                 inner.ready = true;
                 inner.generation += 1;
+                // A new list: readers of an older generation read every object.
+                inner.journal.clear();
+                inner.journal_from = inner.generation;
             }
             Event::Apply(obj) => {
                 if let Some(text) = self.interner.text_of(obj) {
@@ -190,14 +243,15 @@ impl CompactStore {
                         .get(&key)
                         .is_some_and(|old| same_but_version(&old.text, &text));
                     if !unchanged {
-                        inner.objects.insert(key, Entry::of(obj, text));
-                        inner.generation += 1;
+                        inner.objects.insert(key.clone(), Entry::of(obj, text));
+                        inner.changed(key);
                     }
                 }
             }
             Event::Delete(obj) => {
-                inner.objects.remove(&key_of(obj));
-                inner.generation += 1;
+                let key = key_of(obj);
+                inner.objects.remove(&key);
+                inner.changed(key);
             }
         }
     }
@@ -280,44 +334,53 @@ impl CompactStore {
 
     /// [`list`](Self::list), each object parsed into `K` and made into an `F` by `each`, but
     /// only the versions `memo` has not seen: after one of 1,000 mounters changed, a pass
-    /// parses that one and reuses what it made of the other 999.
-    pub fn list_each<K: DeserializeOwned, F: Clone>(
+    /// parses that one and reuses what it made of the other 999. `None` when what `each` makes
+    /// of the objects is what it made at the last read with `memo`, found from the store's
+    /// journal without visiting the other objects (a mounter's new status changes no fact).
+    pub fn list_each<K: DeserializeOwned, F: Clone + PartialEq>(
         &self,
         keep: impl Fn(&str) -> bool,
         memo: &mut Memo<F>,
         each: impl Fn(K) -> Option<F>,
-    ) -> Vec<F> {
+    ) -> Option<Vec<F>> {
         let Ok(inner) = self.inner.read() else {
-            return Vec::new();
+            return Some(Vec::new());
         };
-        memo.reads += 1;
-        let read = memo.reads;
+        let same_version =
+            |known: &Weak<Box<str>>, entry: &Entry| std::ptr::eq(known.as_ptr(), Arc::as_ptr(&entry.text));
+        if let Some(changed) = memo.at.and_then(|at| inner.changed_since(at)) {
+            let mut facts_changed = false;
+            for key in changed.into_iter().filter(|(ns, _)| keep(ns)) {
+                let Some(entry) = inner.objects.get(key) else {
+                    facts_changed |= memo.seen.remove(key).is_some_and(|(_, fact)| fact.is_some());
+                    continue;
+                };
+                if memo.seen.get(key).is_some_and(|(known, _)| same_version(known, entry)) {
+                    continue;
+                }
+                let fact = decode(&entry.text).and_then(&each);
+                facts_changed |= memo.seen.get(key).is_none_or(|(_, known)| *known != fact);
+                memo.seen.insert(key.clone(), (Arc::downgrade(&entry.text), fact));
+            }
+            memo.at = Some((inner.id, inner.generation));
+            return facts_changed.then(|| memo.facts());
+        }
+        let mut seen = HashMap::with_capacity(inner.objects.len());
         let mut made = Vec::with_capacity(inner.objects.len());
-        let mut held = 0;
-        for ((ns, _), entry) in &inner.objects {
-            if !keep(ns) {
+        for (key, entry) in &inner.objects {
+            if !keep(&key.0) {
                 continue;
             }
-            held += 1;
-            let at = Arc::as_ptr(&entry.text) as usize;
-            match memo.seen.get_mut(&at) {
-                Some((_, fact, seen_by)) => {
-                    *seen_by = read;
-                    made.extend(fact.iter().cloned());
-                }
-                None => {
-                    let fact = decode(&entry.text).and_then(&each);
-                    made.extend(fact.iter().cloned());
-                    memo.seen.insert(at, (Arc::downgrade(&entry.text), fact, read));
-                }
-            }
+            let fact = match memo.seen.remove(key) {
+                Some((known, fact)) if same_version(&known, entry) => fact,
+                _ => decode(&entry.text).and_then(&each),
+            };
+            made.extend(fact.iter().cloned());
+            seen.insert(key.clone(), (Arc::downgrade(&entry.text), fact));
         }
-        // Versions this read did not see are no longer here (one lookup an object above, and
-        // a walk over the memo only when some went, instead of a new memo every read).
-        if memo.seen.len() > held {
-            memo.seen.retain(|_, (_, _, seen_by)| *seen_by == read);
-        }
-        made
+        memo.seen = seen;
+        memo.at = Some((inner.id, inner.generation));
+        Some(made)
     }
 
     /// How many objects the store holds and their JSON bytes (text shared with another store
@@ -444,8 +507,14 @@ mod tests {
         assert_eq!(value(&b, "ns", "one").as_deref(), Some("2"));
     }
 
+    fn cm_labelled(ns: &str, name: &str, value: &str, label: &str) -> DynamicObject {
+        let mut obj = cm(ns, name, value);
+        obj.metadata.labels = Some([("l".to_owned(), label.to_owned())].into());
+        obj
+    }
+
     #[test]
-    fn list_each_parses_only_the_versions_its_memo_has_not_seen() {
+    fn list_each_parses_only_the_changed_objects_and_says_when_their_facts_are_the_same() {
         use std::cell::Cell;
         let store = CompactStore::new();
         store.apply(&Event::Init);
@@ -456,36 +525,78 @@ mod tests {
         store.apply(&Event::InitDone);
         let parsed = Cell::new(0);
         let mut memo = Memo::default();
-        let read = |memo: &mut Memo<String>| {
-            let mut values = store.list_each(
-                |ns| ns == "a",
-                memo,
-                |obj: DynamicObject| {
-                    parsed.set(parsed.get() + 1);
-                    // An object `each` makes nothing of is remembered as nothing.
-                    let v = obj.data["data"]["k"].as_str()?.to_owned();
-                    (v != "3").then_some(v)
-                },
-            );
-            values.sort();
-            values
+        let read = |store: &CompactStore, memo: &mut Memo<String>| {
+            store
+                .list_each(
+                    |ns| ns == "a",
+                    memo,
+                    |obj: DynamicObject| {
+                        parsed.set(parsed.get() + 1);
+                        // An object `each` makes nothing of is remembered as nothing.
+                        let v = obj.data["data"]["k"].as_str()?.to_owned();
+                        (v != "3").then_some(v)
+                    },
+                )
+                .map(|mut values| {
+                    values.sort();
+                    values
+                })
         };
-        assert_eq!(read(&mut memo), ["1", "2"]);
+        assert_eq!(read(&store, &mut memo).unwrap(), ["1", "2"]);
         assert_eq!(parsed.get(), 3, "every object of the namespace, once");
-        assert_eq!(read(&mut memo), ["1", "2"]);
+        assert_eq!(read(&store, &mut memo), None, "nothing new: the same facts");
         assert_eq!(parsed.get(), 3, "nothing new: nothing parsed");
+
+        // A new version that `each` makes the same of: parsed, and the facts are the same.
+        store.apply(&Event::Apply(cm_labelled("a", "two", "2", "new")));
+        assert_eq!(read(&store, &mut memo), None);
+        assert_eq!(parsed.get(), 4, "only the new version");
+        // Objects `keep` refuses change nothing.
+        store.apply(&Event::Apply(cm("b", "elsewhere", "10")));
+        assert_eq!(read(&store, &mut memo), None);
+        assert_eq!(parsed.get(), 4);
+
         store.apply(&Event::Apply(cm("a", "two", "22")));
         store.apply(&Event::Delete(cm("a", "one", "1")));
-        assert_eq!(read(&mut memo), ["22"]);
-        assert_eq!(parsed.get(), 4, "only the new version");
+        assert_eq!(read(&store, &mut memo).unwrap(), ["22"]);
+        assert_eq!(parsed.get(), 5, "only the new version");
         assert_eq!(
             memo.seen.len(),
             2,
             "the deleted object and the old version are forgotten"
         );
-        // A fresh memo (another reader) parses everything again.
-        assert_eq!(read(&mut Memo::default()), ["22"]);
+        // An object that comes and one that goes with nothing made of it.
+        store.apply(&Event::Delete(cm("a", "three", "3")));
+        assert_eq!(read(&store, &mut memo), None);
+        store.apply(&Event::Apply(cm("a", "four", "4")));
+        assert_eq!(read(&store, &mut memo).unwrap(), ["22", "4"]);
         assert_eq!(parsed.get(), 6);
+
+        // A fresh memo (another reader) parses everything again.
+        assert_eq!(read(&store, &mut Memo::default()).unwrap(), ["22", "4"]);
+        assert_eq!(parsed.get(), 8);
+
+        // More changes than the journal holds: every object is visited, and only the new
+        // version parsed.
+        for i in 0..=JOURNAL {
+            store.apply(&Event::Apply(cm("b", "elsewhere", &i.to_string())));
+        }
+        store.apply(&Event::Apply(cm("a", "four", "44")));
+        assert_eq!(read(&store, &mut memo).unwrap(), ["22", "44"]);
+        assert_eq!(parsed.get(), 9);
+
+        // A new list: every object is visited again.
+        store.apply(&Event::Init);
+        store.apply(&Event::InitApply(cm("a", "five", "5")));
+        store.apply(&Event::InitDone);
+        assert_eq!(read(&store, &mut memo).unwrap(), ["5"]);
+
+        // A memo of another store is not taken for one of this store, whatever its generation.
+        let other = CompactStore::new();
+        other.apply(&Event::Init);
+        other.apply(&Event::InitApply(cm("a", "six", "6")));
+        other.apply(&Event::InitDone);
+        assert_eq!(read(&other, &mut memo).unwrap(), ["6"]);
     }
 
     #[test]

@@ -266,7 +266,7 @@ async fn facts_of<K, F, T>(
 ) -> Result<T>
 where
     K: DeserializeOwned,
-    F: Clone + Send + 'static,
+    F: Clone + PartialEq + Send + 'static,
     T: Clone + Send + Sync + 'static,
 {
     let (kind, selector) = source;
