@@ -62,7 +62,7 @@ impl Taken {
         let uid = hpp.uid().unwrap_or_default();
         match self.index {
             Some((of, at, index)) if self.watching && !self.everything && of == uid && at == inputs => {
-                Scope::Changed(self.changed, index)
+                Scope::Changed(self.changed, Box::new(index))
             }
             _ => Scope::Full,
         }
@@ -76,7 +76,7 @@ pub(crate) enum Scope {
     Full,
     /// Only these rendered objects and Nodes changed; the index says where the objects came
     /// from.
-    Changed(Changed, PartIndex),
+    Changed(Changed, Box<PartIndex>),
 }
 
 /// What changed since the last pass, when a pass over parts can stand for a full one.

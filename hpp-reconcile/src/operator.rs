@@ -306,10 +306,10 @@ impl Context {
                             "pass over the changed parts"
                         );
                         self.metrics.observe_scope(crate::metrics::SCOPE_CHANGED);
-                        self.changes.keep(hpp, inputs, index);
+                        self.changes.keep(hpp, inputs, *index);
                         return Ok(report);
                     }
-                    None => index,
+                    None => *index,
                 }
             }
             Scope::Full => Default::default(),

@@ -379,16 +379,30 @@ impl Pipeline {
         // kind would find nothing, at O(objects) a pass.
         let orphans = changed.is_none() || forgotten.iter().any(|hash| !next.owners.contains_key(hash));
         *index = next;
+        let left_behind = std::mem::take(&mut index.left_behind);
         // Labelled objects of the steps' kinds that no step renders (as of this pass for what
         // it rendered, as of the pass before for the parts it left alone).
-        for kind in self.kinds(facts).into_iter().filter(|_| orphans) {
-            for key in applier.managed_keys(&kind, &cfg.namespace).await? {
-                if !index.owns(&key) {
-                    info!(object = %key, "sweeping leftover");
-                    if applier.delete(&kind, key.namespace.as_deref(), &key.name).await? != Deleted::LeftForbidden {
-                        report.swept.push(key);
+        let leftovers = match orphans {
+            true => {
+                let mut leftovers = Vec::new();
+                for kind in self.kinds(facts) {
+                    for key in applier.managed_keys(&kind, &cfg.namespace).await? {
+                        if !index.owns(&key) {
+                            leftovers.push((kind.clone(), key));
+                        }
                     }
                 }
+                leftovers
+            }
+            // What the last sweep had to leave (RBAC forbids deleting it) is tried again, as
+            // by every pass, so its warning lasts as long as the object.
+            false => left_behind,
+        };
+        for (kind, key) in leftovers {
+            info!(object = %key, "sweeping leftover");
+            match applier.delete(&kind, key.namespace.as_deref(), &key.name).await? {
+                Deleted::LeftForbidden => index.left_behind.push((kind, key)),
+                _ => report.swept.push(key),
             }
         }
         report
@@ -683,6 +697,8 @@ pub(crate) struct PartIndex {
     /// pass (asked there, not before every pass over parts: the standard pools step answers
     /// with the status of every pool, which costs as much as its readiness).
     answers_in_parts: Vec<bool>,
+    /// Leftovers the last sweep could not delete (RBAC forbids it).
+    left_behind: Vec<(Kind, ObjectKey)>,
 }
 
 impl PartIndex {

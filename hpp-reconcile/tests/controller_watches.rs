@@ -434,6 +434,69 @@ async fn settle(env: &support::Env) {
     .expect("the operator settles");
 }
 
+/// A leftover the operator may not delete (a labelled StorageClass its RBAC grants no delete
+/// on) is found by a full pass, and passes over parts, which do not read every cached key, try
+/// it again: its Warning Event is published once, not again by the next full pass.
+#[tokio::test]
+async fn a_leftover_rbac_forbids_deleting_is_warned_once_across_passes_over_parts() {
+    let nodes = ["node01", "node02"];
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &nodes);
+    let controller = Running::start(&env);
+    wait_for_claims(&env, nodes.len()).await;
+    finish_install(&env, nodes.len()).await;
+    settle(&env).await;
+    let rules = hpp_reconcile::OperatorRules::for_pipeline(&Pipeline::standard());
+    env.fake.enforce_rbac(
+        hpp_testkit::RbacPolicy::from_yaml(&rules.to_yaml("hostpath-provisioner-operator", NS, "")).unwrap(),
+    );
+    let (key, value) = hpp_reconcile::names::managed_selector()
+        .split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .unwrap();
+    let leftover = |note: &str| StorageClass {
+        metadata: kube::api::ObjectMeta {
+            name: Some("team-overlay".into()),
+            labels: Some([(key.clone(), value.clone())].into()),
+            annotations: Some([("example.com/note".to_owned(), note.to_owned())].into()),
+            ..Default::default()
+        },
+        provisioner: hpp_api::constants::DRIVER_NAME.into(),
+        ..Default::default()
+    };
+    let warned = |env: &Env| env.warnings_published(hpp_reconcile::apply::REASON_DELETE_FORBIDDEN, "team-overlay");
+    env.fake.seed(&leftover("first"));
+    tokio::time::timeout(PATIENCE, env.fake.wait_until(|_| warned(&env) == 1))
+        .await
+        .expect("the leftover is warned about");
+    settle(&env).await;
+    let (full_before, changed_before) = passes_by_scope(&env);
+
+    // Passes over one node's part.
+    delete_mounter_and_wait(&env, 0).await;
+    env.mounters_ready();
+    settle(&env).await;
+    let (full, changed) = passes_by_scope(&env);
+    assert!(changed > changed_before, "passes over parts ran");
+    assert_eq!(full, full_before, "and no full pass");
+
+    // The leftover changes (an object no pass rendered): a full pass sweeps it again.
+    env.fake.seed(&leftover("second"));
+    tokio::time::timeout(PATIENCE, async {
+        while passes_by_scope(&env).0 == full_before {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a full pass");
+    settle(&env).await;
+    assert_eq!(warned(&env), 1, "published once while the leftover stays");
+    assert!(
+        env.fake.get::<StorageClass>(None, "team-overlay").is_some(),
+        "left in place"
+    );
+    controller.stop().await;
+}
+
 /// Scale (issue 31): each node's csi-provisioner republishes its CSIStorageCapacity every
 /// minute, with other free bytes each time on a live node. Those changes alone start at most
 /// one pass per usage interval and write no status while its interval runs (the status lists

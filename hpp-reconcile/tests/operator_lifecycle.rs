@@ -351,25 +351,6 @@ fn only_the_class_delete_was_denied(env: &Env) {
     );
 }
 
-/// Warning Events (either API) with this reason about this object.
-fn warning_events(env: &Env, reason: &str, name: &str) -> usize {
-    let new = env
-        .fake
-        .list::<k8s_openapi::api::events::v1::Event>()
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some(reason) && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-        })
-        .count();
-    let core = env
-        .fake
-        .list::<k8s_openapi::api::core::v1::Event>()
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason) && e.involved_object.name.as_deref() == Some(name))
-        .count();
-    new + core
-}
-
 /// Removing a pool whose custom overlay class the operator may not delete: the sweep logs the
 /// 403, leaves the class and warns once, instead of failing every pass.
 #[tokio::test]
@@ -384,7 +365,7 @@ async fn a_forbidden_overlay_class_delete_leaves_the_class_and_the_pass_succeeds
     env.pass().await.unwrap();
     assert_eq!(env.names::<StorageClass>(), ["nfs-overlay"], "left in place");
     assert_eq!(
-        warning_events(&env, hpp_reconcile::apply::REASON_DELETE_FORBIDDEN, "nfs-overlay"),
+        env.warnings_published(hpp_reconcile::apply::REASON_DELETE_FORBIDDEN, "nfs-overlay"),
         1,
         "one Warning Event on the class, not one per pass"
     );
@@ -405,7 +386,7 @@ async fn a_forbidden_overlay_class_delete_does_not_hold_the_finalizer() {
     );
     assert_eq!(env.names::<StorageClass>(), ["nfs-overlay"], "left in place");
     assert_eq!(
-        warning_events(&env, hpp_reconcile::apply::REASON_DELETE_FORBIDDEN, "nfs-overlay"),
+        env.warnings_published(hpp_reconcile::apply::REASON_DELETE_FORBIDDEN, "nfs-overlay"),
         1
     );
     only_the_class_delete_was_denied(&env);

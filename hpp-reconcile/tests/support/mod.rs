@@ -42,6 +42,47 @@ pub struct Env {
 }
 
 impl Env {
+    /// How many times Warning Events with this reason about this object were published,
+    /// counting the repeats an Event's series records.
+    pub fn warnings_published(&self, reason: &str, name: &str) -> i32 {
+        self.fake
+            .list::<k8s_openapi::api::events::v1::Event>()
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            })
+            .map(|e| e.series.map_or(1, |s| s.count))
+            .sum::<i32>()
+            + self
+                .fake
+                .list::<k8s_openapi::api::core::v1::Event>()
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some(reason) && e.involved_object.name.as_deref() == Some(name))
+                .map(|e| e.count.unwrap_or(1))
+                .sum::<i32>()
+    }
+
+    /// Warning Events (either API) with this reason about this object.
+    pub fn warning_events(&self, reason: &str, name: &str) -> usize {
+        let new = self
+            .fake
+            .list::<k8s_openapi::api::events::v1::Event>()
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            })
+            .count();
+        let core = self
+            .fake
+            .list::<k8s_openapi::api::core::v1::Event>()
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason) && e.involved_object.name.as_deref() == Some(name))
+            .count();
+        new + core
+    }
+
     /// A fake cluster with the CRD, the given Ready nodes and one example CR.
     pub fn new(example_name: &str, nodes: &[&str]) -> Self {
         Self::with_version(example_name, nodes, "v1.0.0")
