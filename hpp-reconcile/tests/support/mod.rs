@@ -63,26 +63,6 @@ impl Env {
                 .sum::<i32>()
     }
 
-    /// Warning Events (either API) with this reason about this object.
-    pub fn warning_events(&self, reason: &str, name: &str) -> usize {
-        let new = self
-            .fake
-            .list::<k8s_openapi::api::events::v1::Event>()
-            .into_iter()
-            .filter(|e| {
-                e.reason.as_deref() == Some(reason)
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-            })
-            .count();
-        let core = self
-            .fake
-            .list::<k8s_openapi::api::core::v1::Event>()
-            .into_iter()
-            .filter(|e| e.reason.as_deref() == Some(reason) && e.involved_object.name.as_deref() == Some(name))
-            .count();
-        new + core
-    }
-
     /// A fake cluster with the CRD, the given Ready nodes and one example CR.
     pub fn new(example_name: &str, nodes: &[&str]) -> Self {
         Self::with_version(example_name, nodes, "v1.0.0")
