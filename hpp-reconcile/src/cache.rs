@@ -264,6 +264,12 @@ impl Cache {
         Some(store.keys(|ns| !kind.namespaced || namespace.is_none_or(|want| want == ns)))
     }
 
+    /// Whether the watch of `kind` objects matching `selector` completed its first list (its
+    /// changes reach the change log; without it readers ask the API).
+    pub fn is_synced(&self, kind: &Kind, selector: &str) -> bool {
+        self.synced(kind, selector).is_some()
+    }
+
     /// Whether any synced store of `kind` objects (under any selector) holds the object;
     /// `None` without a synced store of the kind.
     pub fn holds(&self, kind: &Kind, namespace: Option<&str>, name: &str) -> Option<bool> {

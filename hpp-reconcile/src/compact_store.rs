@@ -359,7 +359,8 @@ impl CompactStore {
                     continue;
                 }
                 let fact = decode(&entry.text).and_then(&each);
-                facts_changed |= memo.seen.get(key).is_none_or(|(_, known)| *known != fact);
+                // An object `each` makes nothing of adds nothing, whether new or as before.
+                facts_changed |= memo.seen.get(key).and_then(|(_, known)| known.as_ref()) != fact.as_ref();
                 memo.seen.insert(key.clone(), (Arc::downgrade(&entry.text), fact));
             }
             memo.at = Some((inner.id, inner.generation));
@@ -591,12 +592,50 @@ mod tests {
         store.apply(&Event::InitDone);
         assert_eq!(read(&store, &mut memo).unwrap(), ["5"]);
 
-        // A memo of another store is not taken for one of this store, whatever its generation.
+        // A memo of another store is not taken for one of this store, even where the other's
+        // journal spans the memo's generation.
         let other = CompactStore::new();
         other.apply(&Event::Init);
         other.apply(&Event::InitApply(cm("a", "six", "6")));
         other.apply(&Event::InitDone);
+        let (_, at) = memo.at.unwrap();
+        for i in 0..at + 5 {
+            other.apply(&Event::Apply(cm("b", "elsewhere", &i.to_string())));
+        }
+        {
+            let inner = other.inner.read().unwrap();
+            assert!(inner.journal_from <= at && at <= inner.generation);
+        }
         assert_eq!(read(&other, &mut memo).unwrap(), ["6"]);
+    }
+
+    #[test]
+    fn the_journal_answers_for_every_generation_it_spans_and_no_older_one() {
+        let store = CompactStore::new();
+        store.apply(&Event::Init);
+        store.apply(&Event::InitDone);
+        let names: Vec<String> = (0..=JOURNAL).map(|i| format!("o{i}")).collect();
+        for name in &names {
+            store.apply(&Event::Apply(cm("a", name, "1")));
+        }
+        let inner = store.inner.read().unwrap();
+        let id = inner.id;
+        let keys = |generation: u64| {
+            inner.changed_since((id, generation)).map(|keys| {
+                let mut names: Vec<&str> = keys.iter().map(|(_, name)| name.as_str()).collect();
+                names.sort_unstable();
+                names
+            })
+        };
+        // The list made generation 1; the changes 2..=JOURNAL + 2, the first one forgotten.
+        assert_eq!(inner.generation, JOURNAL as u64 + 2);
+        assert_eq!(keys(1), None, "its first change is forgotten");
+        let mut after_first: Vec<&str> = names[1..].iter().map(String::as_str).collect();
+        after_first.sort_unstable();
+        assert_eq!(keys(2).unwrap(), after_first, "every change after the forgotten one");
+        assert_eq!(keys(inner.generation).unwrap(), Vec::<&str>::new(), "nothing since");
+        assert_eq!(keys(inner.generation + 1), None, "a generation it never had");
+        assert_eq!(inner.changed_since((StoreId::default(), 2)), None, "another store's");
     }
 
     #[test]

@@ -373,31 +373,42 @@ impl Pipeline {
         for readiness in pending_readiness {
             report.readiness.merge(readiness);
         }
-        // A pass over parts sweeps only when an object it forgot is owned by nothing now (a
-        // part gone, or rendering fewer objects): any other object no pass rendered took a
-        // full pass when its watch event came (`plan`), so reading every cached key of every
-        // kind would find nothing, at O(objects) a pass.
+        // A pass over parts reads every cached key of a kind only when an object it forgot is
+        // owned by nothing now (a part gone, or rendering fewer objects): any other object no
+        // pass rendered took a full pass when its watch event came (`plan`), so the scan would
+        // find nothing, at O(objects) a pass. A kind without a synced watch has no watch
+        // events: it is listed by every pass, as before.
         let orphans = changed.is_none() || forgotten.iter().any(|hash| !next.owners.contains_key(hash));
         *index = next;
         let left_behind = std::mem::take(&mut index.left_behind);
-        // Labelled objects of the steps' kinds that no step renders (as of this pass for what
-        // it rendered, as of the pass before for the parts it left alone).
-        let leftovers = match orphans {
-            true => {
-                let mut leftovers = Vec::new();
-                for kind in self.kinds(facts) {
-                    for key in applier.managed_keys(&kind, &cfg.namespace).await? {
-                        if !index.owns(&key) {
-                            leftovers.push((kind.clone(), key));
-                        }
-                    }
-                }
-                leftovers
+        let managed = crate::names::managed_selector();
+        let mut leftovers = Vec::new();
+        for kind in self.kinds(facts) {
+            if !orphans && applier.cache().is_synced(&kind, &managed) {
+                continue;
             }
-            // What the last sweep had to leave (RBAC forbids deleting it) is tried again, as
-            // by every pass, so its warning lasts as long as the object.
-            false => left_behind,
-        };
+            for key in applier.managed_keys(&kind, &cfg.namespace).await? {
+                // Labelled objects of the steps' kinds that no step renders (as of this pass
+                // for what it rendered, as of the pass before for the parts it left alone).
+                if !index.owns(&key) {
+                    leftovers.push((kind.clone(), key));
+                }
+            }
+        }
+        if !orphans {
+            // What the last sweep had to leave (RBAC forbids deleting it) and is still a
+            // leftover is tried again, as by every pass, so its warning lasts as long as the
+            // object does.
+            let again: Vec<(Kind, ObjectKey)> = left_behind
+                .into_iter()
+                .filter(|(kind, key)| {
+                    !index.owns(key)
+                        && !leftovers.iter().any(|(_, k)| k == key)
+                        && applier.cache().holds(kind, key.namespace.as_deref(), &key.name) != Some(false)
+                })
+                .collect();
+            leftovers.extend(again);
+        }
         for (kind, key) in leftovers {
             info!(object = %key, "sweeping leftover");
             match applier.delete(&kind, key.namespace.as_deref(), &key.name).await? {

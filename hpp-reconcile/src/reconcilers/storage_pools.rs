@@ -821,9 +821,20 @@ mod tests {
         let parts = |hpp: &HostPathProvisioner, facts: &ClusterFacts| step.parts(hpp, &cfg, facts).unwrap();
         assert_eq!(parts(&hpp, &facts), [CLUSTER_PART, "node-a", "node-b"]);
 
-        // A clone of the same list (the next pass's facts, nothing changed): the memo answers.
+        // A clone of the same list (the next pass's facts, nothing changed): the memo answers
+        // (what it holds is marked to tell).
+        step.placed
+            .lock()
+            .unwrap()
+            .as_mut()
+            .unwrap()
+            .parts
+            .push("from-the-memo".into());
         let shared = facts.clone();
-        assert_eq!(parts(&hpp, &shared), [CLUSTER_PART, "node-a", "node-b"]);
+        assert_eq!(
+            parts(&hpp, &shared),
+            [CLUSTER_PART, "node-a", "node-b", "from-the-memo"]
+        );
 
         // A new node list (the watch's derived list after a Node changed) is placed again.
         let mut tainted = NodeFact::ready("node-a");
