@@ -104,6 +104,14 @@ async fn finish_install(env: &support::Env, n: usize) {
         .expect("available");
 }
 
+/// Waits for the install on `n` nodes, plays it to `Available`, and waits until the operator
+/// settles.
+async fn installed(env: &support::Env, n: usize) {
+    wait_for_claims(env, n).await;
+    finish_install(env, n).await;
+    settle(env).await;
+}
+
 /// The pool mounter Deployments.
 fn mounter_names(f: &FakeApiServer) -> Vec<String> {
     f.list::<k8s_openapi::api::apps::v1::Deployment>()
@@ -442,9 +450,7 @@ async fn a_leftover_rbac_forbids_deleting_is_warned_once_across_passes_over_part
     let nodes = ["node01", "node02"];
     let env = Env::new("hostpathprovisioner_pvctemplate_cr", &nodes);
     let controller = Running::start(&env);
-    wait_for_claims(&env, nodes.len()).await;
-    finish_install(&env, nodes.len()).await;
-    settle(&env).await;
+    installed(&env, nodes.len()).await;
     let rules = hpp_reconcile::OperatorRules::for_pipeline(&Pipeline::standard());
     env.fake.enforce_rbac(
         hpp_testkit::RbacPolicy::from_yaml(&rules.to_yaml("hostpath-provisioner-operator", NS, "")).unwrap(),
@@ -582,9 +588,7 @@ async fn an_own_status_write_starts_no_pass_but_someone_elses_does() {
     let nodes = ["node01", "node02"];
     let env = Env::new("hostpathprovisioner_pvctemplate_cr", &nodes);
     let controller = Running::start(&env);
-    wait_for_claims(&env, nodes.len()).await;
-    finish_install(&env, nodes.len()).await;
-    settle(&env).await;
+    installed(&env, nodes.len()).await;
 
     for round in 0..3 {
         env.fake.clear_requests();
@@ -695,9 +699,7 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
     let env = Env::new("hostpathprovisioner_pvctemplate_cr", &nodes)
         .map_ctx(|c| c.with_usage_interval(Duration::from_secs(1)));
     let controller = Running::start(&env);
-    wait_for_claims(&env, nodes.len()).await;
-    finish_install(&env, nodes.len()).await;
-    settle(&env).await;
+    installed(&env, nodes.len()).await;
     let cr = |f: &FakeApiServer| f.get::<HostPathProvisioner>(None, CR).unwrap();
     let settled_status = cr(&env.fake).status.unwrap();
 
