@@ -112,6 +112,14 @@ async fn installed(env: &support::Env, n: usize) {
     settle(env).await;
 }
 
+/// The label (key, value) the operator's objects carry, which the sweep selects on.
+fn managed_label() -> (String, String) {
+    hpp_reconcile::names::managed_selector()
+        .split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .unwrap()
+}
+
 /// The pool mounter Deployments.
 fn mounter_names(f: &FakeApiServer) -> Vec<String> {
     f.list::<k8s_openapi::api::apps::v1::Deployment>()
@@ -455,10 +463,7 @@ async fn a_leftover_rbac_forbids_deleting_is_warned_once_across_passes_over_part
     env.fake.enforce_rbac(
         hpp_testkit::RbacPolicy::from_yaml(&rules.to_yaml("hostpath-provisioner-operator", NS, "")).unwrap(),
     );
-    let (key, value) = hpp_reconcile::names::managed_selector()
-        .split_once('=')
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .unwrap();
+    let (key, value) = managed_label();
     let leftover = |note: &str| StorageClass {
         metadata: kube::api::ObjectMeta {
             name: Some("team-overlay".into()),
@@ -744,10 +749,7 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
         ..Default::default()
     };
     leftover.metadata.namespace = Some(NS.into());
-    let (key, value) = hpp_reconcile::names::managed_selector()
-        .split_once('=')
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .unwrap();
+    let (key, value) = managed_label();
     leftover.metadata.labels = Some([(key, value)].into());
     env.fake.seed(&leftover);
     tokio::time::timeout(
