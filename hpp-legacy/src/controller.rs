@@ -175,6 +175,12 @@ pub async fn run_with_leader_election(
             () = stopped(stop_rx.clone()) => true,
         };
         let _ = lead_tx.send(true);
+        if !stop_now {
+            // Lost: what is in flight is dropped, not waited for. Another instance may be
+            // leading by now, and the calls may be waiting on an API server that does not
+            // answer. Every step is one a crash could have cut short, and converges again.
+            running.abort();
+        }
         let _ = running.await;
         if stop_now {
             break;

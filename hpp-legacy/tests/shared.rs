@@ -389,3 +389,67 @@ async fn standby_takes_over_when_the_leader_stops() {
     stop_b.send(true).unwrap();
     tokio::time::timeout(wait, task_b).await.unwrap().unwrap().unwrap();
 }
+
+/// An API server that stops answering (a partition) fails no call. The leader's work waiting
+/// on it must be dropped once the lease goes unrenewed, not waited for: otherwise it would go
+/// on as leader in its head while another instance takes the lease, and could not even be
+/// stopped. The claim arrives while nothing is answered, so its provisioning waits on its
+/// first call.
+#[tokio::test]
+async fn a_leader_whose_api_server_stops_answering_drops_its_work_and_can_be_stopped() {
+    let fake = FakeApiServer::new();
+    let fs = Tmpfs::new("8m");
+    let dir = fs.path().to_str().unwrap().to_owned();
+    fake.seed(&storage_class(
+        "mute",
+        NAME,
+        false,
+        "Delete",
+        &[("pvDir", &dir), ("expectedMount", &dir)],
+    ));
+    let p = Arc::new(provisioner_named(
+        &fake,
+        config(Mode::Shared, None, None),
+        fs.path(),
+        "only",
+    ));
+    // Renewed every second, given up 1.5 s after the last renewal.
+    let lease = LeaseSettings::new("hpp-mute", "kube-system", "only").with_timing(2, 1);
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(run_with_leader_election(p, lease, async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    }));
+    let wait = Duration::from_secs(120);
+    let watching_claims = |f: &FakeApiServer| {
+        f.requests()
+            .iter()
+            .any(|r| r.path.ends_with("/persistentvolumeclaims") && r.query.contains("watch=true"))
+    };
+    tokio::time::timeout(
+        wait,
+        fake.wait_until(|f| {
+            watching_claims(f)
+                && f.get::<Lease>(Some("kube-system"), "hpp-mute")
+                    .and_then(|l| l.spec?.holder_identity)
+                    .as_deref()
+                    == Some("only")
+        }),
+    )
+    .await
+    .expect("the instance leads and watches claims");
+    fake.set_unresponsive(true);
+    seed_claim(
+        &fake,
+        &claim("ns", "muted", "mute", NAME, "1Mi", &["ReadWriteMany"], &[]),
+    );
+    // Well past the 1.5 s the lease is held without a renewal: the work is dropped by now,
+    // and the instance waits to lead again.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    stop_tx.send(true).unwrap();
+    tokio::time::timeout(wait, task)
+        .await
+        .expect("stopped while the API server still does not answer")
+        .unwrap()
+        .unwrap();
+    fake.set_unresponsive(false);
+}

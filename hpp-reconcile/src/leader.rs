@@ -13,10 +13,12 @@
 //! matter); the holder renews `grace_seconds` before its lease would lapse.
 //!
 //! A holder cut off from the API server must also stop acting before another candidate takes
-//! over, as client-go's renew deadline makes it: once renewals have failed for half the grace
-//! period (the lease then has about half the grace left), it reports the lease lost; when the
-//! API server answers again it renews the lease it still holds, or waits like any candidate.
+//! over, as client-go's renew deadline makes it: once its renewals have failed, or gone
+//! unanswered, for half the grace period (the lease then has about half the grace left), it
+//! reports the lease lost; no call waits longer than that for an answer. When the API server
+//! answers again it renews the lease it still holds, or waits like any candidate.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -222,10 +224,17 @@ impl Election {
     }
 }
 
-/// How long renewals may fail before the holder stops acting: half the grace period, so it
-/// stops about half the grace before the lease can pass to another candidate.
+/// Half the grace period: how long renewals may fail before the holder stops acting, and
+/// how long a release may take.
 fn renew_deadline(settings: &LeaseSettings) -> Duration {
     Duration::from_millis(settings.grace_seconds.saturating_mul(500))
+}
+
+/// How long after its last renewal a holder stops acting unless it renewed again: the time
+/// until its next renewal plus [`renew_deadline`] (12.5 s by default), half the grace before
+/// the lease can pass to another candidate, whose clock starts no earlier than the renewal.
+fn hold_limit(settings: &LeaseSettings) -> Duration {
+    Duration::from_secs(settings.duration_seconds.saturating_sub(settings.grace_seconds)) + renew_deadline(settings)
 }
 
 /// What a candidate does with the Lease it read.
@@ -364,32 +373,63 @@ async fn release(api: &Api<Lease>, s: &LeaseSettings) -> Result<(), kube::Error>
     }
 }
 
+/// Why a lease call came to nothing.
+#[derive(Debug, thiserror::Error)]
+enum Failed {
+    /// The API server (or the connection to it) answered with an error.
+    #[error(transparent)]
+    Call(#[from] kube::Error),
+    /// No answer in time: a partition, or an API server that hangs. Without this bound a
+    /// holder would wait on one call for ever and never notice it can no longer renew.
+    #[error("no answer from the API server within {0:?}")]
+    NoAnswer(Duration),
+}
+
+/// Runs `call`, giving up at `until`.
+async fn bounded<T>(until: Instant, call: impl Future<Output = Result<T, kube::Error>>) -> Result<T, Failed> {
+    let limit = until.saturating_duration_since(Instant::now());
+    match tokio::time::timeout_at(until.into(), call).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(Failed::NoAnswer(limit)),
+    }
+}
+
 /// Contends for the lease until every receiver of `sender` is gone, then releases it. Sends
-/// each change of leadership, and `false` once renewals have failed for the renew deadline
-/// while leading.
+/// each change of leadership, and `false` once the lease has gone unrenewed for
+/// [`hold_limit`] while leading: whether the calls failed or were never answered.
 async fn campaign(api: Api<Lease>, s: LeaseSettings, sender: watch::Sender<bool>) -> Result<(), kube::Error> {
     let renew_every = Duration::from_secs(s.duration_seconds.saturating_sub(s.grace_seconds));
     let poll = RETRY_PERIOD.min(Duration::from_millis(s.duration_seconds.saturating_mul(500)));
-    let deadline = renew_deadline(&s);
+    let hold = hold_limit(&s);
     let mut observed = None;
-    let mut failing_since: Option<Instant> = None;
+    // When this candidate last wrote the lease as its holder.
+    let mut renewed = Instant::now();
     let mut retry = FIRST_RETRY;
     loop {
+        let leading = *sender.borrow();
+        // A holder's round may not outlast its hold on the lease; a waiting candidate's gets
+        // as long (it only delays its next look).
+        let until = match leading {
+            true => renewed + hold,
+            false => Instant::now() + hold,
+        };
         let result = tokio::select! {
             biased;
             () = sender.closed() => break,
-            result = round(&api, &s, &mut observed) => result,
+            result = bounded(until, round(&api, &s, &mut observed)) => result,
         };
         let pause = match result {
             Ok(round) => {
-                failing_since = None;
                 retry = FIRST_RETRY;
                 let (held, pause) = match round {
-                    Round::Held => (true, renew_every),
+                    Round::Held => {
+                        renewed = Instant::now();
+                        (true, renew_every)
+                    }
                     Round::Waiting => (false, poll),
-                    Round::Raced => (*sender.borrow(), FIRST_RETRY),
+                    Round::Raced => (leading, FIRST_RETRY),
                 };
-                if *sender.borrow() != held {
+                if leading != held {
                     debug!(lease = %s.lease(), held, "leadership changed");
                     if sender.send(held).is_err() {
                         break;
@@ -398,9 +438,9 @@ async fn campaign(api: Api<Lease>, s: LeaseSettings, sender: watch::Sender<bool>
                 pause
             }
             Err(error) => {
-                let since = *failing_since.get_or_insert_with(Instant::now);
-                if *sender.borrow() && since.elapsed() >= deadline {
-                    warn!(lease = %s.lease(), %error, failing_for = ?since.elapsed(),
+                let unrenewed = renewed.elapsed();
+                if leading && unrenewed >= hold {
+                    warn!(lease = %s.lease(), %error, unrenewed_for = ?unrenewed,
                         "cannot renew the lease; no longer acting as leader");
                     if sender.send(false).is_err() {
                         break;
@@ -409,7 +449,11 @@ async fn campaign(api: Api<Lease>, s: LeaseSettings, sender: watch::Sender<bool>
                     warn!(lease = %s.lease(), %error, retry_seconds = retry.as_secs_f64(),
                         "cannot read or write the leader Lease (API server unreachable or refusing); retrying");
                 }
-                let pause = retry;
+                let pause = match leading && unrenewed < hold {
+                    // Looked at again no later than the hold runs out.
+                    true => retry.min(hold - unrenewed),
+                    false => retry,
+                };
                 retry = (retry * 2).min(MAX_RETRY);
                 pause
             }
@@ -420,7 +464,15 @@ async fn campaign(api: Api<Lease>, s: LeaseSettings, sender: watch::Sender<bool>
             () = tokio::time::sleep(pause) => {}
         }
     }
-    release(&api, &s).await
+    // Best effort: on an API server that does not answer the lease lapses by itself.
+    match bounded(Instant::now() + renew_deadline(&s), release(&api, &s)).await {
+        Ok(()) => Ok(()),
+        Err(Failed::Call(e)) => Err(e),
+        Err(e @ Failed::NoAnswer(_)) => {
+            warn!(lease = %s.lease(), error = %e, "could not release the lease; it lapses by itself");
+            Ok(())
+        }
+    }
 }
 
 #[cfg(test)]

@@ -99,6 +99,26 @@ async fn a_leader_cut_off_from_the_api_server_stops_acting_and_leads_again_after
     a.step_down().await.unwrap();
 }
 
+/// A partition, or a hung API server: no call fails, none is answered. The leader must not
+/// wait on its renewal for ever, and stepping down must not wait on the release.
+#[tokio::test]
+async fn a_leader_whose_api_server_stops_answering_stops_acting_and_can_step_down() {
+    let fake = FakeApiServer::new();
+    let mut a = Election::start(fake.client_in(NS), settings("a")).await.unwrap();
+    tokio::time::timeout(HANG, a.acquired()).await.unwrap().unwrap();
+    fake.set_unresponsive(true);
+    tokio::time::timeout(HANG, a.lost())
+        .await
+        .expect("a leader whose renewals go unanswered stops acting");
+    assert!(!a.is_leader());
+    tokio::time::timeout(HANG, a.step_down())
+        .await
+        .expect("the release gives up on an API server that does not answer")
+        .unwrap();
+    assert_eq!(holder(&fake).as_deref(), Some("a"), "nothing reached the API server");
+    fake.set_unresponsive(false);
+}
+
 #[tokio::test]
 async fn bad_settings_are_reported() {
     let fake = FakeApiServer::new();

@@ -38,6 +38,9 @@ pub(crate) async fn handle(
 ) -> Result<Response<FakeBody>, BoxError> {
     let (parts, body) = req.into_parts();
     let bytes = body.collect_bytes().await?;
+    let mut unresponsive = lock(&inner).unresponsive.subscribe();
+    // Held (not answered, not failed) until the server answers again.
+    let _ = unresponsive.wait_for(|silent| !*silent).await;
     respond(&inner, &parts, &bytes)
 }
 

@@ -34,8 +34,9 @@
 //!   `/version`; creating a CustomResourceDefinition serves its kinds, deleting it stops them;
 //! - RBAC ([`FakeApiServer::enforce_rbac`] with an [`RbacPolicy`]): requests the given rules
 //!   do not allow are answered 403 Forbidden, worded as the API server words it;
-//! - fault injection ([`FailureRule`]), an outage switch ([`FakeApiServer::set_unavailable`])
-//!   and a log of every request ([`RecordedRequest`]).
+//! - fault injection ([`FailureRule`]), an outage switch ([`FakeApiServer::set_unavailable`]),
+//!   a server that stops answering ([`FakeApiServer::set_unresponsive`]) and a log of every
+//!   request ([`RecordedRequest`]).
 //!
 //! Known simplifications: server-side apply keeps no `managedFields` (they are kept, for their
 //! size only, after [`FakeApiServer::track_managed_fields`]) and only tracks apply
@@ -460,6 +461,15 @@ impl FakeApiServer {
         if down {
             state.down_tx.send_modify(|generation| *generation += 1);
         }
+    }
+
+    /// Stops answering (`true`): requests are taken and held, neither answered nor failed, as
+    /// an API server behind a network partition or a hung one looks to a client (which sees
+    /// no error until its own timeout). Open watches stay open and go on delivering what
+    /// changes through other clients' requests, of which there are none while every request
+    /// is held. `false` answers the held requests, in no particular order.
+    pub fn set_unresponsive(&self, silent: bool) {
+        lock(&self.inner).unresponsive.send_replace(silent);
     }
 
     /// The current (latest) resourceVersion.

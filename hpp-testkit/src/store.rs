@@ -103,6 +103,8 @@ pub(crate) struct State {
     pub down: bool,
     /// Bumped whenever the server goes down, which ends every open watch.
     pub down_tx: watch::Sender<u64>,
+    /// `true` while requests are taken and not answered (see `set_unresponsive`).
+    pub unresponsive: watch::Sender<bool>,
     /// Claims get the pvc-protection finalizer and lose it once unused (see `protection`).
     pub protect_claims: bool,
     /// Set while the protection controller commits, so its own writes do not re-enter it.
@@ -186,6 +188,7 @@ impl State {
             failures: Vec::new(),
             down: false,
             down_tx,
+            unresponsive: watch::channel(false).0,
             protect_claims: false,
             protection_running: false,
             rbac: None,

@@ -205,8 +205,8 @@ pub async fn run_with_client(
         let _ = tx.send(admin_addr);
     }
 
-    let (stop, election) = if args.no_leader_election {
-        (shutdown.clone().boxed(), None)
+    let (stop, lost, election) = if args.no_leader_election {
+        (shutdown.clone().boxed(), futures::future::pending().boxed(), None)
     } else {
         let identity = args
             .identity
@@ -223,7 +223,9 @@ pub async fn run_with_client(
         }
         // Stop the controller on shutdown or when another replica took the lease; the election
         // comes back afterwards so the lease is released only once the controller has stopped.
-        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+        // `Some(lost)` once the controller is to stop.
+        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(None::<bool>);
+        let mut lost_rx = stop_rx.clone();
         let until_stop = shutdown.clone();
         let watcher = tokio::spawn(async move {
             let lost = tokio::select! {
@@ -233,13 +235,18 @@ pub async fn run_with_client(
                 }
                 () = until_stop => false,
             };
-            let _ = stop_tx.send(true);
+            let _ = stop_tx.send(Some(lost));
             (election, lost)
         });
         let stop = async move {
-            let _ = stop_rx.wait_for(|stopped| *stopped).await;
+            let _ = stop_rx.wait_for(Option::is_some).await;
         };
-        (stop.boxed(), Some(watcher))
+        let lost = async move {
+            if lost_rx.wait_for(|stop| *stop == Some(true)).await.is_err() {
+                futures::future::pending::<()>().await;
+            }
+        };
+        (stop.boxed(), lost.boxed(), Some(watcher))
     };
     let tls_source = policy.clone();
     let ctx =
@@ -250,7 +257,14 @@ pub async fn run_with_client(
         ctx.with_pass_interval(args.pass_interval)
             .with_usage_interval(args.usage_interval),
     );
-    hpp_reconcile::controller::run(ctx, stop.shared()).await;
+    // On a lost lease the passes still running are dropped, not waited for (as
+    // controller-runtime's manager exits at once): another replica may be leading by now, and
+    // their calls may be waiting on an API server that does not answer. A pass cut short is
+    // one a restart would have cut short; the next leader's passes converge.
+    tokio::select! {
+        () = hpp_reconcile::controller::run(ctx, stop.shared()) => {}
+        () = lost => warn!("leadership lost: passes still running are abandoned"),
+    }
     let mut lost = false;
     if let Some(watcher) = election {
         match watcher.await {
@@ -458,6 +472,46 @@ mod tests {
             .unwrap();
         let err = ended.expect_err("a lost lease is an error");
         assert!(err.downcast_ref::<LeadershipLost>().is_some(), "{err:#}");
+    }
+
+    /// An API server that stops answering (a partition) fails no call: the lease calls must
+    /// give up on their own, and a pass waiting on its calls must not keep the process from
+    /// ending. The CR arrives while nothing is answered, so its pass waits on its first call.
+    #[tokio::test]
+    async fn a_leader_whose_api_server_stops_answering_exits_with_an_error() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let fake = hpp_reconcile::testkit::FakeApiServer::new();
+        fake.register::<hpp_api::HostPathProvisioner>(false, true);
+        let (_addr, _stop, task) = standby(&fake).await;
+        let watching_crs = |f: &hpp_reconcile::testkit::FakeApiServer| {
+            f.requests()
+                .iter()
+                .any(|r| r.path.ends_with("/hostpathprovisioners") && r.query.contains("watch=true"))
+        };
+        tokio::time::timeout(
+            std::time::Duration::from_secs(120),
+            fake.wait_until(|f| lease_holder(f).as_deref() == Some("hpp-pod") && watching_crs(f)),
+        )
+        .await
+        .expect("the lease is taken and the CRs watched");
+        fake.set_unresponsive(true);
+        let cr: hpp_api::HostPathProvisioner = serde_json::from_value(serde_json::json!({
+            "apiVersion": "hostpathprovisioner.kubevirt.io/v1beta1",
+            "kind": "HostPathProvisioner",
+            "metadata": {"name": "hostpath-provisioner"},
+            "spec": {"imagePullPolicy": "IfNotPresent",
+                     "storagePools": [{"name": "local", "path": "/var/hpvolumes"}],
+                     "workload": {}},
+        }))
+        .unwrap();
+        fake.seed(&cr);
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(120), task)
+            .await
+            .expect("the operator stops once its lease goes unrenewed, whatever waits on the API server")
+            .unwrap();
+        let err = ended.expect_err("a lost lease is an error");
+        assert!(err.downcast_ref::<LeadershipLost>().is_some(), "{err:#}");
+        fake.set_unresponsive(false);
     }
 
     #[tokio::test]
