@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
 use crate::cache::Cache;
@@ -526,6 +527,33 @@ impl Applier {
         if let Some(cached) = self.cache.list_typed(kind, selector, Some(namespace)) {
             return Ok(cached);
         }
+        self.list_from_api(kind, selector, namespace).await
+    }
+
+    /// [`list`](Self::list), each object parsed into `K` and made into an `F` by `each` as
+    /// soon as it is read from the cache, so a reader of every PersistentVolume holds what it
+    /// keeps of each, not 10,000 parsed objects. Objects that are not a `K` are left out.
+    pub async fn list_map<K: DeserializeOwned, F>(
+        &self,
+        kind: &Kind,
+        selector: &str,
+        namespace: &str,
+        mut each: impl FnMut(K) -> Option<F>,
+    ) -> Result<Vec<F>> {
+        if let Some(cached) = self.cache.list_map(kind, selector, Some(namespace), &mut each) {
+            return Ok(cached);
+        }
+        Ok(self
+            .list_from_api(kind, selector, namespace)
+            .await?
+            .into_iter()
+            .filter_map(|obj| serde_json::to_value(obj).ok())
+            .filter_map(|value| serde_json::from_value(value).ok())
+            .filter_map(each)
+            .collect())
+    }
+
+    async fn list_from_api(&self, kind: &Kind, selector: &str, namespace: &str) -> Result<Vec<DynamicObject>> {
         let lp = ListParams::default().labels(selector);
         let list = self
             .api(kind, Some(namespace))

@@ -239,8 +239,20 @@ impl Cache {
         selector: &str,
         namespace: Option<&str>,
     ) -> Option<Vec<K>> {
+        self.list_map(kind, selector, namespace, Some)
+    }
+
+    /// [`list_typed`](Self::list_typed), each object made into an `F` by `each` as soon as it
+    /// is parsed (see [`CompactStore::list_map`]).
+    pub fn list_map<K: DeserializeOwned, F>(
+        &self,
+        kind: &Kind,
+        selector: &str,
+        namespace: Option<&str>,
+        each: impl FnMut(K) -> Option<F>,
+    ) -> Option<Vec<F>> {
         let store = self.synced(kind, selector)?;
-        Some(store.list(|ns| !kind.namespaced || namespace.is_none_or(|want| want == ns)))
+        Some(store.list_map(|ns| !kind.namespaced || namespace.is_none_or(|want| want == ns), each))
     }
 
     /// The cached object, `Some(None)` when a synced store says it does not exist, `None`

@@ -228,16 +228,17 @@ impl VolumeAudit {
     }
 
     /// The driver's PVs, from the PV watch's cache when it is synced.
+    /// Each is parsed and kept as an [`AuditedPv`] one at a time: the cluster's PVs are never
+    /// all held parsed at once.
     async fn volumes(&self, applier: &Applier, cfg: &OperatorConfig) -> Result<Vec<AuditedPv>> {
-        let mut out = Vec::new();
-        for obj in applier
-            .list(&Kind::of::<PersistentVolume>(), "", &cfg.namespace)
-            .await?
-        {
-            let pv: PersistentVolume = typed(obj)?;
-            out.extend(decide::audited_pv(&pv));
-        }
-        Ok(out)
+        applier
+            .list_map(
+                &Kind::of::<PersistentVolume>(),
+                "",
+                &cfg.namespace,
+                |pv: PersistentVolume| decide::audited_pv(&pv),
+            )
+            .await
     }
 
     /// The driver pods, from the pod watch's cache when it is synced.
