@@ -83,15 +83,19 @@ pub struct OperatorArgs {
     #[arg(long, default_value = "hostpathprovisioner_cr")]
     pub operator_cr: String,
     /// Bound PersistentVolumes of the driver in the fake cluster, spread over the nodes (every
-    /// PV is watched, for the pools' usage and node loss).
-    #[arg(long, default_value_t = 0)]
-    pub operator_pvs: usize,
+    /// PV is watched, for the pools' usage and node loss); several counts (`1000,10000`) are
+    /// measured at each node count, and the growth is printed between the first and the last
+    /// run.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub operator_pvs: Vec<usize>,
 }
 
 /// What one run at one cluster size measured.
 #[derive(Debug, Clone, Default)]
 struct Row {
     nodes: usize,
+    /// Bound PersistentVolumes in the fake cluster.
+    pvs: usize,
     /// Per-node objects the CR asks for (claims and mounter Deployments), all written.
     node_objects: usize,
     /// From the CR's creation to every per-node object written.
@@ -144,9 +148,14 @@ pub async fn run(args: &OperatorArgs) -> anyhow::Result<()> {
     let bin = operator_bin(args.operator_bin.as_deref())?;
     let cr = example_cr(&args.operator_cr)?;
     let mut rows = Vec::new();
-    for (i, &nodes) in args.operator_nodes.iter().enumerate() {
-        let last = i + 1 == args.operator_nodes.len();
-        rows.push(measure(args, &bin, &cr, nodes, last).await?);
+    let sizes: Vec<(usize, usize)> = args
+        .operator_nodes
+        .iter()
+        .flat_map(|&nodes| args.operator_pvs.iter().map(move |&pvs| (nodes, pvs)))
+        .collect();
+    for (i, &(nodes, pvs)) in sizes.iter().enumerate() {
+        let last = i + 1 == sizes.len();
+        rows.push(measure(args, &bin, &cr, nodes, pvs, last).await?);
     }
     print_growth(&rows);
     Ok(())
@@ -157,13 +166,14 @@ async fn measure(
     bin: &Path,
     cr: &HostPathProvisioner,
     nodes: usize,
+    pvs: usize,
     print_where: bool,
 ) -> anyhow::Result<Row> {
     let fake = seeded_fake(nodes)?;
-    if args.operator_pvs > 0 {
+    if pvs > 0 {
         fake.seed(&recreate_class()?);
     }
-    for i in 0..args.operator_pvs {
+    for i in 0..pvs {
         fake.seed(&bound_volume(i, nodes)?);
     }
     let pki = Pki::new()?;
@@ -182,7 +192,7 @@ async fn measure(
     println!(
         "\n== {nodes} nodes, {} PVs: hpp-operator {} (pid {pid}) against a fake API server on https://{addr} \
          (objects with managedFields, kubelet-sized nodes), CR {}",
-        args.operator_pvs,
+        pvs,
         bin.display(),
         args.operator_cr
     );
@@ -190,6 +200,7 @@ async fn measure(
 
     let mut row = Row {
         nodes,
+        pvs,
         ..Row::default()
     };
     fake.clear_requests();
@@ -358,8 +369,8 @@ async fn measure(
     }
     row.churn = churn(&fake, admin, pid).await?;
     row.relabel = Some(relabel(&fake, admin, pid).await?);
-    if args.operator_pvs > 0 {
-        row.node_loss = Some(node_loss(&fake, admin, pid, nodes, args.operator_pvs).await?);
+    if pvs > 0 {
+        row.node_loss = Some(node_loss(&fake, admin, pid, nodes, pvs).await?);
     }
     row.flaps = Some(daemonset_flaps(&fake, admin, pid, nodes).await?);
     // Last: what it holds back is written up to a usage interval later.
@@ -699,7 +710,7 @@ struct NodeLossFigures {
 /// spread over the nodes, and waits until the CR's `status.nodeLoss` lists it (the grace
 /// period is an hour: nothing is released). The node-loss step asks its PV index for the PVs
 /// of lost nodes only, so what this costs should not grow with the PVs of the other nodes:
-/// compare runs with `--operator-pvs 1000` and `10000`.
+/// `--operator-pvs 1000,10000` measures both in one run.
 async fn node_loss(
     fake: &FakeApiServer,
     admin: SocketAddr,
@@ -834,14 +845,26 @@ fn print_growth(rows: &[Row]) {
     let (Some(a), Some(b)) = (rows.first(), rows.last()) else {
         return;
     };
-    if rows.len() < 2 || a.nodes == b.nodes {
+    if rows.len() < 2 || (a.nodes, a.pvs) == (b.nodes, b.pvs) {
         return;
     }
+    let size = |r: &Row| match rows.iter().all(|x| x.pvs == a.pvs) {
+        true => format!("{}", r.nodes),
+        false => format!("{}n/{}pv", r.nodes, r.pvs),
+    };
+    let times = |what: &str, x: usize, y: usize| match x {
+        0 => String::new(),
+        _ if x == y => String::new(),
+        _ => format!(" ({:.1}x the {what})", y as f64 / x as f64),
+    };
     println!(
-        "\n== growth from {} to {} nodes ({:.1}x the nodes)",
+        "\n== growth from {} nodes, {} PVs to {} nodes, {} PVs{}{}",
         a.nodes,
+        a.pvs,
         b.nodes,
-        b.nodes as f64 / a.nodes as f64
+        b.pvs,
+        times("nodes", a.nodes, b.nodes),
+        times("PVs", a.pvs, b.pvs),
     );
     let ratio = |x: f64, y: f64| if x > 0.0 { format!("{:.2}x", y / x) } else { "-".into() };
     let secs = |d: Option<Duration>| d.map_or(0.0, |d| d.as_secs_f64());
@@ -973,25 +996,33 @@ fn print_growth(rows: &[Row]) {
             ("node loss: operator CPU (ms)", ms(x.cost.cpu), ms(y.cost.cpu)),
         ]);
     }
-    println!("{:<42} {:>10} {:>10} {:>8}", "figure", a.nodes, b.nodes, "growth");
+    println!("{:<42} {:>10} {:>10} {:>8}", "figure", size(a), size(b), "growth");
     for (name, x, y) in lines {
         println!("{name:<42} {x:>10.2} {y:>10.2} {:>8}", ratio(x, y));
     }
-    let nodes = (b.nodes - a.nodes) as f64;
-    let objects = b.node_objects.saturating_sub(a.node_objects) as f64;
     let grew = b.rss_kib as f64 - a.rss_kib as f64;
-    println!(
-        "RSS grows {:.1} KiB per node{}",
-        grew / nodes,
-        if objects > 0.0 {
-            format!(
-                " ({:.1} KiB per owned per-node object, counting nodes with them)",
-                grew / (nodes + objects)
-            )
-        } else {
-            String::new()
-        }
-    );
+    if a.pvs == b.pvs && b.nodes > a.nodes {
+        let nodes = (b.nodes - a.nodes) as f64;
+        let objects = b.node_objects.saturating_sub(a.node_objects) as f64;
+        println!(
+            "RSS grows {:.1} KiB per node{}",
+            grew / nodes,
+            if objects > 0.0 {
+                format!(
+                    " ({:.1} KiB per owned per-node object; {:.1} KiB per object, counting the Nodes as objects)",
+                    grew / objects,
+                    grew / (nodes + objects)
+                )
+            } else {
+                String::new()
+            }
+        );
+    } else if a.nodes == b.nodes && b.pvs > a.pvs {
+        println!(
+            "RSS grows {:.2} KiB per PersistentVolume",
+            grew / (b.pvs - a.pvs) as f64
+        );
+    }
 }
 
 fn per(n: usize, d: usize) -> f64 {
