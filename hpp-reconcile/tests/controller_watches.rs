@@ -364,6 +364,43 @@ async fn a_quiet_cluster_runs_no_passes_and_discovery_is_remembered() {
     controller.stop().await;
 }
 
+/// Scale (issue 31): an hour of a quiet cluster, in paused time, with every kubelet's
+/// heartbeat every 10 s. The API server ends every watch after the timeout the client asks
+/// for (kube asks for 290 s) and, as its watch cache, keeps 75 s of events: the watches come
+/// back from the version their last bookmark gave them, without listing again, and start no
+/// pass; nothing in the operator runs a pass on a timer (no periodic resync), and it reads
+/// and writes nothing.
+#[tokio::test(start_paused = true)]
+async fn a_quiet_hour_runs_no_passes_while_the_watches_end_and_come_back() {
+    let nodes = ["node01", "node02", "node03"];
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &nodes);
+    let controller = Running::start(&env);
+    installed(&env, 3).await;
+    env.fake.keep_history_for(Duration::from_secs(75));
+    let before = passes(&env);
+    env.fake.clear_requests();
+    for beat in 0..360 {
+        for node in nodes {
+            heartbeat(&env.fake, node, beat);
+        }
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    assert_eq!(
+        passes(&env),
+        before,
+        "an hour of heartbeats and watch restarts is not a change"
+    );
+    let requests = env.fake.requests();
+    let (watches, others): (Vec<_>, Vec<_>) = requests.iter().partition(|r| r.query.contains("watch=true"));
+    assert!(others.is_empty(), "no list, no read, no write: {others:#?}");
+    assert!(
+        watches.len() >= 12,
+        "the watches ended and came back (every 290 s, each): {}",
+        watches.len()
+    );
+    controller.stop().await;
+}
+
 /// Deletes a mounter Deployment (the `nth` by name) and waits until the operator recreated
 /// it; returns its name.
 async fn delete_mounter_and_wait(env: &support::Env, nth: usize) -> String {

@@ -378,6 +378,7 @@ fn watch_request(
         resource_version,
         timeout,
         send_initial_events: query.get("sendInitialEvents").is_some_and(|s| s == "true"),
+        bookmarks: query.get("allowWatchBookmarks").is_some_and(|s| s == "true"),
     };
     let mut response = Response::new(watch::start(state, req));
     response.headers_mut().insert(

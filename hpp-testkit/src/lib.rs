@@ -472,6 +472,15 @@ impl FakeApiServer {
         lock(&self.inner).unresponsive.send_replace(silent);
     }
 
+    /// Keeps the watch history for `window` only, as an API server's watch cache keeps a
+    /// sliding window of events: a watch that resumes from a version older than the events of
+    /// the window gets 410 Gone and its client must list again, unless bookmarks (sent every
+    /// minute to a watch that allows them, as the API server sends them) kept its version
+    /// recent. By default the history keeps the last 10,000 events, however old.
+    pub fn keep_history_for(&self, window: std::time::Duration) {
+        lock(&self.inner).history_window = Some(window);
+    }
+
     /// The current (latest) resourceVersion.
     pub fn resource_version(&self) -> String {
         lock(&self.inner).rv.to_string()

@@ -59,6 +59,8 @@ pub(crate) struct StoredEvent {
     pub old: Option<Value>,
     /// The object after the change (the last state for DELETED).
     pub object: Value,
+    /// When it happened (for [`State::history_window`]).
+    pub at: tokio::time::Instant,
 }
 
 /// Missed events plus the live feed, handed to a new watch.
@@ -113,6 +115,9 @@ pub(crate) struct State {
     pub rbac: Option<crate::rbac::RbacPolicy>,
     /// Objects carry `metadata.managedFields` (see `managed`).
     pub track_managed_fields: bool,
+    /// When set, events older than this are gone for a watch that resumes (see
+    /// `FakeApiServer::keep_history_for`).
+    pub history_window: Option<std::time::Duration>,
     /// Who the write being served comes from (for `managedFields`).
     pub writer: Writer,
 }
@@ -193,6 +198,7 @@ impl State {
             protection_running: false,
             rbac: None,
             track_managed_fields: false,
+            history_window: None,
             writer: Writer::default(),
         }
     }
@@ -311,6 +317,7 @@ impl State {
             },
             old,
             object: new.clone(),
+            at: tokio::time::Instant::now(),
         });
         self.after_storage_change(key);
         new
@@ -328,6 +335,7 @@ impl State {
             kind: EventType::Deleted,
             old: None,
             object: obj.clone(),
+            at: tokio::time::Instant::now(),
         });
         if let Some(uid) = meta_str(&obj, "uid") {
             let uid = uid.to_string();
@@ -397,8 +405,17 @@ impl State {
     /// History events newer than `rv` plus a live subscription, taken atomically so no event
     /// is lost or repeated. `Err(floor)` when `rv` is older than the kept history.
     pub(crate) fn subscribe_from(&self, rv: u64) -> Result<Subscription, u64> {
-        if rv < self.floor_rv {
-            return Err(self.floor_rv);
+        // The newest event past the window is the oldest version a watch may resume from.
+        let aged_out = self.history_window.and_then(|window| {
+            self.history
+                .iter()
+                .take_while(|e| e.at.elapsed() > window)
+                .last()
+                .map(|e| e.rv)
+        });
+        let floor = self.floor_rv.max(aged_out.unwrap_or(0));
+        if rv < floor {
+            return Err(floor);
         }
         let backlog = self.history.iter().filter(|e| e.rv > rv).cloned().collect();
         Ok((backlog, self.events_tx.subscribe()))

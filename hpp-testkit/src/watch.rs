@@ -76,7 +76,14 @@ pub(crate) struct WatchRequest {
     pub timeout: Duration,
     /// `sendInitialEvents=true`: initial ADDED events, then a BOOKMARK marking their end.
     pub send_initial_events: bool,
+    /// `allowWatchBookmarks=true`: a BOOKMARK every [`BOOKMARK_INTERVAL`] with the latest
+    /// resourceVersion, so the client resumes from a recent version.
+    pub bookmarks: bool,
 }
+
+/// How often a watch that allows bookmarks gets one (the API server sends them about once
+/// a minute).
+pub(crate) const BOOKMARK_INTERVAL: Duration = Duration::from_secs(60);
 
 /// One event's line. `type` goes first, as a real API server writes it: serde_json's maps are
 /// sorted, which would put `object` first and make a client's adjacently tagged `WatchEvent`
@@ -122,7 +129,8 @@ pub(crate) fn start(state: &State, req: WatchRequest) -> FakeBody {
     match state.subscribe_from(from) {
         Ok((backlog, live)) => {
             first.extend(backlog.iter().filter_map(|ev| req.filter.render(ev)));
-            tokio::spawn(pump(tx, first, live, req.filter, req.timeout, down));
+            let bookmarks = req.bookmarks.then_some(state.rv);
+            tokio::spawn(pump(tx, first, live, req.filter, (req.timeout, bookmarks), down));
         }
         Err(floor) => {
             let gone = ApiError::from_code(410, format!("too old resource version: {from} ({floor})"));
@@ -132,16 +140,34 @@ pub(crate) fn start(state: &State, req: WatchRequest) -> FakeBody {
     FakeBody::stream(rx)
 }
 
+/// A BOOKMARK event: every event up to `rv` has been sent.
+fn bookmark(filter: &WatchFilter, rv: u64) -> Value {
+    let (api_version, kind) = match filter.metadata_only {
+        true => ("meta.k8s.io/v1", "PartialObjectMetadata"),
+        false => (filter.kind.ar.api_version.as_str(), filter.kind.ar.kind.as_str()),
+    };
+    json!({"type": "BOOKMARK", "object": {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"resourceVersion": rv.to_string()}
+    }})
+}
+
+/// Sends `first`, then the live events `filter` selects, until `timeout` (and, with
+/// `bookmarks` = the version the history was read at, a bookmark every minute).
 async fn pump(
     tx: mpsc::Sender<Bytes>,
     first: Vec<Value>,
     mut live: broadcast::Receiver<Arc<StoredEvent>>,
     filter: WatchFilter,
-    timeout: Duration,
+    (timeout, bookmarks): (Duration, Option<u64>),
     mut down: watch::Receiver<u64>,
 ) {
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
+    let mut every_minute = tokio::time::interval_at(tokio::time::Instant::now() + BOOKMARK_INTERVAL, BOOKMARK_INTERVAL);
+    // The version every event up to which was sent (events of every kind pass by here).
+    let mut sent_up_to = bookmarks.unwrap_or(0);
     for ev in first {
         if tx.send(line(&ev)).await.is_err() {
             return;
@@ -152,8 +178,14 @@ async fn pump(
             _ = &mut deadline => return,
             _ = down.changed() => return,
             () = tx.closed() => return,
+            _ = every_minute.tick(), if bookmarks.is_some() => {
+                if tx.send(line(&bookmark(&filter, sent_up_to))).await.is_err() {
+                    return;
+                }
+            }
             ev = live.recv() => match ev {
                 Ok(ev) => {
+                    sent_up_to = sent_up_to.max(ev.rv);
                     if let Some(wire) = filter.render(&ev)
                         && tx.send(line(&wire)).await.is_err()
                     {

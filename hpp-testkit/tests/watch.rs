@@ -133,6 +133,45 @@ async fn watch_from_a_compacted_resource_version_is_gone() {
     }
 }
 
+/// The API server's watch cache keeps a window of events; a watch resuming from before it
+/// is gone, unless a bookmark (every minute, to a watch that allows them) moved it on.
+#[tokio::test(start_paused = true)]
+async fn bookmarks_keep_a_watch_resumable_past_the_history_window() {
+    let fake = FakeApiServer::new();
+    fake.keep_history_for(Duration::from_secs(75));
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+    api.create(&PostParams::default(), &cm("a", "hpp")).await.unwrap();
+    let listed_at = fake.resource_version();
+    let mut stream = api.watch(&WatchParams::default(), &listed_at).await.unwrap().boxed();
+    // Another kind's writes move the version on; this watch sees none of them but a bookmark.
+    let other: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(fake.client(), "ns");
+    let mut secret = k8s_openapi::api::core::v1::Secret::default();
+    secret.metadata.name = Some("s".into());
+    other.create(&PostParams::default(), &secret).await.unwrap();
+    let latest = fake.resource_version();
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let bookmarked = match next(&mut stream).await {
+        Ok(WatchEvent::Bookmark(b)) => b.metadata.resource_version,
+        other => panic!("expected a BOOKMARK, got {other:?}"),
+    };
+    assert_eq!(bookmarked, latest);
+    drop(stream);
+    // The secret's event is now past the window: resuming from before it is gone...
+    tokio::time::advance(Duration::from_secs(60)).await;
+    let mut stale = api.watch(&WatchParams::default(), &listed_at).await.unwrap().boxed();
+    match next(&mut stale).await {
+        Ok(WatchEvent::Error(status)) => assert_eq!(status.code, 410),
+        other => panic!("expected a 410 ERROR event, got {other:?}"),
+    }
+    // ...from the bookmark's version is not.
+    let mut resumed = api.watch(&WatchParams::default(), &bookmarked).await.unwrap().boxed();
+    api.create(&PostParams::default(), &cm("b", "hpp")).await.unwrap();
+    match next(&mut resumed).await {
+        Ok(WatchEvent::Added(cm)) => assert_eq!(cm.name_any(), "b"),
+        other => panic!("expected the new ConfigMap, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn watch_ends_at_its_timeout() {
     let fake = FakeApiServer::new();
