@@ -90,6 +90,41 @@ pub fn on_thread_start() {
     }
 }
 
+/// What jemalloc holds, in bytes (its `stats.*` counters): how much of a process's resident
+/// memory is its own data and how much the allocator keeps around it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JemallocStats {
+    /// Allocated by the program and not freed yet.
+    pub allocated: usize,
+    /// In pages holding allocations: `allocated` and the free room in those pages.
+    pub active: usize,
+    /// jemalloc's own bookkeeping.
+    pub metadata: usize,
+    /// In resident pages jemalloc maps (an upper bound): `active`, `metadata`, and freed pages
+    /// not handed back to the kernel yet.
+    pub resident: usize,
+}
+
+/// jemalloc's counters as of now; `None` without the `jemalloc` feature (or if jemalloc
+/// refuses). Only meaningful where [`Jemalloc`] is the global allocator.
+pub fn jemalloc_stats() -> Option<JemallocStats> {
+    #[cfg(feature = "jemalloc")]
+    {
+        // The counters are a snapshot, taken again each time the epoch moves on.
+        mallctl_write(c"epoch", 1u64).ok()?;
+        Some(JemallocStats {
+            allocated: mallctl_read(c"stats.allocated").ok()?,
+            active: mallctl_read(c"stats.active").ok()?,
+            metadata: mallctl_read(c"stats.metadata").ok()?,
+            resident: mallctl_read(c"stats.resident").ok()?,
+        })
+    }
+    #[cfg(not(feature = "jemalloc"))]
+    {
+        None
+    }
+}
+
 /// A value jemalloc's control interface accepts; sealed to the C types its settings use, so
 /// `mallctl` is never handed a value of another size.
 #[cfg(feature = "jemalloc")]
@@ -100,6 +135,8 @@ impl MallctlValue for bool {}
 impl MallctlValue for u32 {}
 #[cfg(feature = "jemalloc")]
 impl MallctlValue for usize {}
+#[cfg(feature = "jemalloc")]
+impl MallctlValue for u64 {}
 #[cfg(feature = "jemalloc")]
 impl MallctlValue for isize {}
 
@@ -128,7 +165,7 @@ fn mallctl_write<T: MallctlValue>(name: &std::ffi::CStr, mut value: T) -> std::i
 }
 
 /// Reads jemalloc setting `name`, whose C type must be `T`'s.
-#[cfg(all(feature = "jemalloc", test))]
+#[cfg(feature = "jemalloc")]
 #[allow(unsafe_code)]
 fn mallctl_read<T: MallctlValue>(name: &std::ffi::CStr) -> std::io::Result<T> {
     let mut value = T::default();
@@ -201,5 +238,25 @@ mod tests {
         // A setting of another type is refused, not misread.
         assert!(mallctl_read::<bool>(c"arenas.dirty_decay_ms").is_err());
         assert!(mallctl_write(c"no.such.setting", 1usize).is_err());
+    }
+
+    #[cfg(feature = "jemalloc")]
+    #[test]
+    #[allow(unsafe_code)]
+    fn jemalloc_counts_what_the_program_holds() {
+        const SIZE: usize = 8 << 20;
+        let before = jemalloc_stats().unwrap();
+        // The tests run on the system allocator: ask jemalloc itself.
+        // SAFETY: a plain allocation of SIZE bytes, freed below by jemalloc's own `free`.
+        let block = unsafe { tikv_jemalloc_sys::malloc(SIZE) };
+        assert!(!block.is_null());
+        let holding = jemalloc_stats().unwrap();
+        // SAFETY: `block` came from jemalloc's `malloc` above and is freed once.
+        unsafe { tikv_jemalloc_sys::free(block) };
+        let after = jemalloc_stats().unwrap();
+        assert!(holding.allocated >= before.allocated + SIZE, "{before:?} {holding:?}");
+        assert!(holding.active >= holding.allocated, "{holding:?}");
+        assert!(after.allocated + SIZE <= holding.allocated, "{holding:?} {after:?}");
+        assert!(holding.metadata > 0);
     }
 }

@@ -326,6 +326,14 @@ async fn measure(
         mib(last.hwm_kib),
         last.threads
     );
+    let allocator = allocator_bytes(admin).await?;
+    if !allocator.is_empty() {
+        let shown: Vec<String> = allocator
+            .iter()
+            .map(|(state, bytes)| format!("{state} {:.2} MiB", bytes / 1_048_576.0))
+            .collect();
+        println!("  jemalloc (hpp_operator_allocator_bytes): {}", shown.join("  "));
+    }
 
     // One node's object goes away: what its repair costs.
     if let Some(name) = fake
@@ -1090,20 +1098,37 @@ async fn scrape(admin: SocketAddr) -> anyhow::Result<String> {
     Ok(body)
 }
 
+/// The series of metric `name` in a scrape: (labels, value).
+fn series(body: &str, name: &str) -> std::collections::BTreeMap<String, f64> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix(name))
+        .filter(|l| l.starts_with('{') || l.starts_with(' '))
+        .filter_map(|l| {
+            let (labels, value) = l.rsplit_once(' ')?;
+            Some((labels.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The operator's allocator counters (`hpp_operator_allocator_bytes`): (state, bytes), in
+/// the order the metric lists them.
+async fn allocator_bytes(admin: SocketAddr) -> anyhow::Result<Vec<(String, f64)>> {
+    let body = scrape(admin).await?;
+    let by_state = series(&body, "hpp_operator_allocator_bytes");
+    Ok(["allocated", "active", "metadata", "resident"]
+        .into_iter()
+        .filter_map(|state| {
+            let bytes = by_state.get(&format!("{{state=\"{state}\"}}"))?;
+            Some((state.to_owned(), *bytes))
+        })
+        .collect())
+}
+
 /// The operator's watch caches from its metrics: (kind and selector, objects, JSON bytes).
 async fn cache_sizes(admin: SocketAddr) -> anyhow::Result<Vec<(String, f64, f64)>> {
     let body = scrape(admin).await?;
-    let series = |prefix: &str| -> std::collections::BTreeMap<String, f64> {
-        body.lines()
-            .filter_map(|l| l.strip_prefix(prefix))
-            .filter_map(|l| {
-                let (labels, value) = l.rsplit_once(' ')?;
-                Some((labels.to_owned(), value.parse().ok()?))
-            })
-            .collect()
-    };
-    let objects = series("hpp_operator_cache_objects");
-    let bytes = series("hpp_operator_cache_bytes");
+    let objects = series(&body, "hpp_operator_cache_objects");
+    let bytes = series(&body, "hpp_operator_cache_bytes");
     Ok(objects
         .into_iter()
         .map(|(labels, n)| {

@@ -294,6 +294,7 @@ fn exercised_registry(which: &str) -> anyhow::Result<Registry> {
         }
         "hpp-operator" => {
             let m = hpp_reconcile::metrics::Metrics::register(&mut registry);
+            hpp_bin::operator::allocator::register(&mut registry);
             m.observe(0.01, Some("conflict"));
             m.observe_scope(hpp_reconcile::metrics::SCOPE_FULL);
             m.set_unknown_pool_classes(&["hostpath-csi".to_owned()]);

@@ -2,6 +2,7 @@
 //! `crd`, `webhook`, `adopt`; plus the pool `mounter` used by the `hpp-mounter` executable.
 
 pub mod adopt;
+pub mod allocator;
 pub mod leader;
 pub mod mounter;
 pub mod rbac;

@@ -155,6 +155,7 @@ pub async fn run_with_client(
 
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
+    crate::operator::allocator::register(&mut registry);
     // One TLS policy (overrides, else the OpenShift profile) for the webhook and the CSI
     // DaemonSet's --metrics-tls-version.
     let policy = webhook_cmd::start_tls_policy(&args.webhook, Some(client.clone()))?;
