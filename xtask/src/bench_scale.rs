@@ -4,6 +4,8 @@
 //! capacity code and the health monitor walk them), resident memory, and CreateVolume and
 //! DeleteVolume throughput at c=16 next to the N volumes. Each figure is printed with its
 //! growth from the first size to the last: what a node with ten times the volumes costs.
+//! As root, the kernel's caches are dropped before the driver starts, so start-up, the first
+//! GetCapacity and the first walk read the pool from the disk, as after a node's reboot.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -26,6 +28,8 @@ struct AtSize {
     ready: Duration,
     first_capacity: Duration,
     list_all: Duration,
+    /// The first walk, right after start-up (from the disk when the caches were dropped).
+    first_walk: Duration,
     /// The driver's own CPU over the listing (the client's decoding is in `list_all`).
     list_cpu: Duration,
     listed: usize,
@@ -33,20 +37,24 @@ struct AtSize {
     rss_after_list: u64,
     /// `VmHWM` after the listing: the peak, start-up included.
     hwm_after_list: u64,
+    /// Whether the kernel's caches were dropped before the driver started (root only).
+    cold: bool,
     create: Stats,
     delete: Stats,
 }
 
 /// Makes `n` volume directories in the pool of the driver on `dir` (as a pool holding volumes
-/// made earlier looks to a starting driver), outside the measurement.
-fn populate(dir: &Path, n: usize) -> anyhow::Result<()> {
+/// made earlier looks to a starting driver), outside the measurement. Then drops the kernel's
+/// page, dentry and inode caches if it may (root), as a node's reboot leaves them; says
+/// whether it did.
+fn populate(dir: &Path, n: usize) -> anyhow::Result<bool> {
     let pool = &driver_pools(dir)[0].path;
     std::fs::create_dir_all(pool)?;
     for i in 0..n {
         std::fs::create_dir(pool.join(format!("pvc-scale-{i:07}")))?;
     }
     rustix::fs::sync();
-    Ok(())
+    Ok(std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok())
 }
 
 /// Runs the measurement for every size in `sizes` under `dir` and prints the table.
@@ -54,15 +62,15 @@ pub async fn run(dir: &Path, sizes: &[usize], args: &Args) -> anyhow::Result<()>
     let mut rows = Vec::new();
     for &n in sizes {
         let d = dir.join(format!("scale-{n}"));
-        populate(&d, n).with_context(|| format!("making {n} volumes"))?;
-        rows.push(at_size(&d, n, args).await?);
+        let cold = populate(&d, n).with_context(|| format!("making {n} volumes"))?;
+        rows.push(at_size(&d, n, cold, args).await?);
         let _ = std::fs::remove_dir_all(&d);
     }
     print(&rows);
     Ok(())
 }
 
-async fn at_size(dir: &Path, n: usize, args: &Args) -> anyhow::Result<AtSize> {
+async fn at_size(dir: &Path, n: usize, cold: bool, args: &Args) -> anyhow::Result<AtSize> {
     let started = Instant::now();
     let driver = match args.driver_bin() {
         Some(bin) => Server::spawn_driver_bin(bin, dir).await?,
@@ -93,6 +101,7 @@ async fn at_size(dir: &Path, n: usize, args: &Args) -> anyhow::Result<AtSize> {
         walls.push(wall);
         listed = n;
     }
+    let first_walk = walls.first().copied().unwrap_or_default();
     let (list_all, list_cpu) = (median(walls), median(cpus));
     anyhow::ensure!(listed == n, "ListVolumes listed {listed} of {n} volumes");
     let after_list = ProcStatus::of(driver.pid())?;
@@ -117,11 +126,13 @@ async fn at_size(dir: &Path, n: usize, args: &Args) -> anyhow::Result<AtSize> {
         ready,
         first_capacity,
         list_all,
+        first_walk,
         list_cpu,
         listed,
         rss_after_start,
         rss_after_list: after_list.rss_kib,
         hwm_after_list: after_list.hwm_kib,
+        cold,
         create,
         delete,
     })
@@ -144,9 +155,10 @@ fn print(rows: &[AtSize]) {
     header.push("growth".to_owned());
     let header: Vec<&str> = header.iter().map(String::as_str).collect();
     let mut t = Table::new(&header);
-    let durations: [Measure<Duration>; 6] = [
+    let durations: [Measure<Duration>; 7] = [
         ("start-up until Probe answers", |r| r.ready),
         ("first GetCapacity", |r| r.first_capacity),
+        ("ListVolumes, every page of 500, first walk", |r| r.first_walk),
         ("ListVolumes, every page of 500 (median walk)", |r| r.list_all),
         ("  of which the driver's CPU", |r| r.list_cpu),
         ("CreateVolume p50, c=16", |r| r.create.p50),
@@ -181,6 +193,14 @@ fn print(rows: &[AtSize]) {
     }
     println!("{}", t.render());
     for r in rows {
-        println!("  {} volumes: {} listed", r.volumes, r.listed);
+        println!(
+            "  {} volumes: {} listed; {}",
+            r.volumes,
+            r.listed,
+            match r.cold {
+                true => "caches dropped before start-up (start-up, first GetCapacity and first walk from the disk)",
+                false => "caches warm (not root: /proc/sys/vm/drop_caches not writable)",
+            }
+        );
     }
 }
