@@ -402,7 +402,8 @@ async fn campaign(api: Api<Lease>, s: LeaseSettings, sender: watch::Sender<bool>
     let poll = RETRY_PERIOD.min(Duration::from_millis(s.duration_seconds.saturating_mul(500)));
     let hold = hold_limit(&s);
     let mut observed = None;
-    // When this candidate last wrote the lease as its holder.
+    // When the last round that wrote the lease as this candidate's started: the API server
+    // stored the write after that, so another candidate's clock for it starts later still.
     let mut renewed = Instant::now();
     let mut retry = FIRST_RETRY;
     loop {
@@ -413,6 +414,7 @@ async fn campaign(api: Api<Lease>, s: LeaseSettings, sender: watch::Sender<bool>
             true => renewed + hold,
             false => Instant::now() + hold,
         };
+        let started = Instant::now();
         let result = tokio::select! {
             biased;
             () = sender.closed() => break,
@@ -423,7 +425,7 @@ async fn campaign(api: Api<Lease>, s: LeaseSettings, sender: watch::Sender<bool>
                 retry = FIRST_RETRY;
                 let (held, pause) = match round {
                     Round::Held => {
-                        renewed = Instant::now();
+                        renewed = started;
                         (true, renew_every)
                     }
                     Round::Waiting => (false, poll),
