@@ -169,19 +169,27 @@ pub async fn run_with_leader_election(
         }
         info!(%identity, "became leader; provisioning");
         let (lead_tx, lead_rx) = watch::channel(false);
-        let running = tokio::spawn(run_controllers(prov.clone(), lead_rx));
+        let mut running = tokio::spawn(run_controllers(prov.clone(), lead_rx));
         let stop_now = tokio::select! {
             () = election.lost() => false,
             () = stopped(stop_rx.clone()) => true,
         };
         let _ = lead_tx.send(true);
-        if !stop_now {
-            // Lost: what is in flight is dropped, not waited for. Another instance may be
-            // leading by now, and the calls may be waiting on an API server that does not
-            // answer. Every step is one a crash could have cut short, and converges again.
+        // Stopping: what is in flight finishes, unless the lease goes first. Lost: what is
+        // in flight is dropped, not waited for. Another instance may be leading by now, and
+        // the calls may be waiting on an API server that does not answer. Every step is one
+        // a crash could have cut short, and converges again.
+        let finished = stop_now
+            && tokio::select! {
+                _ = &mut running => true,
+                () = election.lost() => false,
+            };
+        if !finished {
             running.abort();
+            let _ = running.await;
+            // What the controllers would have cleared on their way out.
+            prov.set_class_cache(None);
         }
-        let _ = running.await;
         if stop_now {
             break;
         }

@@ -413,8 +413,8 @@ async fn a_leader_whose_api_server_stops_answering_drops_its_work_and_can_be_sto
         fs.path(),
         "only",
     ));
-    // Renewed every second, given up 1.5 s after the last renewal.
-    let lease = LeaseSettings::new("hpp-mute", "kube-system", "only").with_timing(2, 1);
+    // Renewed every 2 s, given up 3 s after the last renewal.
+    let lease = LeaseSettings::new("hpp-mute", "kube-system", "only").with_timing(4, 2);
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(run_with_leader_election(p, lease, async move {
         let _ = stop_rx.wait_for(|s| *s).await;
@@ -442,7 +442,7 @@ async fn a_leader_whose_api_server_stops_answering_drops_its_work_and_can_be_sto
         &fake,
         &claim("ns", "muted", "mute", NAME, "1Mi", &["ReadWriteMany"], &[]),
     );
-    // Well past the 1.5 s the lease is held without a renewal: the work is dropped by now,
+    // Well past the 3 s the lease is held without a renewal: the work is dropped by now,
     // and the instance waits to lead again.
     tokio::time::sleep(Duration::from_secs(8)).await;
     stop_tx.send(true).unwrap();

@@ -532,7 +532,9 @@ impl Applier {
 
     /// [`list`](Self::list), each object parsed into `K` and made into an `F` by `each` as
     /// soon as it is read from the cache, so a reader of every PersistentVolume holds what it
-    /// keeps of each, not 10,000 parsed objects. Objects that are not a `K` are left out.
+    /// keeps of each, not 10,000 parsed objects. An object that is not a `K` is an error
+    /// ([`Error::Serialize`]), not left out: a reader judging what is missing must not take
+    /// it for absent.
     pub async fn list_map<K: DeserializeOwned, F>(
         &self,
         kind: &Kind,
@@ -541,16 +543,20 @@ impl Applier {
         mut each: impl FnMut(K) -> Option<F>,
     ) -> Result<Vec<F>> {
         if let Some(cached) = self.cache.list_map(kind, selector, Some(namespace), &mut each) {
-            return Ok(cached);
+            return cached.map_err(|e| Error::Serialize {
+                what: format!("{} {}/{}", kind.kind, e.namespace, e.name),
+                source: e.source,
+            });
         }
-        Ok(self
-            .list_from_api(kind, selector, namespace)
-            .await?
-            .into_iter()
-            .filter_map(|obj| serde_json::to_value(obj).ok())
-            .filter_map(|value| serde_json::from_value(value).ok())
-            .filter_map(each)
-            .collect())
+        let mut out = Vec::new();
+        for obj in self.list_from_api(kind, selector, namespace).await? {
+            let what = format!("{} {}", kind.kind, obj.metadata.name.as_deref().unwrap_or_default());
+            let typed = serde_json::to_value(obj)
+                .and_then(serde_json::from_value)
+                .map_err(|source| Error::Serialize { what, source })?;
+            out.extend(each(typed));
+        }
+        Ok(out)
     }
 
     async fn list_from_api(&self, kind: &Kind, selector: &str, namespace: &str) -> Result<Vec<DynamicObject>> {

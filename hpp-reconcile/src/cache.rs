@@ -23,8 +23,8 @@ use serde::de::DeserializeOwned;
 
 use hpp_api::HostPathProvisioner;
 
-pub use crate::compact_store::CompactStore;
 use crate::compact_store::Interner;
+pub use crate::compact_store::{CompactStore, Unparsed};
 use crate::object::{Kind, ObjectKey};
 
 /// The annotation in which `kubectl apply` keeps a whole copy of the object it last applied.
@@ -239,18 +239,19 @@ impl Cache {
         selector: &str,
         namespace: Option<&str>,
     ) -> Option<Vec<K>> {
-        self.list_map(kind, selector, namespace, Some)
+        let store = self.synced(kind, selector)?;
+        Some(store.list(|ns| !kind.namespaced || namespace.is_none_or(|want| want == ns)))
     }
 
     /// [`list_typed`](Self::list_typed), each object made into an `F` by `each` as soon as it
-    /// is parsed (see [`CompactStore::list_map`]).
+    /// is parsed, and an object that does not parse an error (see [`CompactStore::list_map`]).
     pub fn list_map<K: DeserializeOwned, F>(
         &self,
         kind: &Kind,
         selector: &str,
         namespace: Option<&str>,
         each: impl FnMut(K) -> Option<F>,
-    ) -> Option<Vec<F>> {
+    ) -> Option<Result<Vec<F>, Unparsed>> {
         let store = self.synced(kind, selector)?;
         Some(store.list_map(|ns| !kind.namespaced || namespace.is_none_or(|want| want == ns), each))
     }

@@ -321,17 +321,6 @@ impl CompactStore {
     /// Every object `keep` accepts by namespace, each parsed into `K`; objects that do not
     /// parse as `K` are left out.
     pub fn list<K: DeserializeOwned>(&self, keep: impl Fn(&str) -> bool) -> Vec<K> {
-        self.list_map(keep, Some)
-    }
-
-    /// [`list`](Self::list), each object made into an `F` by `each` as soon as it is parsed:
-    /// only the `F`s are held, never every parsed object at once (10,000 PersistentVolumes
-    /// parsed whole are tens of MiB; what a reader keeps of each, a few hundred bytes).
-    pub fn list_map<K: DeserializeOwned, F>(
-        &self,
-        keep: impl Fn(&str) -> bool,
-        mut each: impl FnMut(K) -> Option<F>,
-    ) -> Vec<F> {
         let Ok(inner) = self.inner.read() else {
             return Vec::new();
         };
@@ -339,8 +328,35 @@ impl CompactStore {
             .objects
             .iter()
             .filter(|((ns, _), _)| keep(ns))
-            .filter_map(|(_, entry)| decode(&entry.text).and_then(&mut each))
+            .filter_map(|(_, entry)| decode(&entry.text))
             .collect()
+    }
+
+    /// Every object `keep` accepts by namespace, each made into an `F` by `each` as soon as
+    /// it is parsed: only the `F`s are held, never every parsed object at once (10,000
+    /// PersistentVolumes parsed whole are tens of MiB; what a reader keeps of each, a few
+    /// hundred bytes). Unlike [`list`](Self::list), an object that does not parse as `K` is
+    /// an error: a reader that judges what is missing (the volume audit) must not take an
+    /// object it could not read for one that is not there. `each` runs under the store's
+    /// read lock: it must not write to the store.
+    pub fn list_map<K: DeserializeOwned, F>(
+        &self,
+        keep: impl Fn(&str) -> bool,
+        mut each: impl FnMut(K) -> Option<F>,
+    ) -> Result<Vec<F>, Unparsed> {
+        let Ok(inner) = self.inner.read() else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for ((namespace, name), entry) in inner.objects.iter().filter(|((ns, _), _)| keep(ns)) {
+            let object = serde_json::from_str(&entry.text).map_err(|source| Unparsed {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                source,
+            })?;
+            out.extend(each(object));
+        }
+        Ok(out)
     }
 
     /// [`list`](Self::list), each object parsed into `K` and made into an `F` by `each`, but
@@ -435,6 +451,19 @@ fn encode(obj: &DynamicObject) -> Option<Text> {
     }
 }
 
+/// A cached object that did not parse as the type a reader asked for.
+#[derive(Debug, thiserror::Error)]
+#[error("cached object {namespace}/{name}: {source}")]
+pub struct Unparsed {
+    /// Its namespace (empty for a cluster-scoped object).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Why it did not parse.
+    #[source]
+    pub source: serde_json::Error,
+}
+
 fn decode<K: DeserializeOwned>(text: &str) -> Option<K> {
     serde_json::from_str(text).ok()
 }
@@ -503,22 +532,25 @@ mod tests {
             ("a", "one", "1"),
             ("a", "two", "2"),
             ("a", "three", "3"),
-            ("b", "four", "4"),
+            ("b", "five", "5"),
         ] {
             store.apply(&Event::InitApply(cm(ns, name, v)));
         }
         store.apply(&Event::InitDone);
-        let mut odd: Vec<String> = store.list_map(
-            |ns| ns == "a",
-            |o: k8s_openapi::api::core::v1::ConfigMap| {
-                let v = o.data?.remove("k")?;
-                (v.parse::<u32>().ok()? % 2 == 1).then_some(v)
-            },
-        );
-        odd.sort();
-        assert_eq!(odd, ["1", "3"]);
+        let odd = |o: k8s_openapi::api::core::v1::ConfigMap| {
+            let v = o.data?.remove("k")?;
+            (v.parse::<u32>().ok()? % 2 == 1).then_some(v)
+        };
+        let mut in_a: Vec<String> = store.list_map(|ns| ns == "a", odd).unwrap();
+        in_a.sort();
+        assert_eq!(in_a, ["1", "3"], "b's five is odd but outside `keep`");
         let all: Vec<k8s_openapi::api::core::v1::ConfigMap> = store.list(|_| true);
         assert_eq!(all.len(), 4);
+        // An object that is not a `K` is an error, not a gap in the list.
+        let err = store
+            .list_map(|ns| ns == "b", |n: Vec<u8>| Some(n.len()))
+            .expect_err("a ConfigMap is not a list of bytes");
+        assert_eq!((err.namespace.as_str(), err.name.as_str()), ("b", "five"));
     }
 
     #[test]

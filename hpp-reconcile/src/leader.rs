@@ -15,8 +15,9 @@
 //! A holder cut off from the API server must also stop acting before another candidate takes
 //! over, as client-go's renew deadline makes it: once its renewals have failed, or gone
 //! unanswered, for half the grace period (the lease then has about half the grace left), it
-//! reports the lease lost; no call waits longer than that for an answer. When the API server
-//! answers again it renews the lease it still holds, or waits like any candidate.
+//! reports the lease lost: a renewal that goes unanswered is given up when the hold runs
+//! out. When the API server answers again it renews the lease it still holds, or waits like
+//! any candidate.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -426,7 +427,9 @@ async fn campaign(api: Api<Lease>, s: LeaseSettings, sender: watch::Sender<bool>
                 let (held, pause) = match round {
                     Round::Held => {
                         renewed = started;
-                        (true, renew_every)
+                        // Counted from the round's start, so a slow round does not eat into
+                        // the next one's time before the hold runs out.
+                        (true, (started + renew_every).saturating_duration_since(Instant::now()))
                     }
                     Round::Waiting => (false, poll),
                     Round::Raced => (leading, FIRST_RETRY),

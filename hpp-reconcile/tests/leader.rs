@@ -14,10 +14,11 @@ const LEASE: &str = "test-lock";
 const HANG: Duration = Duration::from_secs(60);
 
 fn settings(identity: &str) -> LeaseSettings {
-    // Short leases so a lapse takes seconds; each candidate writes with its own field manager
-    // so a test can cut off one candidate's renewals.
+    // Short leases so a lapse takes seconds (renewed every 2 s, each renewal given 1 s before
+    // the hold runs out, room enough on a loaded machine); each candidate writes with its own
+    // field manager so a test can cut off one candidate's renewals.
     LeaseSettings::new(LEASE, NS, identity)
-        .with_timing(2, 1)
+        .with_timing(4, 2)
         .with_field_manager(format!("candidate-{identity}"))
 }
 

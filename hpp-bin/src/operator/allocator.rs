@@ -41,7 +41,9 @@ impl Collector for AllocatorBytes {
     }
 }
 
-/// Adds `hpp_operator_allocator_bytes{state}` to `registry` (no series without jemalloc).
+/// Adds `hpp_operator_allocator_bytes{state}` to `registry`. The figures are jemalloc's: in a
+/// process whose global allocator is another (a test, an embedder's executable) they count
+/// next to nothing.
 pub fn register(registry: &mut Registry) {
     registry.register_collector(Box::new(AllocatorBytes));
 }

@@ -228,8 +228,10 @@ pub async fn run_with_client(
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(None::<bool>);
         let mut lost_rx = stop_rx.clone();
         let until_stop = shutdown.clone();
+        // Told when the controller has stopped: until then the lease is watched, shutdown or not.
+        let (stopped_tx, stopped_rx) = tokio::sync::oneshot::channel::<()>();
         let watcher = tokio::spawn(async move {
-            let lost = tokio::select! {
+            let mut lost = tokio::select! {
                 () = election.lost() => {
                     warn!("lost leadership, stopping");
                     true
@@ -237,6 +239,17 @@ pub async fn run_with_client(
                 () = until_stop => false,
             };
             let _ = stop_tx.send(Some(lost));
+            if !lost {
+                // Stopping gracefully: the passes running finish, unless the lease goes first.
+                tokio::select! {
+                    () = election.lost() => {
+                        warn!("lost leadership while stopping");
+                        lost = true;
+                        let _ = stop_tx.send(Some(true));
+                    }
+                    _ = stopped_rx => {}
+                }
+            }
             (election, lost)
         });
         let stop = async move {
@@ -247,7 +260,7 @@ pub async fn run_with_client(
                 futures::future::pending::<()>().await;
             }
         };
-        (stop.boxed(), lost.boxed(), Some(watcher))
+        (stop.boxed(), lost.boxed(), Some((watcher, stopped_tx)))
     };
     let tls_source = policy.clone();
     let ctx =
@@ -267,7 +280,8 @@ pub async fn run_with_client(
         () = lost => warn!("leadership lost: passes still running are abandoned"),
     }
     let mut lost = false;
-    if let Some(watcher) = election {
+    if let Some((watcher, stopped)) = election {
+        let _ = stopped.send(());
         match watcher.await {
             Ok((election, was_lost)) => {
                 lost = was_lost;
@@ -512,6 +526,47 @@ mod tests {
             .unwrap();
         let err = ended.expect_err("a lost lease is an error");
         assert!(err.downcast_ref::<LeadershipLost>().is_some(), "{err:#}");
+        fake.set_unresponsive(false);
+    }
+
+    /// Asked to stop while a pass waits on an API server that does not answer: the pass is
+    /// waited for only while the lease holds, then dropped.
+    #[tokio::test]
+    async fn a_leader_stopping_while_its_api_server_does_not_answer_ends_once_its_lease_lapses() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let fake = hpp_reconcile::testkit::FakeApiServer::new();
+        fake.register::<hpp_api::HostPathProvisioner>(false, true);
+        let (_addr, stop, task) = standby(&fake).await;
+        let watching_crs = |f: &hpp_reconcile::testkit::FakeApiServer| {
+            f.requests()
+                .iter()
+                .any(|r| r.path.ends_with("/hostpathprovisioners") && r.query.contains("watch=true"))
+        };
+        tokio::time::timeout(
+            std::time::Duration::from_secs(120),
+            fake.wait_until(|f| lease_holder(f).as_deref() == Some("hpp-pod") && watching_crs(f)),
+        )
+        .await
+        .expect("the lease is taken and the CRs watched");
+        fake.set_unresponsive(true);
+        let cr: hpp_api::HostPathProvisioner = serde_json::from_value(serde_json::json!({
+            "apiVersion": "hostpathprovisioner.kubevirt.io/v1beta1",
+            "kind": "HostPathProvisioner",
+            "metadata": {"name": "hostpath-provisioner"},
+            "spec": {"imagePullPolicy": "IfNotPresent",
+                     "storagePools": [{"name": "local", "path": "/var/hpvolumes"}],
+                     "workload": {}},
+        }))
+        .unwrap();
+        fake.seed(&cr);
+        // The pass has started and waits on its first call.
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let _ = stop.send(());
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(120), task)
+            .await
+            .expect("the operator stops once its lease goes unrenewed, whatever waits on the API server")
+            .unwrap();
+        assert!(ended.is_err(), "the lease was lost while stopping");
         fake.set_unresponsive(false);
     }
 
