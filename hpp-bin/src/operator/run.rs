@@ -489,15 +489,9 @@ mod tests {
         assert!(err.downcast_ref::<LeadershipLost>().is_some(), "{err:#}");
     }
 
-    /// An API server that stops answering (a partition) fails no call: the lease calls must
-    /// give up on their own, and a pass waiting on its calls must not keep the process from
-    /// ending. The CR arrives while nothing is answered, so its pass waits on its first call.
-    #[tokio::test]
-    async fn a_leader_whose_api_server_stops_answering_exits_with_an_error() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let fake = hpp_reconcile::testkit::FakeApiServer::new();
-        fake.register::<hpp_api::HostPathProvisioner>(false, true);
-        let (_addr, _stop, task) = standby(&fake).await;
+    /// Waits until the operator leads and watches the CRs, then stops answering and lets a CR
+    /// arrive: its pass waits on its first call.
+    async fn silent_with_a_cr_arriving(fake: &hpp_reconcile::testkit::FakeApiServer) {
         let watching_crs = |f: &hpp_reconcile::testkit::FakeApiServer| {
             f.requests()
                 .iter()
@@ -520,6 +514,18 @@ mod tests {
         }))
         .unwrap();
         fake.seed(&cr);
+    }
+
+    /// An API server that stops answering (a partition) fails no call: the lease calls must
+    /// give up on their own, and a pass waiting on its calls must not keep the process from
+    /// ending. The CR arrives while nothing is answered, so its pass waits on its first call.
+    #[tokio::test]
+    async fn a_leader_whose_api_server_stops_answering_exits_with_an_error() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let fake = hpp_reconcile::testkit::FakeApiServer::new();
+        fake.register::<hpp_api::HostPathProvisioner>(false, true);
+        let (_addr, _stop, task) = standby(&fake).await;
+        silent_with_a_cr_arriving(&fake).await;
         let ended = tokio::time::timeout(std::time::Duration::from_secs(120), task)
             .await
             .expect("the operator stops once its lease goes unrenewed, whatever waits on the API server")
@@ -537,28 +543,7 @@ mod tests {
         let fake = hpp_reconcile::testkit::FakeApiServer::new();
         fake.register::<hpp_api::HostPathProvisioner>(false, true);
         let (_addr, stop, task) = standby(&fake).await;
-        let watching_crs = |f: &hpp_reconcile::testkit::FakeApiServer| {
-            f.requests()
-                .iter()
-                .any(|r| r.path.ends_with("/hostpathprovisioners") && r.query.contains("watch=true"))
-        };
-        tokio::time::timeout(
-            std::time::Duration::from_secs(120),
-            fake.wait_until(|f| lease_holder(f).as_deref() == Some("hpp-pod") && watching_crs(f)),
-        )
-        .await
-        .expect("the lease is taken and the CRs watched");
-        fake.set_unresponsive(true);
-        let cr: hpp_api::HostPathProvisioner = serde_json::from_value(serde_json::json!({
-            "apiVersion": "hostpathprovisioner.kubevirt.io/v1beta1",
-            "kind": "HostPathProvisioner",
-            "metadata": {"name": "hostpath-provisioner"},
-            "spec": {"imagePullPolicy": "IfNotPresent",
-                     "storagePools": [{"name": "local", "path": "/var/hpvolumes"}],
-                     "workload": {}},
-        }))
-        .unwrap();
-        fake.seed(&cr);
+        silent_with_a_cr_arriving(&fake).await;
         // The pass has started and waits on its first call.
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
         let _ = stop.send(());
