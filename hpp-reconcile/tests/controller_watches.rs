@@ -364,6 +364,36 @@ async fn a_quiet_cluster_runs_no_passes_and_discovery_is_remembered() {
     controller.stop().await;
 }
 
+/// Scale (issue 31): an install writes each per-node object once (a claim's create, a
+/// mounter's apply) and asks nothing else about them: the synced caches say what exists.
+#[tokio::test]
+async fn an_install_costs_one_request_per_per_node_object() {
+    let nodes = ["node01", "node02", "node03", "node04", "node05"];
+    let env = Env::new("hostpathprovisioner_pvctemplate_cr", &nodes);
+    env.fake.clear_requests();
+    let controller = Running::start(&env);
+    installed(&env, nodes.len()).await;
+    let per_node: Vec<String> = env
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| !r.query.contains("watch=true"))
+        .filter(|r| {
+            let claims = r.path.contains("/namespaces/") && r.path.contains("/persistentvolumeclaims");
+            let listing =
+                r.method == "GET" && (r.path.ends_with("/persistentvolumeclaims") || r.path.ends_with("/deployments"));
+            (claims || r.path.contains("/deployments/hpp-pool-")) && !listing
+        })
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert_eq!(
+        per_node.len(),
+        2 * nodes.len(),
+        "a claim and a mounter per node, one request each: {per_node:#?}"
+    );
+    controller.stop().await;
+}
+
 /// Scale (issue 31): an hour of a quiet cluster, in paused time, with every kubelet's
 /// heartbeat every 10 s. The API server ends every watch after the timeout the client asks
 /// for (kube asks for 290 s) and, as its watch cache, keeps 75 s of events: the watches come
