@@ -550,11 +550,7 @@ impl Applier {
         }
         let mut out = Vec::new();
         for obj in self.list_from_api(kind, selector, namespace).await? {
-            let what = format!("{} {}", kind.kind, obj.metadata.name.as_deref().unwrap_or_default());
-            let typed = serde_json::to_value(obj)
-                .and_then(serde_json::from_value)
-                .map_err(|source| Error::Serialize { what, source })?;
-            out.extend(each(typed));
+            out.extend(each(crate::gather::typed(obj)?));
         }
         Ok(out)
     }

@@ -231,11 +231,16 @@ fn renew_deadline(settings: &LeaseSettings) -> Duration {
     Duration::from_millis(settings.grace_seconds.saturating_mul(500))
 }
 
+/// How often a holder renews: `grace_seconds` before its lease would lapse.
+fn renew_interval(settings: &LeaseSettings) -> Duration {
+    Duration::from_secs(settings.duration_seconds.saturating_sub(settings.grace_seconds))
+}
+
 /// How long after its last renewal a holder stops acting unless it renewed again: the time
 /// until its next renewal plus [`renew_deadline`] (12.5 s by default), half the grace before
 /// the lease can pass to another candidate, whose clock starts no earlier than the renewal.
 fn hold_limit(settings: &LeaseSettings) -> Duration {
-    Duration::from_secs(settings.duration_seconds.saturating_sub(settings.grace_seconds)) + renew_deadline(settings)
+    renew_interval(settings) + renew_deadline(settings)
 }
 
 /// What a candidate does with the Lease it read.
@@ -399,7 +404,7 @@ async fn bounded<T>(until: Instant, call: impl Future<Output = Result<T, kube::E
 /// each change of leadership, and `false` once the lease has gone unrenewed for
 /// [`hold_limit`] while leading: whether the calls failed or were never answered.
 async fn campaign(api: Api<Lease>, s: LeaseSettings, sender: watch::Sender<bool>) -> Result<(), kube::Error> {
-    let renew_every = Duration::from_secs(s.duration_seconds.saturating_sub(s.grace_seconds));
+    let renew_every = renew_interval(&s);
     let poll = RETRY_PERIOD.min(Duration::from_millis(s.duration_seconds.saturating_mul(500)));
     let hold = hold_limit(&s);
     let mut observed = None;
@@ -411,11 +416,11 @@ async fn campaign(api: Api<Lease>, s: LeaseSettings, sender: watch::Sender<bool>
         let leading = *sender.borrow();
         // A holder's round may not outlast its hold on the lease; a waiting candidate's gets
         // as long (it only delays its next look).
+        let started = Instant::now();
         let until = match leading {
             true => renewed + hold,
-            false => Instant::now() + hold,
+            false => started + hold,
         };
-        let started = Instant::now();
         let result = tokio::select! {
             biased;
             () = sender.closed() => break,

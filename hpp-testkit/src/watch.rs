@@ -117,20 +117,15 @@ pub(crate) fn start(state: &State, req: WatchRequest) -> FakeBody {
         );
     }
     if req.send_initial_events {
-        first.push(json!({"type": "BOOKMARK", "object": {
-            "apiVersion": req.filter.kind.ar.api_version,
-            "kind": req.filter.kind.ar.kind,
-            "metadata": {
-                "resourceVersion": state.rv.to_string(),
-                "annotations": {"k8s.io/initial-events-end": "true"}
-            }
-        }}));
+        let mut end = bookmark(&req.filter, state.rv);
+        end["object"]["metadata"]["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+        first.push(end);
     }
     match state.subscribe_from(from) {
         Ok((backlog, live)) => {
             first.extend(backlog.iter().filter_map(|ev| req.filter.render(ev)));
             let bookmarks = req.bookmarks.then_some(state.rv);
-            tokio::spawn(pump(tx, first, live, req.filter, (req.timeout, bookmarks), down));
+            tokio::spawn(pump(tx, first, live, req.filter, req.timeout, bookmarks, down));
         }
         Err(floor) => {
             let gone = ApiError::from_code(410, format!("too old resource version: {from} ({floor})"));
@@ -160,7 +155,8 @@ async fn pump(
     first: Vec<Value>,
     mut live: broadcast::Receiver<Arc<StoredEvent>>,
     filter: WatchFilter,
-    (timeout, bookmarks): (Duration, Option<u64>),
+    timeout: Duration,
+    bookmarks: Option<u64>,
     mut down: watch::Receiver<u64>,
 ) {
     let deadline = tokio::time::sleep(timeout);
