@@ -732,3 +732,43 @@ async fn an_unreadable_pool_judges_none_of_its_volumes() {
     );
     assert!(cluster.events(REASON_VOLUME_MISSING).is_empty());
 }
+
+/// A driver that takes the request and then neither answers nor closes (a hung node): the
+/// audit gives up after its timeout and lets the connection go, rather than keeping a task and
+/// a socket per hung node for good.
+#[tokio::test]
+async fn a_request_that_times_out_closes_its_connection() {
+    use tokio::io::AsyncReadExt;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls_config());
+    let server = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let mut tls = acceptor.accept(tcp).await.unwrap();
+        // Reads the request and whatever follows until the client closes: never answers.
+        let mut buf = vec![0u8; 4096];
+        let mut read = 0;
+        loop {
+            match tls.read(&mut buf).await {
+                Ok(0) | Err(_) => return read,
+                Ok(n) => read += n,
+            }
+        }
+    });
+    let client =
+        hpp_reconcile::reconcilers::volume_audit::fetch::ReportClient::new("token", Duration::from_millis(300))
+            .unwrap();
+    let answer = client.get(addr, "/volumes").await;
+    assert!(
+        matches!(
+            answer,
+            Err(hpp_reconcile::reconcilers::volume_audit::fetch::FetchError::Timeout { .. })
+        ),
+        "{answer:?}"
+    );
+    let read = tokio::time::timeout(Duration::from_secs(20), server)
+        .await
+        .expect("the connection is still open after the request timed out")
+        .unwrap();
+    assert!(read > 0, "the request never reached the server");
+}

@@ -19,6 +19,7 @@ use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+use tokio_util::task::AbortOnDropHandle;
 
 /// Largest report body read (a node with 100,000 volumes sends about 10 MB).
 pub const MAX_REPORT_BYTES: usize = 64 * 1024 * 1024;
@@ -184,15 +185,17 @@ impl ReportClient {
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
             .map_err(|source| FetchError::Http { addr, source })?;
-        // Drives the connection until the answer is read; dropped with this future.
-        let driver = tokio::spawn(connection);
+        // Drives the connection until the answer is read. Aborted when this future is
+        // dropped too (the caller's timeout): a peer that never answers nor closes would
+        // otherwise keep the task and its socket for good.
+        let _driver = AbortOnDropHandle::new(tokio::spawn(connection));
         let request = http::Request::get(target)
             .header(http::header::HOST, addr.to_string())
             .header(http::header::AUTHORIZATION, self.authorization.clone())
             .header(http::header::ACCEPT, "application/json")
             .body(Empty::<Bytes>::new())
             .map_err(|e| FetchError::Request(e.to_string()))?;
-        let result = async {
+        async {
             let response = sender
                 .send_request(request)
                 .await
@@ -218,9 +221,7 @@ impl ReportClient {
                 detail: e.to_string(),
             })
         }
-        .await;
-        driver.abort();
-        result
+        .await
     }
 }
 
