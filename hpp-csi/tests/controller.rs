@@ -393,6 +393,46 @@ async fn list_volumes_paginates_over_many_pages() {
     h.stop().await;
 }
 
+/// A CO asking for every volume at once (`max_entries` 0, as the external health monitor
+/// does) gets them over pages that each fit a gRPC client's default 4 MiB receive limit
+/// (tonic's too, so this client refuses a larger answer), not one message it cannot read.
+#[tokio::test]
+async fn listing_every_volume_at_once_pages_under_the_grpc_message_limit() {
+    let mut h = Harness::start().await;
+    // 14,000 ids of the longest length: about 5 MiB of entries. Made as directories, as
+    // KubeVirt's driver left them.
+    let long = "a".repeat(hpp_csi::pool::validate::MAX_ID_LEN - 10);
+    let mut ids: Vec<String> = (0..14_000).map(|i| format!("pvc-{long}{i:06}")).collect();
+    for id in &ids {
+        std::fs::create_dir(h.pool_path().join(id)).unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    let mut pages = 0;
+    loop {
+        let resp = h
+            .controller
+            .list_volumes(csi::ListVolumesRequest {
+                max_entries: 0,
+                starting_token: token.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        pages += 1;
+        assert!(prost::Message::encoded_len(&resp) <= 4 * 1024 * 1024);
+        seen.extend(resp.entries.into_iter().map(|e| e.volume.unwrap().volume_id));
+        if resp.next_token.is_empty() {
+            break;
+        }
+        token = resp.next_token;
+    }
+    assert_eq!(pages, 2, "about 5 MiB of entries take two pages");
+    ids.sort();
+    assert_eq!(seen, ids);
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn kubevirt_snapshot_dir_inside_pool_is_not_a_volume() {
     let mut h = Harness::with(|root, b| {

@@ -452,19 +452,16 @@ impl ControllerService {
             });
         }
         let pools = &self.state.pools;
+        let topology = self.state.topology();
         let page = pagination::page_of(
             all.slots(),
             |e| pool_key(all.id(e), &pools[e.pool()].name),
             req.max_entries,
             &req.starting_token,
-        )?;
-        let topology = self.state.topology();
-        let entries = page
-            .items
-            .into_iter()
-            .map(|e| csi::list_volumes_response::Entry {
+            pagination::MAX_PAGE_BYTES,
+            |e| csi::list_volumes_response::Entry {
                 volume: Some(caps::volume(
-                    all.id(&e),
+                    all.id(e),
                     &pools[e.pool()],
                     e.size().unwrap_or_else(|| caps::listed_capacity(&health[e.pool()])),
                     Default::default(),
@@ -475,15 +472,15 @@ impl ControllerService {
                     published_node_ids: vec![self.state.node_id.clone()],
                     volume_condition: Some(caps::condition(&health[e.pool()], true)),
                 }),
-            })
-            .collect();
+            },
+        )?;
         // The walk is over: the view goes now, not at the next walk (at 100,000 volumes it
         // is a few MiB, and glibc keeps freed pages until asked).
         if page.next_token.is_empty() {
             Listings::release_after(self.state.listings.finished(all));
         }
         Ok(csi::ListVolumesResponse {
-            entries,
+            entries: page.items,
             next_token: page.next_token,
         })
     }
@@ -616,15 +613,13 @@ impl ControllerService {
             |(_, s)| pool_key(&s.id, &s.pool),
             req.max_entries,
             &req.starting_token,
+            pagination::MAX_PAGE_BYTES,
+            |(size, s)| csi::list_snapshots_response::Entry {
+                snapshot: Some(snapshot_message(s, *size)),
+            },
         )?;
         Ok(csi::ListSnapshotsResponse {
-            entries: page
-                .items
-                .iter()
-                .map(|(size, s)| csi::list_snapshots_response::Entry {
-                    snapshot: Some(snapshot_message(s, *size)),
-                })
-                .collect(),
+            entries: page.items,
             next_token: page.next_token,
         })
     }

@@ -7,11 +7,18 @@
 
 use crate::error::{Error, Result};
 
-/// One page of `items`.
+/// The most bytes of entries one response carries. gRPC clients refuse a larger message by
+/// default (4 MiB in grpc-go: the CSI sidecars, csi-sanity), so a CO that asks for every entry
+/// (`max_entries` 0, as the external health monitor does) or for more than fit gets them over
+/// several pages instead of an error on every call: at 100,000 volumes a single answer would be
+/// about 18 MiB. The rest of a response (its `next_token`) is far under the 4 KiB left.
+pub const MAX_PAGE_BYTES: usize = 4 * 1024 * 1024 - 4 * 1024;
+
+/// One page of entries.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Page<T> {
+pub struct Page<U> {
     /// Entries of this page.
-    pub items: Vec<T>,
+    pub items: Vec<U>,
     /// Token for the next page; empty when this is the last.
     pub next_token: String,
 }
@@ -19,27 +26,34 @@ pub struct Page<T> {
 /// Sort key of an object that lives in a pool.
 pub type Key = (String, String);
 
-/// Cuts a page out of `items`, sorted here by `key`, starting at the first item whose key is
-/// `>=` the key in `starting_token`. `max_entries == 0` means no limit; negative is invalid.
-pub fn paginate<T: Clone>(
+/// Cuts a page out of `items`, sorted here by `key`: see [`page_of`].
+pub fn paginate<T, U: prost::Message>(
     mut items: Vec<T>,
     key: impl Fn(&T) -> Key,
     max_entries: i32,
     starting_token: &str,
-) -> Result<Page<T>> {
+    budget: usize,
+    build: impl FnMut(&T) -> U,
+) -> Result<Page<U>> {
     items.sort_by_cached_key(&key);
-    page_of(&items, key, max_entries, starting_token)
+    page_of(&items, key, max_entries, starting_token, budget, build)
 }
 
-/// [`paginate`] over items already sorted by `key`: finds the page's start by binary search
-/// and copies out only that page, so walking every page of a large listing costs one pass,
-/// not one per page.
-pub fn page_of<T: Clone>(
+/// The page of `sorted` (sorted by `key`) that starts at the first item whose key is `>=` the
+/// key in `starting_token`, each item made into its entry by `build`. It ends after
+/// `max_entries` entries (0: no limit; negative is invalid) or before the entry that would
+/// take the page's encoded entries past `budget` bytes, whichever comes first; a page always
+/// holds at least one entry, so a walk always ends. The start is found by binary search and
+/// only this page's entries are built, so walking every page of a large listing costs one
+/// pass, not one per page.
+pub fn page_of<T, U: prost::Message>(
     sorted: &[T],
     key: impl Fn(&T) -> Key,
     max_entries: i32,
     starting_token: &str,
-) -> Result<Page<T>> {
+    budget: usize,
+    mut build: impl FnMut(&T) -> U,
+) -> Result<Page<U>> {
     if max_entries < 0 {
         return Err(Error::InvalidArgument(format!(
             "max_entries must not be negative, got {max_entries}"
@@ -56,16 +70,25 @@ pub fn page_of<T: Clone>(
         sorted.partition_point(|t| key(t) < start)
     };
     let rest = sorted.get(first..).unwrap_or_default();
-    let limit = usize::try_from(max_entries).unwrap_or(0);
-    if limit == 0 || rest.len() <= limit {
-        return Ok(Page {
-            items: rest.to_vec(),
-            next_token: String::new(),
-        });
+    let limit = match usize::try_from(max_entries).unwrap_or(0) {
+        0 => rest.len(),
+        n => n.min(rest.len()),
+    };
+    let mut items = Vec::with_capacity(limit.min(1024));
+    let mut bytes = 0usize;
+    for item in &rest[..limit] {
+        let entry = build(item);
+        // A repeated message field: one byte of tag, the length, the message.
+        let len = entry.encoded_len();
+        bytes += 1 + prost::encoding::encoded_len_varint(len as u64) + len;
+        if bytes > budget && !items.is_empty() {
+            break;
+        }
+        items.push(entry);
     }
     Ok(Page {
-        items: rest[..limit].to_vec(),
-        next_token: rest.get(limit).map(|t| encode(&key(t))).unwrap_or_default(),
+        next_token: rest.get(items.len()).map(|t| encode(&key(t))).unwrap_or_default(),
+        items,
     })
 }
 
@@ -91,6 +114,27 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
 
+    /// The entry built for a key in these tests: the key, encoded.
+    fn entry(k: &Key) -> crate::csi::VolumeCondition {
+        crate::csi::VolumeCondition {
+            abnormal: false,
+            message: encode(k),
+        }
+    }
+
+    /// [`paginate`] without a byte budget, its entries read back as keys.
+    fn paginate_keys(items: Vec<Key>, size: i32, token: &str) -> Result<Page<Key>> {
+        paginate_within(items, size, token, usize::MAX)
+    }
+
+    fn paginate_within(items: Vec<Key>, size: i32, token: &str, budget: usize) -> Result<Page<Key>> {
+        let page = paginate(items, |s| s.clone(), size, token, budget, entry)?;
+        Ok(Page {
+            items: page.items.iter().map(|e| parse_token(&e.message).unwrap()).collect(),
+            next_token: page.next_token,
+        })
+    }
+
     fn keys(n: usize) -> Vec<Key> {
         let mut v: Vec<Key> = (0..n).map(|i| pool_key(&format!("pvc-{i:03}"), "p")).collect();
         v.sort();
@@ -102,7 +146,7 @@ mod tests {
         let mut seen = Vec::new();
         let mut token = String::new();
         for _ in 0..=all.len() + 1 {
-            let page = paginate(all.to_vec(), |s| s.clone(), size, &token).unwrap();
+            let page = paginate_keys(all.to_vec(), size, &token).unwrap();
             seen.extend(page.items);
             if page.next_token.is_empty() {
                 return seen;
@@ -143,7 +187,7 @@ mod tests {
         #[test]
         fn garbage_tokens_are_refused(token in ".{1,40}") {
             if parse_token(&token).is_none() {
-                proptest::prop_assert!(matches!(paginate(keys(3), |s| s.clone(), 1, &token), Err(Error::Aborted(_))));
+                proptest::prop_assert!(matches!(paginate_keys(keys(3), 1, &token), Err(Error::Aborted(_))));
             }
         }
     }
@@ -157,29 +201,50 @@ mod tests {
     #[test]
     fn exact_multiple_and_one_remaining() {
         let all = keys(8);
-        let p = paginate(all.clone(), |s| s.clone(), 4, "").unwrap();
+        let p = paginate_keys(all.clone(), 4, "").unwrap();
         assert_eq!(p.items.len(), 4);
-        let p2 = paginate(all.clone(), |s| s.clone(), 4, &p.next_token).unwrap();
+        let p2 = paginate_keys(all.clone(), 4, &p.next_token).unwrap();
         assert_eq!(p2.items.len(), 4);
         assert!(p2.next_token.is_empty());
-        let p = paginate(keys(5), |s| s.clone(), 4, "").unwrap();
+        let p = paginate_keys(keys(5), 4, "").unwrap();
         assert!(!p.next_token.is_empty(), "one remaining entry still needs a token");
     }
 
     #[test]
     fn survives_deletion_of_the_token_entry_and_rejects_garbage() {
         let mut all = keys(6);
-        let p = paginate(all.clone(), |s| s.clone(), 3, "").unwrap();
+        let p = paginate_keys(all.clone(), 3, "").unwrap();
         all.retain(|k| encode(k) != p.next_token);
-        let p2 = paginate(all, |s| s.clone(), 3, &p.next_token).unwrap();
+        let p2 = paginate_keys(all, 3, &p.next_token).unwrap();
         assert_eq!(p2.items.len(), 2);
-        assert!(matches!(
-            paginate(keys(3), |s| s.clone(), 1, "17"),
-            Err(Error::Aborted(_))
-        ));
-        assert!(matches!(
-            paginate(keys(3), |s| s.clone(), -1, ""),
-            Err(Error::InvalidArgument(_))
-        ));
+        assert!(matches!(paginate_keys(keys(3), 1, "17"), Err(Error::Aborted(_))));
+        assert!(matches!(paginate_keys(keys(3), -1, ""), Err(Error::InvalidArgument(_))));
+    }
+
+    /// Entries past the byte budget go to the next page, whatever `max_entries` allows (0
+    /// too), and every entry still comes back exactly once; one entry larger than the budget
+    /// is a page of its own rather than a walk that never ends.
+    #[test]
+    fn a_page_ends_before_the_entry_that_would_pass_the_byte_budget() {
+        let all = keys(10);
+        // Each entry: "pvc-000/p" (9 bytes) as a message field (2 + 9), framed (1 + 1 + 11).
+        let framed = 13;
+        for size in [0, 4, 100] {
+            let p = paginate_within(all.clone(), size, "", 3 * framed).unwrap();
+            assert_eq!(p.items, all[..3], "max_entries {size}");
+            assert_eq!(p.next_token, encode(&all[3]));
+        }
+        let mut token = String::new();
+        let mut seen = Vec::new();
+        loop {
+            let p = paginate_within(all.clone(), 0, &token, 1).unwrap();
+            assert_eq!(p.items.len(), 1);
+            seen.extend(p.items);
+            if p.next_token.is_empty() {
+                break;
+            }
+            token = p.next_token;
+        }
+        assert_eq!(seen, all);
     }
 }
