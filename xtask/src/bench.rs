@@ -891,23 +891,43 @@ pub(crate) async fn fill(ch: &Channel, total: usize) -> anyhow::Result<Stats> {
     .await
 }
 
-/// Lists every volume in pages of 500; returns how many and how long it took.
+/// Walks every ListVolumes page of 500: the volumes listed and the wall time.
 pub(crate) async fn list_all(ch: &Channel) -> anyhow::Result<(usize, Duration)> {
+    let walk = list_in_pages_of(ch, 500).await?;
+    Ok((walk.listed, walk.wall))
+}
+
+/// One walk of every ListVolumes page.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Walk {
+    pub listed: usize,
+    pub pages: usize,
+    pub wall: Duration,
+}
+
+/// Walks every ListVolumes page asking for `max_entries` a page (0: as many as the driver
+/// sends, as the health monitor asks).
+pub(crate) async fn list_in_pages_of(ch: &Channel, max_entries: i32) -> anyhow::Result<Walk> {
     let mut c = ControllerClient::new(ch.clone());
-    let (mut token, mut listed) = (String::new(), 0);
+    let (mut token, mut listed, mut pages) = (String::new(), 0, 0);
     let start = Instant::now();
     loop {
         let r = c
             .list_volumes(csi::ListVolumesRequest {
-                max_entries: 500,
+                max_entries,
                 starting_token: token,
             })
             .await
             .context("ListVolumes")?
             .into_inner();
         listed += r.entries.len();
+        pages += 1;
         if r.next_token.is_empty() {
-            return Ok((listed, start.elapsed()));
+            return Ok(Walk {
+                listed,
+                pages,
+                wall: start.elapsed(),
+            });
         }
         token = r.next_token;
     }

@@ -32,6 +32,11 @@ struct AtSize {
     first_walk: Duration,
     /// The driver's own CPU over the listing (the client's decoding is in `list_all`).
     list_cpu: Duration,
+    /// The median walk asking for every volume at once (`max_entries` 0, as the health
+    /// monitor does), its driver CPU and how many pages the driver answered with.
+    list_unbounded: Duration,
+    list_unbounded_cpu: Duration,
+    unbounded_pages: usize,
     listed: usize,
     rss_after_start: u64,
     rss_after_list: u64,
@@ -104,6 +109,17 @@ async fn at_size(dir: &Path, n: usize, cold: bool, args: &Args) -> anyhow::Resul
     let first_walk = walls.first().copied().unwrap_or_default();
     let (list_all, list_cpu) = (median(walls), median(cpus));
     anyhow::ensure!(listed == n, "ListVolumes listed {listed} of {n} volumes");
+    // The health monitor's walk: every volume at once, in as few pages as fit a gRPC client.
+    let (mut walls, mut cpus, mut unbounded_pages) = (Vec::new(), Vec::new(), 0);
+    for _ in 0..LIST_WALKS {
+        let cpu_before = threads_cpu_time(driver.pid());
+        let walk = crate::bench::list_in_pages_of(&driver.channel, 0).await?;
+        cpus.push(threads_cpu_time(driver.pid()).saturating_sub(cpu_before));
+        walls.push(walk.wall);
+        anyhow::ensure!(walk.listed == n, "ListVolumes listed {} of {n} volumes", walk.listed);
+        unbounded_pages = walk.pages;
+    }
+    let (list_unbounded, list_unbounded_cpu) = (median(walls), median(cpus));
     let after_list = ProcStatus::of(driver.pid())?;
     let ops = args.ops();
     let create = crate::bench::each("CreateVolume", ops, 16, controller.clone(), |mut c, i| async move {
@@ -128,6 +144,9 @@ async fn at_size(dir: &Path, n: usize, cold: bool, args: &Args) -> anyhow::Resul
         list_all,
         first_walk,
         list_cpu,
+        list_unbounded,
+        list_unbounded_cpu,
+        unbounded_pages,
         listed,
         rss_after_start,
         rss_after_list: after_list.rss_kib,
@@ -155,12 +174,14 @@ fn print(rows: &[AtSize]) {
     header.push("growth".to_owned());
     let header: Vec<&str> = header.iter().map(String::as_str).collect();
     let mut t = Table::new(&header);
-    let durations: [Measure<Duration>; 7] = [
+    let durations: [Measure<Duration>; 9] = [
         ("start-up until Probe answers", |r| r.ready),
         ("first GetCapacity", |r| r.first_capacity),
         ("ListVolumes, every page of 500, first walk", |r| r.first_walk),
         ("ListVolumes, every page of 500 (median walk)", |r| r.list_all),
         ("  of which the driver's CPU", |r| r.list_cpu),
+        ("ListVolumes, max_entries 0 (median walk)", |r| r.list_unbounded),
+        ("  of which the driver's CPU", |r| r.list_unbounded_cpu),
         ("CreateVolume p50, c=16", |r| r.create.p50),
         ("DeleteVolume p50, c=16", |r| r.delete.p50),
     ];
@@ -194,9 +215,10 @@ fn print(rows: &[AtSize]) {
     println!("{}", t.render());
     for r in rows {
         println!(
-            "  {} volumes: {} listed; {}",
+            "  {} volumes: {} listed; max_entries 0 answered in {} page(s) under the 4 MiB gRPC limit; {}",
             r.volumes,
             r.listed,
+            r.unbounded_pages,
             match r.cold {
                 true => "caches dropped before start-up (start-up, first GetCapacity and first walk from the disk)",
                 false => "caches warm (not root: /proc/sys/vm/drop_caches not writable)",

@@ -7,12 +7,14 @@
 
 use crate::error::{Error, Result};
 
-/// The most bytes of entries one response carries. gRPC clients refuse a larger message by
-/// default (4 MiB in grpc-go: the CSI sidecars, csi-sanity), so a CO that asks for every entry
-/// (`max_entries` 0, as the external health monitor does) or for more than fit gets them over
-/// several pages instead of an error on every call: at 100,000 volumes a single answer would be
-/// about 18 MiB. The rest of a response (its `next_token`) is far under the 4 KiB left.
-pub const MAX_PAGE_BYTES: usize = 4 * 1024 * 1024 - 4 * 1024;
+/// The most bytes of entries one response carries. gRPC clients refuse a message past 4 MiB
+/// by default (grpc-go: the CSI sidecars, csi-sanity; tonic), so a CO that asks for every
+/// entry (`max_entries` 0, as the external health monitor does) or for more than fit gets them
+/// over several pages, where one answer would fail on every call (at 100,000 volumes it would
+/// be about 18 MiB). A page's entries take about five times their encoded size in the
+/// driver's memory while they are built and sent, so pages stay at a quarter of that limit:
+/// 1 MiB, about 5,000 volumes, 20 pages at 100,000.
+pub const MAX_PAGE_BYTES: usize = 1024 * 1024;
 
 /// One page of entries.
 #[derive(Debug, Clone, PartialEq, Eq)]
