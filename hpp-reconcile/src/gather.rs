@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use tracing::warn;
 
 use crate::apply::Applier;
-use crate::cache::{Cache, OptionalApis};
+use crate::cache::{Cache, Changes, OptionalApis};
 use crate::error::{Error, Result};
 use crate::facts::{
     CapacityFact, ClaimFact, ClassFact, CleanupJobFact, ClusterFacts, FactList, MounterFact, NodeFact, VolumeFact,
@@ -178,19 +178,91 @@ fn hpp_volume(pv: VolumeUsageView) -> Option<VolumeFact> {
     })
 }
 
-/// The capacities of the hpp CSI driver's bound PersistentVolumes summed per pool (in the
-/// order of the pools' names, the attribute-less first): a pass copies one sum per pool,
-/// not one fact per PV.
-fn hpp_volumes(pvs: Vec<VolumeFact>) -> FactList<VolumeFact> {
-    let mut per_pool: BTreeMap<Option<String>, u64> = BTreeMap::new();
-    for pv in pvs {
-        let sum = per_pool.entry(pv.pool).or_default();
-        *sum = sum.saturating_add(pv.bytes);
+/// The capacities of the hpp CSI driver's bound PersistentVolumes summed per pool, with how
+/// many PVs each sum holds (a pool whose last PV went is left out, as a sum of none is not
+/// listed). Kept between passes and updated from the PVs that changed ([`fold_volumes`]): a
+/// pass after one of 10,000 PVs changed costs that PV, not a visit of every PV's fact. Exact
+/// in `u128`, so taking a PV out undoes adding it even past `u64::MAX`.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct PoolSums(BTreeMap<Option<String>, (u128, usize)>);
+
+impl PoolSums {
+    fn add(&mut self, pv: VolumeFact) {
+        let (sum, count) = self.0.entry(pv.pool).or_default();
+        *sum += u128::from(pv.bytes);
+        *count += 1;
     }
-    per_pool
-        .into_iter()
-        .map(|(pool, bytes)| VolumeFact { pool, bytes })
-        .collect()
+
+    fn remove(&mut self, pv: &VolumeFact) {
+        if let Some((sum, count)) = self.0.get_mut(&pv.pool) {
+            *sum = sum.saturating_sub(u128::from(pv.bytes));
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.0.remove(&pv.pool);
+            }
+        }
+    }
+
+    /// One fact per pool, in the order of the pools' names (the attribute-less first).
+    fn facts(&self) -> FactList<VolumeFact> {
+        self.0
+            .iter()
+            .map(|(pool, (sum, _))| VolumeFact {
+                pool: pool.clone(),
+                bytes: u64::try_from(*sum).unwrap_or(u64::MAX),
+            })
+            .collect()
+    }
+}
+
+/// The sums of `last` with `changes` applied, or of every PV.
+fn fold_volumes(last: Option<&PoolSums>, changes: Changes<VolumeFact>) -> PoolSums {
+    match (last, changes) {
+        (Some(last), Changes::Changed(changed)) => {
+            let mut sums = last.clone();
+            for (before, after) in changed {
+                if let Some(before) = before {
+                    sums.remove(&before);
+                }
+                if let Some(after) = after {
+                    sums.add(after);
+                }
+            }
+            sums
+        }
+        (Some(last), Changes::Same) => last.clone(),
+        (_, Changes::All(all)) => hpp_volumes(all),
+        (None, _) => PoolSums::default(),
+    }
+}
+
+/// The sums of `pvs`.
+fn hpp_volumes(pvs: Vec<VolumeFact>) -> PoolSums {
+    let mut sums = PoolSums::default();
+    for pv in pvs {
+        sums.add(pv);
+    }
+    sums
+}
+
+/// The hpp PVs' capacities summed per pool: from the watch cache, updated from the PVs that
+/// changed since the last pass ([`Cache::derived_fold`]); else from the API.
+async fn volume_facts(applier: &Applier, namespace: &str) -> Result<FactList<VolumeFact>> {
+    let (kind, selector) = volume_source();
+    let cached = applier
+        .cache()
+        .derived_fold(&kind, &selector, "hpp volumes", |_| true, hpp_volume, fold_volumes);
+    Ok(match cached {
+        Some(sums) => sums.facts(),
+        None => hpp_volumes(
+            list::<VolumeUsageView>(applier, &volume_source(), namespace)
+                .await?
+                .into_iter()
+                .filter_map(hpp_volume)
+                .collect(),
+        )
+        .facts(),
+    })
 }
 
 /// A StorageClass of the hpp CSI driver, with the pool it selects.
@@ -407,17 +479,9 @@ pub async fn gather(applier: &Applier, namespace: &str) -> Result<ClusterFacts> 
     )
     .await?;
     let claims = facts_of(applier, &claim_source(), namespace, "claim facts", claim_fact, all).await?;
-    // Every PV of the cluster is watched: summed again only after one changed, parsing only
-    // the PVs that changed.
-    let volumes = facts_of(
-        applier,
-        &volume_source(),
-        namespace,
-        "hpp volumes",
-        hpp_volume,
-        hpp_volumes,
-    )
-    .await?;
+    // Every PV of the cluster is watched: after one changed, only it is parsed, taken out of
+    // its pool's sum as it was and added as it is.
+    let volumes = volume_facts(applier, namespace).await?;
     let classes = facts_of(applier, &class_source(), namespace, "hpp classes", hpp_class, all).await?;
     // Capacity objects only feed the pool status: a cluster without the API (or a read that
     // fails) leaves `available` out rather than failing the pass.
@@ -504,7 +568,8 @@ mod tests {
             .into_iter()
             .filter_map(hpp_volume)
             .collect(),
-        );
+        )
+        .facts();
         let gib = 1u64 << 30;
         assert_eq!(
             *facts,
@@ -523,5 +588,47 @@ mod tests {
                 },
             ]
         );
+    }
+    /// After PVs change, the sums updated from the changes are the sums of every PV as they
+    /// are now: a changed capacity, a PV that goes, a new one, a pool whose last PV went, and
+    /// sums past `u64::MAX` taken back under it.
+    #[test]
+    fn pool_sums_updated_from_the_changes_are_the_sums_of_every_pv() {
+        let fact = |pool: Option<&str>, bytes: u64| VolumeFact {
+            pool: pool.map(str::to_owned),
+            bytes,
+        };
+        let before = vec![
+            fact(Some("fast"), 1 << 30),
+            fact(Some("fast"), 2 << 30),
+            fact(None, 1 << 20),
+            fact(Some("slow"), 4 << 30),
+            fact(Some("huge"), u64::MAX),
+            fact(Some("huge"), u64::MAX),
+        ];
+        let last = fold_volumes(None, Changes::All(before));
+        assert_eq!(last.facts()[2], fact(Some("huge"), u64::MAX), "saturated when read");
+        let changed = fold_volumes(
+            Some(&last),
+            Changes::Changed(vec![
+                (Some(fact(Some("fast"), 2 << 30)), Some(fact(Some("fast"), 3 << 30))),
+                (Some(fact(Some("slow"), 4 << 30)), None),
+                (None, Some(fact(Some("new"), 5))),
+                (Some(fact(Some("huge"), u64::MAX)), None),
+            ]),
+        );
+        let now = vec![
+            fact(Some("fast"), 1 << 30),
+            fact(Some("fast"), 3 << 30),
+            fact(None, 1 << 20),
+            fact(Some("new"), 5),
+            fact(Some("huge"), u64::MAX),
+        ];
+        assert_eq!(changed, hpp_volumes(now));
+        assert!(
+            !changed.facts().iter().any(|f| f.pool.as_deref() == Some("slow")),
+            "a pool without PVs is not listed"
+        );
+        assert_eq!(fold_volumes(Some(&changed), Changes::Same), changed);
     }
 }

@@ -912,13 +912,39 @@ async fn a_change_to_one_nodes_objects_costs_a_pass_over_that_node() {
     }))
     .unwrap();
     env.fake.seed(&pv);
-    wait_for_pools(&env, "the volume's size reaches the pool's status", |pools| {
-        pools
-            .iter()
-            .any(|p| p.name == pool && p.committed.as_deref() == Some("3Gi"))
-    })
-    .await;
+    let committed = |bytes: &'static str| {
+        let pool = pool.clone();
+        move |pools: &[hpp_api::v1beta1::StoragePoolStatus]| {
+            pools
+                .iter()
+                .any(|p| p.name == pool && p.committed.as_deref() == Some(bytes))
+        }
+    };
+    wait_for_pools(&env, "the volume's size reaches the pool's status", committed("3Gi")).await;
     settled_without_full_pass(&env, full_before, "a volume provisioned").await;
+    // Expanded, then deleted: the pool's sum follows each change (it is updated from the PVs
+    // that changed, the old size taken out and the new one added).
+    let mut expanded = pv.clone();
+    expanded.spec.as_mut().unwrap().capacity = Some(
+        [(
+            "storage".to_owned(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("5Gi".into()),
+        )]
+        .into(),
+    );
+    env.fake.seed(&expanded);
+    wait_for_pools(
+        &env,
+        "the volume's new size reaches the pool's status",
+        committed("5Gi"),
+    )
+    .await;
+    env.fake
+        .remove::<k8s_openapi::api::core::v1::PersistentVolume>(None, "pvc-provisioned");
+    wait_for_pools(&env, "the deleted volume leaves the pool's sum", committed("0")).await;
+    env.fake.seed(&pv);
+    wait_for_pools(&env, "the volume is back in the pool's status", committed("3Gi")).await;
+    settled_without_full_pass(&env, full_before, "a volume expanded, deleted and made again").await;
 
     settle(&env).await;
     let status_after_parts = cr(&env.fake).status.unwrap();

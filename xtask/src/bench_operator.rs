@@ -126,7 +126,9 @@ struct Row {
     /// same time costs it without a pass (node heartbeats).
     repair_cpu: Duration,
     /// One node lost while the cluster holds `--operator-pvs` PVs (see [`node_loss`]).
-    node_loss: Option<NodeLossFigures>,
+    node_loss: Option<StatusFigures>,
+    /// One PV added while the cluster holds `--operator-pvs` PVs (see [`volume_added`]).
+    volume_added: Option<StatusFigures>,
     /// Status churn of the mounter Deployments (see [`churn`]).
     churn: Option<ChurnFigures>,
     /// The CSI DaemonSet's ready pods going up and down (see [`daemonset_flaps`]).
@@ -379,6 +381,7 @@ async fn measure(
     row.relabel = Some(relabel(&fake, admin, pid).await?);
     if pvs > 0 {
         row.node_loss = Some(node_loss(&fake, admin, pid, nodes, pvs).await?);
+        row.volume_added = Some(volume_added(&fake, admin, pid, nodes, pvs).await?);
     }
     row.flaps = Some(daemonset_flaps(&fake, admin, pid, nodes).await?);
     // Last: what it holds back is written up to a usage interval later.
@@ -704,10 +707,10 @@ async fn relabel(fake: &FakeApiServer, admin: SocketAddr, pid: u32) -> anyhow::R
     Ok(cost)
 }
 
-/// What noticing one lost node cost the operator.
+/// What a change cost the operator until the CR's status showed it (a lost node, a new PV).
 #[derive(Debug, Clone, Copy, Default)]
-struct NodeLossFigures {
-    /// From the taint to the node in `status.nodeLoss`.
+struct StatusFigures {
+    /// From the change to the CR's status showing it.
     seen_after: Duration,
     requests: usize,
     /// Passes and CPU from the taint to 1 s after the status.
@@ -725,7 +728,7 @@ async fn node_loss(
     pid: u32,
     nodes: usize,
     pvs: usize,
-) -> anyhow::Result<NodeLossFigures> {
+) -> anyhow::Result<StatusFigures> {
     let meter = StageMeter::start(admin, pid).await?;
     fake.clear_requests();
     let t = Instant::now();
@@ -759,7 +762,7 @@ async fn node_loss(
     }
     let seen_after = t.elapsed();
     let cost = meter.finish().await?;
-    let figures = NodeLossFigures {
+    let figures = StatusFigures {
         seen_after,
         requests: fake.requests().len(),
         cost,
@@ -768,6 +771,62 @@ async fn node_loss(
         "node-0 lost (out-of-service taint; {} of {pvs} PVs on it): in status.nodeLoss after {:.0} ms, {} passes ({} full), \
          {} requests, operator CPU beyond idle {:.1} ms (1 s after)",
         pvs.div_ceil(nodes.max(1)),
+        seen_after.as_secs_f64() * 1000.0,
+        figures.cost.passes,
+        figures.cost.full_passes,
+        figures.requests,
+        figures.cost.cpu.as_secs_f64() * 1000.0
+    );
+    Ok(figures)
+}
+
+/// Adds one Bound PV of the driver while the cluster holds `pvs`, and waits until the CR's
+/// pool status counts it in `committed`. The pools' usage is kept up to date from the PVs that
+/// changed, so what this costs should not grow with the other PVs: `--operator-pvs
+/// 1000,10000` measures both in one run.
+async fn volume_added(
+    fake: &FakeApiServer,
+    admin: SocketAddr,
+    pid: u32,
+    nodes: usize,
+    pvs: usize,
+) -> anyhow::Result<StatusFigures> {
+    let committed = |fake: &FakeApiServer| {
+        fake.list::<HostPathProvisioner>().iter().find_map(|cr| {
+            cr.status
+                .as_ref()?
+                .storage_pool_statuses
+                .iter()
+                .find(|p| p.name == "local")?
+                .committed
+                .clone()
+        })
+    };
+    let before = committed(fake);
+    let meter = StageMeter::start(admin, pid).await?;
+    fake.clear_requests();
+    let t = Instant::now();
+    fake.seed(&bound_volume(pvs, nodes)?);
+    while committed(fake) == before {
+        anyhow::ensure!(
+            t.elapsed() < RECONCILE_TIMEOUT,
+            "the pool's committed bytes did not count the new PV after {}s",
+            RECONCILE_TIMEOUT.as_secs()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let seen_after = t.elapsed();
+    let cost = meter.finish().await?;
+    let figures = StatusFigures {
+        seen_after,
+        requests: fake.requests().len(),
+        cost,
+    };
+    println!(
+        "one PV added to {pvs}: committed {} -> {} after {:.0} ms, {} passes ({} full), {} requests, \
+         operator CPU beyond idle {:.1} ms (1 s after)",
+        before.as_deref().unwrap_or("-"),
+        committed(fake).as_deref().unwrap_or("-"),
         seen_after.as_secs_f64() * 1000.0,
         figures.cost.passes,
         figures.cost.full_passes,
@@ -1002,6 +1061,14 @@ fn print_growth(rows: &[Row]) {
             ),
             ("node loss: requests", x.requests as f64, y.requests as f64),
             ("node loss: operator CPU (ms)", ms(x.cost.cpu), ms(y.cost.cpu)),
+        ]);
+    }
+    if let (Some(x), Some(y)) = (a.volume_added, b.volume_added) {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        lines.extend([
+            ("PV added: in status after (ms)", ms(x.seen_after), ms(y.seen_after)),
+            ("PV added: passes", x.cost.passes as f64, y.cost.passes as f64),
+            ("PV added: operator CPU (ms)", ms(x.cost.cpu), ms(y.cost.cpu)),
         ]);
     }
     println!("{:<42} {:>10} {:>10} {:>8}", "figure", size(a), size(b), "growth");
