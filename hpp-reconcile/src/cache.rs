@@ -385,6 +385,9 @@ impl Cache {
     /// `fold` gets the value made last time and each changed object's fact before and after
     /// ([`Changes::Changed`]), or no value and every fact ([`Changes::All`]). A sum over
     /// 10,000 PersistentVolumes then costs the PVs that changed, not a visit of all of them.
+    /// Every fact given as "before" is one `fold` was given as "after" (or in `All`) earlier:
+    /// the memo and the value are kept together, and a reader that finds no memo starts from
+    /// every fact.
     pub fn derived_fold<K, F, T>(
         &self,
         kind: &Kind,
@@ -404,7 +407,8 @@ impl Cache {
                 (Changes::Same, Some(last)) => last,
                 (changed @ Changes::Changed(_), Some(last)) => Arc::new(fold(Some(&last), changed)),
                 (Changes::All(all), _) => Arc::new(fold(None, Changes::All(all))),
-                // No value kept (another reader took the memo meanwhile): from every fact.
+                // A memo kept without a value (not one `derived_memo` keeps): from every fact,
+                // which the memo holds up to date.
                 (_, None) => Arc::new(fold(None, Changes::All(memo.facts()))),
             }
         })

@@ -735,7 +735,9 @@ async fn an_unreadable_pool_judges_none_of_its_volumes() {
 
 /// A driver that takes the request and then neither answers nor closes (a hung node): the
 /// audit gives up after its timeout and lets the connection go, rather than keeping a task and
-/// a socket per hung node for good.
+/// a socket per hung node for good. (hyper closes a connection whose pending answer is
+/// dropped by itself; the fetch also aborts the connection's task, for one that is stuck
+/// elsewhere, such as a write to a peer that stopped reading.)
 #[tokio::test]
 async fn a_request_that_times_out_closes_its_connection() {
     use tokio::io::AsyncReadExt;

@@ -12,7 +12,8 @@
 //!
 //! - get / list (label selectors `=`, `==`, `!=`, `in`, `notin`, `key`, `!key`; field selectors
 //!   on any dotted path; `limit`/`continue` pagination) and watch (`resourceVersion`,
-//!   `timeoutSeconds`, selectors, `sendInitialEvents`; 410 Gone for a compacted version);
+//!   `timeoutSeconds`, selectors, `sendInitialEvents`, `allowWatchBookmarks` (a bookmark every
+//!   minute and 2 s before the timeout); 410 Gone for a compacted version);
 //! - create (409 AlreadyExists, `generateName`), update (409 Conflict on a stale
 //!   `resourceVersion`), merge / strategic merge / JSON patch, server-side apply (creates when
 //!   absent, removes fields a manager stops applying, conflicts between managers unless
@@ -475,8 +476,8 @@ impl FakeApiServer {
     /// Keeps the watch history for `window` only, as an API server's watch cache keeps a
     /// sliding window of events: a watch that resumes from a version older than the events of
     /// the window gets 410 Gone and its client must list again, unless bookmarks (sent every
-    /// minute to a watch that allows them, as the API server sends them) kept its version
-    /// recent. By default the history keeps the last 10,000 events, however old.
+    /// minute and 2 s before its timeout to a watch that allows them, as the API server's
+    /// watch cache sends them) kept its version recent. By default the history keeps the last 10,000 events, however old.
     pub fn keep_history_for(&self, window: std::time::Duration) {
         lock(&self.inner).history_window = Some(window);
     }

@@ -85,6 +85,11 @@ pub(crate) struct WatchRequest {
 /// a minute).
 pub(crate) const BOOKMARK_INTERVAL: Duration = Duration::from_secs(60);
 
+/// How long before a watch's timeout it gets one more bookmark, as the API server's watch
+/// cache sends one 2 s before the deadline: a client resuming after the timeout then resumes
+/// from a version seconds old, not from up to a minute back.
+pub(crate) const PRE_TIMEOUT_BOOKMARK: Duration = Duration::from_secs(2);
+
 /// One event's line. `type` goes first, as a real API server writes it: serde_json's maps are
 /// sorted, which would put `object` first and make a client's adjacently tagged `WatchEvent`
 /// buffer the whole object before reading it (a cost a real watch does not have).
@@ -149,7 +154,8 @@ fn bookmark(filter: &WatchFilter, rv: u64) -> Value {
 }
 
 /// Sends `first`, then the live events `filter` selects, until `timeout` (and, with
-/// `bookmarks` = the version the history was read at, a bookmark every minute).
+/// `bookmarks` = the version the history was read at, a bookmark every minute and one
+/// [`PRE_TIMEOUT_BOOKMARK`] before the timeout).
 async fn pump(
     tx: mpsc::Sender<Bytes>,
     first: Vec<Value>,
@@ -161,6 +167,9 @@ async fn pump(
 ) {
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
+    let last_bookmark = tokio::time::sleep(timeout.saturating_sub(PRE_TIMEOUT_BOOKMARK));
+    tokio::pin!(last_bookmark);
+    let mut last_bookmark_due = bookmarks.is_some() && timeout > PRE_TIMEOUT_BOOKMARK;
     let mut every_minute = tokio::time::interval_at(tokio::time::Instant::now() + BOOKMARK_INTERVAL, BOOKMARK_INTERVAL);
     // The version every event up to which was sent (events of every kind pass by here).
     let mut sent_up_to = bookmarks.unwrap_or(0);
@@ -175,6 +184,12 @@ async fn pump(
             _ = down.changed() => return,
             () = tx.closed() => return,
             _ = every_minute.tick(), if bookmarks.is_some() => {
+                if tx.send(line(&bookmark(&filter, sent_up_to))).await.is_err() {
+                    return;
+                }
+            }
+            () = &mut last_bookmark, if last_bookmark_due => {
+                last_bookmark_due = false;
                 if tx.send(line(&bookmark(&filter, sent_up_to))).await.is_err() {
                     return;
                 }

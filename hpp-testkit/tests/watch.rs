@@ -172,6 +172,39 @@ async fn bookmarks_keep_a_watch_resumable_past_the_history_window() {
     }
 }
 
+/// As the API server's watch cache does, a watch that allows bookmarks gets one 2 s before
+/// its timeout, with the latest version, so its client resumes from a version seconds old.
+#[tokio::test(start_paused = true)]
+async fn a_watch_gets_a_bookmark_just_before_its_timeout() {
+    let fake = FakeApiServer::new();
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
+    let listed_at = fake.resource_version();
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(30), &listed_at)
+        .await
+        .unwrap()
+        .boxed();
+    let other: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(fake.client(), "ns");
+    let mut secret = k8s_openapi::api::core::v1::Secret::default();
+    secret.metadata.name = Some("s".into());
+    other.create(&PostParams::default(), &secret).await.unwrap();
+    let latest = fake.resource_version();
+    tokio::time::advance(Duration::from_secs(27)).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), stream.next())
+            .await
+            .is_err(),
+        "nothing before the last 2 s"
+    );
+    tokio::time::advance(Duration::from_millis(600)).await;
+    match next(&mut stream).await {
+        Ok(WatchEvent::Bookmark(b)) => assert_eq!(b.metadata.resource_version, latest),
+        other => panic!("expected a BOOKMARK, got {other:?}"),
+    }
+    tokio::time::advance(Duration::from_secs(3)).await;
+    assert!(stream.next().await.is_none(), "the watch ends at its timeout");
+}
+
 #[tokio::test]
 async fn watch_ends_at_its_timeout() {
     let fake = FakeApiServer::new();

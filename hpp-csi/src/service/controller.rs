@@ -475,9 +475,14 @@ impl ControllerService {
             },
         )?;
         // The walk is over: the view goes now, not at the next walk (at 100,000 volumes it
-        // is a few MiB, and glibc keeps freed pages until asked).
-        if page.next_token.is_empty() {
-            Listings::release_after(self.state.listings.finished(all));
+        // is a few MiB, and glibc keeps freed pages until asked). The pages go back to the
+        // kernel once this last page's messages, freed after they are sent, went too: a page
+        // asked with `max_entries` 0 holds a few MiB of messages.
+        if page.next_token.is_empty() && self.state.listings.finished(all) >= listing::RELEASE_AFTER_BYTES {
+            tokio::spawn(async {
+                tokio::time::sleep(listing::RELEASE_DELAY).await;
+                Listings::release_after(listing::RELEASE_AFTER_BYTES);
+            });
         }
         Ok(csi::ListVolumesResponse {
             entries: page.items,

@@ -22,6 +22,10 @@ pub const MAX_AGE: Duration = Duration::from_secs(5);
 /// anyway.
 pub const RELEASE_AFTER_BYTES: usize = 256 * 1024;
 
+/// How long after a walk's last page is answered its memory is handed back: by then the
+/// page's messages were sent and freed too.
+pub const RELEASE_DELAY: Duration = Duration::from_millis(200);
+
 /// Every volume of the pools, sorted by `(id, pool name)`. The ids are kept in one buffer and
 /// each volume is 16 bytes besides its id: at 100,000 volumes the view is about a third of the
 /// size of one `String` per id, and it is held while a CO walks the pages.
