@@ -327,6 +327,28 @@ async fn pre_existing_kubevirt_directories_are_served() {
     h.stop().await;
 }
 
+/// Every page of a ListVolumes walk asking for `max_entries` a page, in order.
+async fn list_pages(h: &Harness, max_entries: i32) -> Vec<csi::ListVolumesResponse> {
+    let mut controller = h.controller.clone();
+    let mut pages = Vec::new();
+    let mut token = String::new();
+    loop {
+        let resp = controller
+            .list_volumes(csi::ListVolumesRequest {
+                max_entries,
+                starting_token: token,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        token = resp.next_token.clone();
+        pages.push(resp);
+        if token.is_empty() {
+            return pages;
+        }
+    }
+}
+
 #[tokio::test]
 async fn list_volumes_paginates_over_many_pages() {
     let mut h = Harness::start().await;
@@ -337,20 +359,10 @@ async fn list_volumes_paginates_over_many_pages() {
     }
     std::fs::create_dir_all(h.pool_path().join(".hpp-tmp-crashed")).unwrap();
     std::os::unix::fs::symlink("/etc", h.pool_path().join("pvc-evil")).unwrap();
+    let pages = list_pages(&h, 10).await;
+    assert_eq!(pages.len(), 6);
     let mut seen = Vec::new();
-    let mut token = String::new();
-    let mut pages = 0;
-    loop {
-        let resp = h
-            .controller
-            .list_volumes(csi::ListVolumesRequest {
-                max_entries: 10,
-                starting_token: token.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        pages += 1;
+    for resp in pages {
         assert!(resp.entries.len() <= 10);
         for e in resp.entries {
             let status = e.status.unwrap();
@@ -358,12 +370,7 @@ async fn list_volumes_paginates_over_many_pages() {
             assert_eq!(status.published_node_ids, vec![NODE.to_owned()]);
             seen.push(e.volume.unwrap().volume_id);
         }
-        if resp.next_token.is_empty() {
-            break;
-        }
-        token = resp.next_token;
     }
-    assert_eq!(pages, 6);
     ids.sort();
     assert_eq!(seen, ids);
     let all = h
@@ -407,28 +414,17 @@ async fn listing_every_volume_at_once_pages_under_the_grpc_message_limit() {
     for id in &ids {
         std::fs::create_dir(h.pool_path().join(id)).unwrap();
     }
+    let pages = list_pages(&h, 0).await;
+    assert!(
+        pages.len() >= 4,
+        "about 4.5 MiB of entries take several pages, not {}",
+        pages.len()
+    );
     let mut seen = Vec::new();
-    let mut token = String::new();
-    let mut pages = 0;
-    loop {
-        let resp = h
-            .controller
-            .list_volumes(csi::ListVolumesRequest {
-                max_entries: 0,
-                starting_token: token.clone(),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        pages += 1;
+    for resp in pages {
         assert!(prost::Message::encoded_len(&resp) <= 1024 * 1024 + 1024);
         seen.extend(resp.entries.into_iter().map(|e| e.volume.unwrap().volume_id));
-        if resp.next_token.is_empty() {
-            break;
-        }
-        token = resp.next_token;
     }
-    assert!(pages >= 4, "about 4.5 MiB of entries take several pages, not {pages}");
     ids.sort();
     assert_eq!(seen, ids);
     h.stop().await;

@@ -761,9 +761,7 @@ mod tests {
                 .unwrap()
         };
         let store = cache.new_store(kind.clone(), "");
-        let node = |name: &str, zone: &str| {
-            object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"zone": zone}}}))
-        };
+        let node = node_in_zone;
         store.apply(&Event::Init);
         store.apply(&Event::InitApply(node("n1", "a")));
         store.apply(&Event::InitApply(node("n2", "a")));
@@ -778,6 +776,11 @@ mod tests {
         store.apply(&Event::Apply(node("n3", "a")));
         assert_eq!(*names(), ["n1", "n2", "n3"]);
         assert_eq!(makes.get(), 2);
+    }
+
+    /// A Node named `name` labelled `zone`.
+    fn node_in_zone(name: &str, zone: &str) -> DynamicObject {
+        object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"zone": zone}}}))
     }
 
     /// A folded value gets only the objects whose facts changed, each before and after, and
@@ -820,9 +823,7 @@ mod tests {
                 .unwrap()
         };
         let store = cache.new_store(kind.clone(), "");
-        let node = |name: &str, zone: &str| {
-            object(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"zone": zone}}}))
-        };
+        let node = node_in_zone;
         store.apply(&Event::Init);
         for i in 0..100 {
             store.apply(&Event::InitApply(node(&format!("n{i}"), "a")));
