@@ -406,7 +406,7 @@ async fn list_volumes_paginates_over_many_pages() {
 /// cannot read.
 #[tokio::test]
 async fn listing_every_volume_at_once_pages_under_the_grpc_message_limit() {
-    let mut h = Harness::start().await;
+    let h = Harness::start().await;
     // 14,000 ids of the longest length: about 5 MiB of entries. Made as directories, as
     // KubeVirt's driver left them.
     let long = "a".repeat(hpp_csi::pool::validate::MAX_ID_LEN - 10);
