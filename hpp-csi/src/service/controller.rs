@@ -1,6 +1,7 @@
 //! The CSI Controller service: volumes (create, clone, restore, delete, list, get, validate,
 //! expand, modify), capacity and reflink snapshots.
 
+use std::borrow::Cow;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
@@ -589,40 +590,37 @@ impl ControllerService {
     async fn list_snapshots_inner(&self, req: csi::ListSnapshotsRequest) -> Result<csi::ListSnapshotsResponse> {
         let state = self.state.clone();
         let (by_id, by_source) = (req.snapshot_id.clone(), req.source_volume_id.clone());
-        let all = blocking(move || {
-            let mut all = Vec::new();
+        let (max_entries, starting_token) = (req.max_entries, req.starting_token.clone());
+        let page = blocking(move || {
+            let mut all: Vec<(Cow<'_, Pool>, SnapshotInfo)> = Vec::new();
             if !by_id.is_empty() {
                 // An id this driver could never have issued simply matches nothing.
                 if check_id("snapshot_id", &by_id).is_ok()
                     && let Some((pool, info)) = locate_snapshot(&state, &by_id, None)?
                 {
-                    all.push((snapshot_size(&pool, &info.id), info));
+                    all.push((Cow::Owned(pool), info));
                 }
             } else {
                 for pool in &state.pools {
-                    all.extend(
-                        snapshots::list(pool)?
-                            .into_iter()
-                            .map(|s| (snapshot_size(pool, &s.id), s)),
-                    );
+                    all.extend(snapshots::list(pool)?.into_iter().map(|s| (Cow::Borrowed(pool), s)));
                 }
             }
             if !by_source.is_empty() {
                 all.retain(|(_, s)| s.source_volume_id == by_source);
             }
-            Ok(all)
+            // Sized for the page's entries alone: a size is an open and an xattr read.
+            pagination::paginate(
+                all,
+                |(_, s)| pool_key(&s.id, &s.pool),
+                max_entries,
+                &starting_token,
+                pagination::MAX_PAGE_BYTES,
+                |(pool, s)| csi::list_snapshots_response::Entry {
+                    snapshot: Some(snapshot_message(s, snapshot_size(pool, &s.id))),
+                },
+            )
         })
         .await?;
-        let page = pagination::paginate(
-            all,
-            |(_, s)| pool_key(&s.id, &s.pool),
-            req.max_entries,
-            &req.starting_token,
-            pagination::MAX_PAGE_BYTES,
-            |(size, s)| csi::list_snapshots_response::Entry {
-                snapshot: Some(snapshot_message(s, *size)),
-            },
-        )?;
         Ok(csi::ListSnapshotsResponse {
             entries: page.items,
             next_token: page.next_token,
