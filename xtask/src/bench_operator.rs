@@ -808,7 +808,8 @@ async fn volume_added(
     let meter = StageMeter::start(admin, pid).await?;
     fake.clear_requests();
     let t = Instant::now();
-    fake.seed(&bound_volume(pvs, nodes)?);
+    // On node-1: node-0 was just lost (the stage before), and its PVs are node loss's to act on.
+    fake.seed(&bound_volume(pvs + 1, nodes)?);
     let cost = meter.finish().await?;
     let requests = fake.requests().len();
     while committed(fake) == before {
