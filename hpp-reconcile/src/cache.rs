@@ -126,6 +126,19 @@ struct DiscoveryMemo {
     last: Option<(Instant, OptionalApis)>,
 }
 
+/// What [`Cache::derived_fold`] hands its `fold`.
+#[derive(Debug)]
+pub enum Fold<'a, T, F> {
+    /// The value made last time, and each object whose fact changed since, with what `each`
+    /// made of it before and what it makes now (`None`: nothing, or the object is new or
+    /// gone). Every "before" is a fact an earlier fold was given: the memo of the facts and
+    /// the value are kept together.
+    Update(&'a T, Vec<(Option<F>, Option<F>)>),
+    /// Every fact: there is no value to update (a first read, a new list, more changes than
+    /// the store's journal holds).
+    Rebuild(Vec<F>),
+}
+
 /// Watch caches keyed by kind and label selector. Cheap to clone (shared).
 #[derive(Clone, Default)]
 pub struct Cache {
@@ -383,11 +396,9 @@ impl Cache {
 
     /// [`derived_each`](Self::derived_each) for a value kept up to date from what changed:
     /// `fold` gets the value made last time and each changed object's fact before and after
-    /// ([`Changes::Changed`]), or no value and every fact ([`Changes::All`]). A sum over
-    /// 10,000 PersistentVolumes then costs the PVs that changed, not a visit of all of them.
-    /// Every fact given as "before" is one `fold` was given as "after" (or in `All`) earlier:
-    /// the memo and the value are kept together, and a reader that finds no memo starts from
-    /// every fact.
+    /// ([`Fold::Update`]), or every fact when there is no value to update ([`Fold::Rebuild`]).
+    /// A sum over 10,000 PersistentVolumes then costs the PVs that changed, not a visit of all
+    /// of them. When no fact changed, the value made last time is handed back without `fold`.
     pub fn derived_fold<K, F, T>(
         &self,
         kind: &Kind,
@@ -395,7 +406,7 @@ impl Cache {
         what: &'static str,
         keep: impl Fn(&str) -> bool,
         each: impl Fn(K) -> Option<F>,
-        fold: impl FnOnce(Option<&T>, Changes<F>) -> T,
+        fold: impl FnOnce(Fold<'_, T, F>) -> T,
     ) -> Option<Arc<T>>
     where
         K: DeserializeOwned,
@@ -405,11 +416,11 @@ impl Cache {
         self.derived_memo(kind, selector, what, |store, memo, last| {
             match (store.list_changes(keep, memo, each), last) {
                 (Changes::Same, Some(last)) => last,
-                (changed @ Changes::Changed(_), Some(last)) => Arc::new(fold(Some(&last), changed)),
-                (Changes::All(all), _) => Arc::new(fold(None, Changes::All(all))),
+                (Changes::Changed(changed), Some(last)) => Arc::new(fold(Fold::Update(&last, changed))),
+                (Changes::All(all), _) => Arc::new(fold(Fold::Rebuild(all))),
                 // A memo kept without a value (not one `derived_memo` keeps): from every fact,
                 // which the memo holds up to date.
-                (_, None) => Arc::new(fold(None, Changes::All(memo.facts()))),
+                (_, None) => Arc::new(fold(Fold::Rebuild(memo.facts()))),
             }
         })
     }
@@ -761,19 +772,18 @@ mod tests {
                 .unwrap()
         };
         let store = cache.new_store(kind.clone(), "");
-        let node = node_in_zone;
         store.apply(&Event::Init);
-        store.apply(&Event::InitApply(node("n1", "a")));
-        store.apply(&Event::InitApply(node("n2", "a")));
+        store.apply(&Event::InitApply(node_in_zone("n1", "a")));
+        store.apply(&Event::InitApply(node_in_zone("n2", "a")));
         store.apply(&Event::InitDone);
         let first = names();
         assert_eq!(*first, ["n1", "n2"]);
         // A label no fact reads: the store changed, the value is the one made before.
-        store.apply(&Event::Apply(node("n1", "b")));
+        store.apply(&Event::Apply(node_in_zone("n1", "b")));
         let second = names();
         assert!(Arc::ptr_eq(&first, &second), "the same value, not made again");
         assert_eq!(makes.get(), 1);
-        store.apply(&Event::Apply(node("n3", "a")));
+        store.apply(&Event::Apply(node_in_zone("n3", "a")));
         assert_eq!(*names(), ["n1", "n2", "n3"]);
         assert_eq!(makes.get(), 2);
     }
@@ -790,7 +800,9 @@ mod tests {
         use kube::runtime::watcher::Event;
         let cache = Cache::new();
         let kind = Kind::of::<Node>();
-        let seen: std::cell::RefCell<Vec<Changes<String>>> = Default::default();
+        // What each fold was given: every fact (how many), or the changed ones.
+        type Given = Result<Vec<(Option<String>, Option<String>)>, usize>;
+        let seen: std::cell::RefCell<Vec<Given>> = Default::default();
         let zones = || {
             cache
                 .derived_fold(
@@ -799,12 +811,15 @@ mod tests {
                     "zones",
                     |_| true,
                     |n: Node| n.metadata.labels?.get("zone").cloned(),
-                    |last: Option<&Vec<String>>, changes| {
-                        seen.borrow_mut().push(changes.clone());
-                        let mut zones = last.cloned().unwrap_or_default();
-                        match changes {
-                            Changes::All(all) => zones = all,
-                            Changes::Changed(changed) => {
+                    |fold: Fold<'_, Vec<String>, String>| {
+                        let mut zones = match fold {
+                            Fold::Rebuild(all) => {
+                                seen.borrow_mut().push(Err(all.len()));
+                                all
+                            }
+                            Fold::Update(last, changed) => {
+                                seen.borrow_mut().push(Ok(changed.clone()));
+                                let mut zones = last.clone();
                                 for (before, after) in changed {
                                     if let Some(b) = before
                                         && let Some(i) = zones.iter().position(|z| *z == b)
@@ -813,9 +828,9 @@ mod tests {
                                     }
                                     zones.extend(after);
                                 }
+                                zones
                             }
-                            Changes::Same => {}
-                        }
+                        };
                         zones.sort();
                         zones
                     },
@@ -823,19 +838,18 @@ mod tests {
                 .unwrap()
         };
         let store = cache.new_store(kind.clone(), "");
-        let node = node_in_zone;
         store.apply(&Event::Init);
         for i in 0..100 {
-            store.apply(&Event::InitApply(node(&format!("n{i}"), "a")));
+            store.apply(&Event::InitApply(node_in_zone(&format!("n{i}"), "a")));
         }
         store.apply(&Event::InitDone);
         assert_eq!(zones().len(), 100);
-        assert!(matches!(&seen.borrow()[0], Changes::All(all) if all.len() == 100));
-        store.apply(&Event::Apply(node("n7", "b")));
-        store.apply(&Event::Delete(node("n8", "a")));
+        assert_eq!(seen.borrow()[0], Err(100), "every fact, to start from");
+        store.apply(&Event::Apply(node_in_zone("n7", "b")));
+        store.apply(&Event::Delete(node_in_zone("n8", "a")));
         let now = zones();
         assert_eq!((now.len(), now.last().map(String::as_str)), (99, Some("b")));
-        let Changes::Changed(mut changed) = seen.borrow()[1].clone() else {
+        let Ok(mut changed) = seen.borrow()[1].clone() else {
             panic!("not folded from the changes: {:?}", seen.borrow()[1]);
         };
         changed.sort();

@@ -71,7 +71,7 @@ pub mod status;
 pub mod status_write;
 
 pub use apply::Applier;
-pub use cache::{Cache, Changes, CompactStore, DISCOVERY_REFRESH, OptionalApis, Unparsed};
+pub use cache::{Cache, Changes, CompactStore, DISCOVERY_REFRESH, Fold, OptionalApis, Unparsed};
 pub use config::OperatorConfig;
 pub use error::{BoxError, Error, Result};
 pub use facts::{ClusterFacts, FactList, FactMap};
