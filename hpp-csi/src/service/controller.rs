@@ -479,11 +479,8 @@ impl ControllerService {
         // is a few MiB, and glibc keeps freed pages until asked). The pages go back to the
         // kernel once this last page's messages, freed after they are sent, went too: a page
         // asked with `max_entries` 0 holds a few MiB of messages.
-        if page.next_token.is_empty() && self.state.listings.finished(all) >= listing::RELEASE_AFTER_BYTES {
-            tokio::spawn(async {
-                tokio::time::sleep(listing::RELEASE_DELAY).await;
-                Listings::release_after(listing::RELEASE_AFTER_BYTES);
-            });
+        if page.next_token.is_empty() {
+            Listings::release_soon(self.state.listings.finished(all));
         }
         Ok(csi::ListVolumesResponse {
             entries: page.items,

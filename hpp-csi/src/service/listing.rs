@@ -188,6 +188,17 @@ impl Listings {
         }
     }
 
+    /// [`release_after`](Self::release_after), [`RELEASE_DELAY`] from now: a walk's last
+    /// page is answered before its messages are sent and freed, and they go back with it.
+    pub fn release_soon(freed: usize) {
+        if freed >= RELEASE_AFTER_BYTES {
+            tokio::spawn(async {
+                tokio::time::sleep(RELEASE_DELAY).await;
+                hpp_sys::malloc::release_free_memory();
+            });
+        }
+    }
+
     /// Whether a view is held (for tests).
     #[cfg(test)]
     fn holds_a_view(&self) -> bool {
